@@ -1,0 +1,42 @@
+use crate::error::{ErrorCode, ErrorExt};
+
+/// Why a caller context was refused. Messages are safe to show to clients.
+#[derive(Debug, thiserror::Error)]
+pub enum CallerError {
+    /// No context in the request metadata.
+    #[error("missing caller context: call through the gateway with a valid token")]
+    Missing,
+    /// The metadata is not a signed context.
+    #[error("malformed caller context")]
+    Malformed,
+    /// Signed by a key this service does not trust.
+    #[error("caller context signed by an unknown key")]
+    UnknownKey,
+    /// The signature does not match.
+    #[error("caller context signature is invalid")]
+    BadSignature,
+    /// Past its expiry (or minted in the future).
+    #[error("caller context expired")]
+    Expired,
+    /// A configured key is not a valid ed25519 public key.
+    #[error("invalid ed25519 public key: expected base64 of 32 bytes")]
+    BadKey,
+    /// The caller may not read this namespace.
+    #[error("namespace `{0}` is not readable by this caller")]
+    NamespaceDenied(String),
+    /// An admin-only operation.
+    #[error("this operation needs an admin principal")]
+    NotAdmin,
+}
+
+impl ErrorExt for CallerError {
+    fn code(&self) -> ErrorCode {
+        match self {
+            CallerError::NamespaceDenied(_) | CallerError::NotAdmin => ErrorCode::PermissionDenied,
+            CallerError::BadKey => ErrorCode::InvalidArgument,
+            _ => ErrorCode::Unauthenticated,
+        }
+    }
+}
+
+crate::impl_status_from!(CallerError);

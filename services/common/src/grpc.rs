@@ -1,0 +1,64 @@
+//! The one gRPC server stack every service runs: standard health service,
+//! caller-context verification, request metrics, a per-request timeout.
+
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+use tonic::service::Routes;
+use tonic_health::ServingStatus;
+
+use crate::caller::CallerContextLayer;
+use crate::metrics::GrpcMetricsLayer;
+
+/// Upper bound on one RPC; tool-level limits (e.g. Cypher's 2 s) are tighter.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Largest gRPC message accepted or sent (uploads travel as one message).
+pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
+
+/// Why a gRPC server stopped with an error.
+#[derive(Debug, thiserror::Error)]
+#[error("grpc server failed: {0}")]
+pub struct ServeError(#[from] tonic::transport::Error);
+
+/// Serves `routes` (one or more tonic services) on `listener` until `shutdown`
+/// fires, with the health service reporting SERVING for `service_names`.
+pub async fn serve(
+    listener: TcpListener,
+    caller_layer: CallerContextLayer,
+    routes: Routes,
+    service_names: &[&str],
+    shutdown: CancellationToken,
+) -> Result<(), ServeError> {
+    let (reporter, health_service) = tonic_health::server::health_reporter();
+    for name in service_names {
+        reporter
+            .set_service_status(*name, ServingStatus::Serving)
+            .await;
+    }
+    let routes = routes.add_service(health_service);
+    let service_label = service_names
+        .first()
+        .copied()
+        .unwrap_or("unknown")
+        .to_owned();
+    tonic::transport::Server::builder()
+        .timeout(REQUEST_TIMEOUT)
+        .layer(GrpcMetricsLayer::new(service_label))
+        .layer(caller_layer)
+        .add_routes(routes)
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown.cancelled_owned())
+        .await?;
+    Ok(())
+}
+
+/// A lazily connecting channel to `addr` (`http://host:port`), with the
+/// message limits the servers use.
+pub fn channel(addr: &str) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    Ok(tonic::transport::Endpoint::from_shared(addr.to_owned())?
+        .connect_timeout(Duration::from_secs(5))
+        .tcp_nodelay(true)
+        .connect_lazy())
+}

@@ -1,0 +1,18 @@
+//! kg-common: what every kgmesh binary shares and nothing store-specific.
+//!
+//! It owns the stable error codes and their one mapping to gRPC, the signed
+//! caller context (signing, verification, the tower layer every service runs),
+//! access-filter compilation into store predicates, the gRPC server stack,
+//! configuration loading, telemetry, metrics and untrusted-text sanitising.
+//! It never talks to a store.
+
+pub mod access;
+pub mod caller;
+pub mod config;
+pub mod error;
+pub mod grpc;
+pub mod metrics;
+pub mod sanitize;
+pub mod telemetry;
+
+pub use error::{ErrorCode, ErrorExt};

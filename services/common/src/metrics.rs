@@ -1,0 +1,188 @@
+//! Prometheus metrics shared by every binary, and a tower layer that counts gRPC calls.
+
+use std::sync::{Arc, Mutex, OnceLock};
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use futures::future::BoxFuture;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::Registry;
+
+/// Labels of one gRPC method outcome.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GrpcLabels {
+    /// Service label (e.g. `kg.v1.Graph`).
+    pub service: String,
+    /// Full method path.
+    pub method: String,
+    /// gRPC status code number as text ("0" is OK).
+    pub code: String,
+}
+
+/// Labels of one MCP tool outcome.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ToolLabels {
+    /// Tool name.
+    pub tool: String,
+    /// "ok" or the stable error code.
+    pub outcome: String,
+}
+
+/// Every metric family kgmesh exports.
+pub struct Metrics {
+    registry: Mutex<Registry>,
+    /// gRPC requests served.
+    pub grpc_requests: Family<GrpcLabels, Counter>,
+    /// gRPC request latency.
+    pub grpc_latency: Family<GrpcLabels, Histogram>,
+    /// MCP tool calls.
+    pub tool_calls: Family<ToolLabels, Counter>,
+    /// MCP tool latency.
+    pub tool_latency: Family<ToolLabels, Histogram>,
+    /// Files indexed, by outcome.
+    pub files_indexed: Family<ToolLabels, Counter>,
+}
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+}
+
+/// The process-wide metrics.
+pub fn metrics() -> &'static Metrics {
+    static METRICS: OnceLock<Metrics> = OnceLock::new();
+    METRICS.get_or_init(|| {
+        let mut registry = Registry::with_prefix("kgmesh");
+        let grpc_requests = Family::<GrpcLabels, Counter>::default();
+        let grpc_latency = Family::<GrpcLabels, Histogram>::new_with_constructor(
+            latency_histogram as fn() -> Histogram,
+        );
+        let tool_calls = Family::<ToolLabels, Counter>::default();
+        let tool_latency = Family::<ToolLabels, Histogram>::new_with_constructor(
+            latency_histogram as fn() -> Histogram,
+        );
+        let files_indexed = Family::<ToolLabels, Counter>::default();
+        registry.register(
+            "grpc_requests",
+            "gRPC requests served",
+            grpc_requests.clone(),
+        );
+        registry.register(
+            "grpc_request_seconds",
+            "gRPC request latency",
+            grpc_latency.clone(),
+        );
+        registry.register("mcp_tool_calls", "MCP tool calls", tool_calls.clone());
+        registry.register(
+            "mcp_tool_seconds",
+            "MCP tool call latency",
+            tool_latency.clone(),
+        );
+        registry.register(
+            "files_indexed",
+            "files indexed by outcome",
+            files_indexed.clone(),
+        );
+        Metrics {
+            registry: Mutex::new(registry),
+            grpc_requests,
+            grpc_latency,
+            tool_calls,
+            tool_latency,
+            files_indexed,
+        }
+    })
+}
+
+/// The Prometheus text exposition of every metric.
+pub fn encode_text() -> String {
+    let mut out = String::new();
+    let registry = match metrics().registry.lock() {
+        Ok(r) => r,
+        Err(poisoned) => poisoned.into_inner(),
+    };
+    if prometheus_client::encoding::text::encode(&mut out, &registry).is_err() {
+        out.clear();
+    }
+    out
+}
+
+/// Counts and times every gRPC request by method and status.
+#[derive(Clone)]
+pub struct GrpcMetricsLayer {
+    service: Arc<str>,
+}
+
+impl GrpcMetricsLayer {
+    /// A layer labelling its metrics with `service`.
+    pub fn new(service: String) -> Self {
+        Self {
+            service: service.into(),
+        }
+    }
+}
+
+impl<S> tower::Layer<S> for GrpcMetricsLayer {
+    type Service = GrpcMetricsService<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        GrpcMetricsService {
+            inner,
+            service: self.service.clone(),
+        }
+    }
+}
+
+/// See [`GrpcMetricsLayer`].
+#[derive(Clone)]
+pub struct GrpcMetricsService<S> {
+    inner: S,
+    service: Arc<str>,
+}
+
+impl<S, ReqBody, ResBody> tower::Service<http::Request<ReqBody>> for GrpcMetricsService<S>
+where
+    S: tower::Service<http::Request<ReqBody>, Response = http::Response<ResBody>> + Send,
+    S::Future: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<ReqBody>) -> Self::Future {
+        let method = request.uri().path().to_owned();
+        let service = self.service.to_string();
+        let started = Instant::now();
+        let future = self.inner.call(request);
+        Box::pin(async move {
+            let result = future.await;
+            // Errors inside a streaming body carry their status in trailers; the
+            // header status covers every unary RPC, which is all kgmesh serves.
+            let code = match &result {
+                Ok(response) => response
+                    .headers()
+                    .get("grpc-status")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("0")
+                    .to_owned(),
+                Err(_) => "transport".to_owned(),
+            };
+            let labels = GrpcLabels {
+                service,
+                method,
+                code,
+            };
+            metrics().grpc_requests.get_or_create(&labels).inc();
+            metrics()
+                .grpc_latency
+                .get_or_create(&labels)
+                .observe(started.elapsed().as_secs_f64());
+            result
+        })
+    }
+}

@@ -1,0 +1,103 @@
+//! Untrusted text (file contents, names from stores) is cleaned before it reaches a model.
+
+/// Longest single field returned to a model unless a caller asks for less.
+pub const DEFAULT_FIELD_CAP: usize = 64 * 1024;
+
+/// Removes characters that can hide or smuggle instructions: control characters
+/// (except newline and tab), ANSI escape sequences, Unicode tag characters, bidi
+/// overrides and isolates, and zero-width characters. Caps the result at
+/// `max_chars` characters, appending `…` when it cut.
+pub fn sanitize_text(input: &str, max_chars: usize) -> String {
+    let mut out = String::with_capacity(input.len().min(max_chars.saturating_mul(4)));
+    let mut chars = input.chars().peekable();
+    let mut count = 0usize;
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            skip_ansi_sequence(&mut chars);
+            continue;
+        }
+        if is_hidden(c) {
+            continue;
+        }
+        if count == max_chars {
+            out.push('…');
+            break;
+        }
+        out.push(c);
+        count += 1;
+    }
+    out
+}
+
+fn skip_ansi_sequence(chars: &mut std::iter::Peekable<std::str::Chars<'_>>) {
+    match chars.peek() {
+        // CSI: ESC [ params... final byte in @..~
+        Some('[') => {
+            chars.next();
+            for c in chars.by_ref() {
+                if ('@'..='~').contains(&c) {
+                    break;
+                }
+            }
+        }
+        // OSC: ESC ] ... terminated by BEL or ESC \
+        Some(']') => {
+            chars.next();
+            while let Some(c) = chars.next() {
+                if c == '\u{7}' {
+                    break;
+                }
+                if c == '\u{1b}' {
+                    if chars.peek() == Some(&'\\') {
+                        chars.next();
+                    }
+                    break;
+                }
+            }
+        }
+        // Two-character escapes (ESC c, ESC 7, ...).
+        Some(_) => {
+            chars.next();
+        }
+        None => {}
+    }
+}
+
+fn is_hidden(c: char) -> bool {
+    match c {
+        '\n' | '\t' => false,
+        c if c.is_control() => true,
+        // Unicode tag characters (invisible ASCII look-alikes).
+        '\u{E0000}'..='\u{E007F}' => true,
+        // Bidi embeddings, overrides and isolates.
+        '\u{202A}'..='\u{202E}'
+        | '\u{2066}'..='\u{2069}'
+        | '\u{200E}'
+        | '\u{200F}'
+        | '\u{061C}' => true,
+        // Zero-width and invisible formatting characters.
+        '\u{200B}'..='\u{200D}' | '\u{2060}'..='\u{2064}' | '\u{FEFF}' | '\u{180E}' => true,
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strips_hidden_characters_and_escapes() {
+        let dirty = "Ada\u{1b}[31m Love\u{1b}[0mlace\u{E0041}\u{E0042}\u{202E}evil\u{200B}\u{7}\u{1b}]0;title\u{7}!\r";
+        assert_eq!(sanitize_text(dirty, 100), "Ada Lovelaceevil!");
+    }
+
+    #[test]
+    fn keeps_ordinary_text_and_caps_length() {
+        assert_eq!(
+            sanitize_text("Zürich\n\tnaïve 東京", 100),
+            "Zürich\n\tnaïve 東京"
+        );
+        assert_eq!(sanitize_text("abcdef", 3), "abc…");
+        assert_eq!(sanitize_text("abc", 3), "abc");
+    }
+}
