@@ -1,0 +1,17 @@
+//! kg-stores: the store code shared by the kgmesh services.
+//!
+//! It owns the FalkorDB graph access (`graph`: one graph per namespace, indexes, JSON rows),
+//! the SQL pool and migrations over SQLite or PostgreSQL (`sql`), the NATS JetStream streams
+//! and subjects of ingest (`events`), content-addressed blobs (`blobs`), and the embedded
+//! servers that tests and `kgmesh up` start from the dev-deps virtualenv (`embedded`).
+//! It knows nothing about requests, callers or permissions; services bring those.
+
+pub mod blobs;
+pub mod consumer;
+pub mod embedded;
+pub mod error;
+pub mod events;
+pub mod graph;
+pub mod sql;
+
+pub use error::StoreError;
