@@ -1,0 +1,126 @@
+//! The gateway's own errors (start-up and serving), and the one error shape
+//! clients see from tool calls and the admin REST API.
+
+use kg_common::error::{ERROR_CODE_METADATA_KEY, INTERNAL_MESSAGE, code_of};
+use kg_common::{ErrorCode, ErrorExt};
+use serde_json::{Value, json};
+
+/// Why the gateway could not start or stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    /// The configuration is invalid; the message lists every problem.
+    #[error("invalid gateway configuration: {0}")]
+    Config(String),
+    /// The HTTP server failed.
+    #[error("http server failed: {0}")]
+    Serve(#[source] std::io::Error),
+    /// The stdio MCP server failed to start or stopped abnormally.
+    #[error("stdio MCP server failed: {0}")]
+    Stdio(String),
+}
+
+impl ErrorExt for GatewayError {
+    fn code(&self) -> ErrorCode {
+        match self {
+            GatewayError::Config(_) => ErrorCode::InvalidArgument,
+            GatewayError::Serve(_) | GatewayError::Stdio(_) => ErrorCode::Internal,
+        }
+    }
+}
+
+kg_common::impl_status_from!(GatewayError);
+
+/// A client-visible failure: a stable code and a message safe to show.
+/// Built only through the constructors below, so internal detail never leaks.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ClientError {
+    pub(crate) code: ErrorCode,
+    pub(crate) message: String,
+}
+
+impl ClientError {
+    /// A code with a client-safe message; server faults get the generic message.
+    pub(crate) fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        let message = if code.is_server_fault() {
+            INTERNAL_MESSAGE.to_owned()
+        } else {
+            message.into()
+        };
+        Self { code, message }
+    }
+
+    /// Bad arguments; the message says what to change.
+    pub(crate) fn invalid(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::InvalidArgument, message)
+    }
+
+    /// A status from backend `service`. Statuses carrying our code metadata have
+    /// client-safe messages already; bare ones come from the transport.
+    pub(crate) fn from_status(service: &str, status: &tonic::Status) -> Self {
+        let code = code_of(status);
+        if code.is_server_fault() {
+            tracing::error!(service, grpc_code = ?status.code(), message = status.message(), "backend call failed");
+            return Self::new(code, "");
+        }
+        if status.metadata().get(ERROR_CODE_METADATA_KEY).is_some() {
+            return Self::new(code, status.message());
+        }
+        tracing::warn!(service, grpc_code = ?status.code(), message = status.message(), "backend unreachable or failed");
+        let message = match code {
+            ErrorCode::Unavailable => {
+                format!("the {service} service is unavailable; retry shortly")
+            }
+            ErrorCode::Timeout => {
+                format!("the {service} service did not answer in time; retry shortly")
+            }
+            _ => format!("the {service} service failed: {}", status.message()),
+        };
+        Self::new(code, message)
+    }
+
+    /// The `{code, message, retryable}` body.
+    pub(crate) fn to_json(&self) -> Value {
+        json!({
+            "code": self.code.as_str(),
+            "message": self.message,
+            "retryable": self.code.retryable(),
+        })
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use kg_common::error::status_with_code;
+
+    #[test]
+    fn coded_statuses_keep_their_message_and_internal_is_masked() {
+        let err = ClientError::from_status(
+            "graph",
+            &status_with_code(ErrorCode::NotFound, "chunk `c1` not found"),
+        );
+        assert_eq!(err.code, ErrorCode::NotFound);
+        assert_eq!(err.message, "chunk `c1` not found");
+
+        let err = ClientError::from_status(
+            "graph",
+            &tonic::Status::internal("postgres://u:pw@db exploded"),
+        );
+        assert_eq!(err.code, ErrorCode::Internal);
+        assert_eq!(err.message, INTERNAL_MESSAGE);
+
+        let err = ClientError::from_status(
+            "retrieval",
+            &tonic::Status::unavailable("tcp connect error"),
+        );
+        assert_eq!(
+            err.to_json(),
+            json!({
+                "code": "unavailable",
+                "message": "the retrieval service is unavailable; retry shortly",
+                "retryable": true,
+            })
+        );
+    }
+}

@@ -1,0 +1,519 @@
+//! Admin REST under `/api/v1`: thin translations to auth and files RPCs made
+//! with the caller's signed context. The services enforce admin and write
+//! permission; this layer validates shapes and maps statuses to HTTP.
+
+use axum::Json;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::{BytesRejection, JsonRejection, QueryRejection};
+use axum::extract::{DefaultBodyLimit, Extension, Path, Query, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get};
+use kg_common::ErrorCode;
+use kg_common::access::{normalize_folder_prefix, normalize_path, validate_namespace};
+use kg_proto::v1::{
+    CreateNamespaceRequest, CreatePatRequest, CreatePrincipalRequest, DeleteGrantRequest,
+    GetFileRequest, ListFilesRequest, ListGrantsRequest, ListNamespacesRequest, ListPatsRequest,
+    ListPrincipalsRequest, PutGrantRequest, RevokePatRequest, UploadRequest, get_file_request,
+};
+use serde::Deserialize;
+use serde_json::json;
+
+use super::dto::{
+    FileJson, GrantJson, NamespaceJson, PatJson, PrincipalJson, parse_kind, parse_permission,
+};
+use super::guard::error_response;
+use crate::error::ClientError;
+use crate::state::{Caller, GatewayState};
+
+/// The admin routes; the bearer middleware is added by the caller.
+pub(crate) fn routes(state: GatewayState) -> Router {
+    let upload_limit = state.config.max_upload_bytes;
+    Router::new()
+        .route(
+            "/api/v1/namespaces",
+            get(list_namespaces).post(create_namespace),
+        )
+        .route(
+            "/api/v1/principals",
+            get(list_principals).post(create_principal),
+        )
+        .route("/api/v1/grants", get(list_grants).post(put_grant))
+        .route("/api/v1/grants/{id}", delete(delete_grant))
+        .route("/api/v1/pats", get(list_pats).post(create_pat))
+        .route("/api/v1/pats/{id}", delete(revoke_pat))
+        .route("/api/v1/namespaces/{ns}/files", get(list_files))
+        .route(
+            "/api/v1/namespaces/{ns}/files/{*path}",
+            get(get_file)
+                .put(upload)
+                .layer(DefaultBodyLimit::max(upload_limit)),
+        )
+        .with_state(state)
+}
+
+/// A REST failure, rendered as `{code, message, retryable}`.
+pub(crate) struct ApiError(ClientError);
+
+impl From<ClientError> for ApiError {
+    fn from(err: ClientError) -> Self {
+        Self(err)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        error_response(&self.0)
+    }
+}
+
+type ApiResult = Result<Response, ApiError>;
+
+fn backend(service: &'static str) -> impl Fn(tonic::Status) -> ApiError {
+    move |status| ApiError(ClientError::from_status(service, &status))
+}
+
+fn json_body<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
+    body.map(|Json(v)| v).map_err(|rejection| {
+        let code = if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ErrorCode::PayloadTooLarge
+        } else {
+            ErrorCode::InvalidArgument
+        };
+        ApiError(ClientError::new(code, rejection.body_text()))
+    })
+}
+
+fn query<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
+    query
+        .map(|Query(v)| v)
+        .map_err(|rejection| ApiError(ClientError::invalid(rejection.body_text())))
+}
+
+fn valid_namespace(ns: &str) -> Result<(), ApiError> {
+    validate_namespace(ns).map_err(|err| ApiError(ClientError::invalid(err.to_string())))
+}
+
+fn created(body: serde_json::Value) -> Response {
+    (StatusCode::CREATED, Json(body)).into_response()
+}
+
+fn ok(body: serde_json::Value) -> Response {
+    Json(body).into_response()
+}
+
+fn to_value<T: serde::Serialize>(value: T) -> serde_json::Value {
+    serde_json::to_value(value).unwrap_or(serde_json::Value::Null)
+}
+
+async fn list_namespaces(
+    State(state): State<GatewayState>,
+    Extension(caller): Extension<Caller>,
+) -> ApiResult {
+    let response = state
+        .backends
+        .auth
+        .clone()
+        .list_namespaces(caller.request(ListNamespacesRequest {}))
+        .await
+        .map_err(backend("auth"))?
+        .into_inner();
+    let list: Vec<NamespaceJson> = response.namespaces.into_iter().map(Into::into).collect();
+    Ok(ok(json!({ "namespaces": list })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct CreateNamespaceBody {
+    name: String,
+    #[serde(default)]
+    description: String,
+}
+
+async fn create_namespace(
+    State(state): State<GatewayState>,
+    Extension(caller): Extension<Caller>,
+    body: Result<Json<CreateNamespaceBody>, JsonRejection>,
+) -> ApiResult {
+    let body = json_body(body)?;
+    let ns = state
+        .backends
+        .auth
+        .clone()
+        .create_namespace(caller.request(CreateNamespaceRequest {
+            name: body.name,
+            description: body.description,
+        }))
+        .await
+        .map_err(backend("auth"))?
+        .into_inner();
+    Ok(created(to_value(NamespaceJson::from(ns))))
+}
+
+async fn list_principals(
+    State(state): State<GatewayState>,
+    Extension(caller): Extension<Caller>,
+) -> ApiResult {
+    let response = state
+        .backends
+        .auth
+        .clone()
+        .list_principals(caller.request(ListPrincipalsRequest {}))
+        .await
+        .map_err(backend("auth"))?
+        .into_inner();
+    let list: Vec<PrincipalJson> = response.principals.into_iter().map(Into::into).collect();
+    Ok(ok(json!({ "principals": list })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct CreatePrincipalBody {
+    name: String,
+    kind: String,
+    #[serde(default)]
+    acts_for: Option<String>,
+    #[serde(default)]
+    is_admin: bool,
+}
+
+async fn create_principal(
+    State(state): State<GatewayState>,
+    Extension(caller): Extension<Caller>,
+    body: Result<Json<CreatePrincipalBody>, JsonRejection>,
+) -> ApiResult {
+    let body = json_body(body)?;
+    let kind = parse_kind(&body.kind)?;
+    let principal = state
+        .backends
+        .auth
+        .clone()
+        .create_principal(caller.request(CreatePrincipalRequest {
+            name: body.name,
+            kind: kind as i32,
+            acts_for: body.acts_for.unwrap_or_default(),
+            is_admin: body.is_admin,
+        }))
+        .await
+        .map_err(backend("auth"))?
+        .into_inner();
+    Ok(created(to_value(PrincipalJson::from(principal))))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PrincipalQuery {
+    principal: Option<String>,
+}
+
+/// The `?principal=ID` filter; absent or empty lists every principal's entries.
+fn principal_param(q: PrincipalQuery) -> Result<String, ApiError> {
+    Ok(q.principal.map(|p| p.trim().to_owned()).unwrap_or_default())
+}
+
+async fn list_grants(
+    State(state): State<GatewayState>,
+    Extension(caller): Extension<Caller>,
+    q: Result<Query<PrincipalQuery>, QueryRejection>,
+) -> ApiResult {
+    let principal_id = principal_param(query(q)?)?;
+    let response = state
+        .backends
+        .auth
+        .clone()
+        .list_grants(caller.request(ListGrantsRequest { principal_id }))
+        .await
+        .map_err(backend("auth"))?
+        .into_inner();
+    let list: Vec<GrantJson> = response.grants.into_iter().map(Into::into).collect();
+    Ok(ok(json!({ "grants": list })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct PutGrantBody {
+    principal_id: String,
+    namespace: String,
+    permission: String,
+    #[serde(default)]
+    path_prefix: String,
+}
+
+async fn put_grant(
+    State(state): State<GatewayState>,
+    Extension(caller): Extension<Caller>,
+    body: Result<Json<PutGrantBody>, JsonRejection>,
+) -> ApiResult {
+    let body = json_body(body)?;
+    let permission = parse_permission(&body.permission)?;
+    let grant = state
+        .backends
+        .auth
+        .clone()
+        .put_grant(caller.request(PutGrantRequest {
+            principal_id: body.principal_id,
+            namespace: body.namespace,
+            permission: permission as i32,
+            path_prefix: body.path_prefix,
+        }))
+        .await
+        .map_err(backend("auth"))?
+        .into_inner();
+    Ok(ok(to_value(GrantJson::from(grant))))
+}
+
+async fn delete_grant(
+    State(state): State<GatewayState>,
+    Extension(caller): Extension<Caller>,
+    Path(grant_id): Path<String>,
+) -> ApiResult {
+    let response = state
+        .backends
+        .auth
+        .clone()
+        .delete_grant(caller.request(DeleteGrantRequest {
+            grant_id: grant_id.clone(),
+        }))
+        .await
+        .map_err(backend("auth"))?
+        .into_inner();
+    if !response.deleted {
+        return Err(ApiError(ClientError::new(
+            ErrorCode::NotFound,
+            format!("grant `{grant_id}` not found"),
+        )));
+    }
+    Ok(ok(json!({ "deleted": true })))
+}
+
+async fn list_pats(
+    State(state): State<GatewayState>,
+    Extension(caller): Extension<Caller>,
+    q: Result<Query<PrincipalQuery>, QueryRejection>,
+) -> ApiResult {
+    let principal_id = principal_param(query(q)?)?;
+    let response = state
+        .backends
+        .auth
+        .clone()
+        .list_pats(caller.request(ListPatsRequest { principal_id }))
+        .await
+        .map_err(backend("auth"))?
+        .into_inner();
+    let list: Vec<PatJson> = response.pats.into_iter().map(Into::into).collect();
+    Ok(ok(json!({ "pats": list })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct CreatePatBody {
+    principal_id: String,
+    name: String,
+    #[serde(default)]
+    expires_at_ms: Option<i64>,
+}
+
+async fn create_pat(
+    State(state): State<GatewayState>,
+    Extension(caller): Extension<Caller>,
+    body: Result<Json<CreatePatBody>, JsonRejection>,
+) -> ApiResult {
+    let body = json_body(body)?;
+    let response = state
+        .backends
+        .auth
+        .clone()
+        .create_pat(caller.request(CreatePatRequest {
+            principal_id: body.principal_id,
+            name: body.name,
+            expires_at_ms: body.expires_at_ms,
+        }))
+        .await
+        .map_err(backend("auth"))?
+        .into_inner();
+    let pat = response.pat.map(PatJson::from);
+    // The token is shown once, here; it is never logged.
+    Ok(created(
+        json!({ "token": response.token, "pat": to_value(pat) }),
+    ))
+}
+
+async fn revoke_pat(
+    State(state): State<GatewayState>,
+    Extension(caller): Extension<Caller>,
+    Path(pat_id): Path<String>,
+) -> ApiResult {
+    let response = state
+        .backends
+        .auth
+        .clone()
+        .revoke_pat(caller.request(RevokePatRequest {
+            pat_id: pat_id.clone(),
+        }))
+        .await
+        .map_err(backend("auth"))?
+        .into_inner();
+    if !response.revoked {
+        return Err(ApiError(ClientError::new(
+            ErrorCode::NotFound,
+            format!("PAT `{pat_id}` not found"),
+        )));
+    }
+    Ok(ok(json!({ "revoked": true })))
+}
+
+/// The upload's mime type from `Content-Type`, ignoring the generic values
+/// HTTP clients send by default (the files service then guesses from the path).
+fn upload_mime(headers: &HeaderMap) -> String {
+    let Some(value) = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return String::new();
+    };
+    let essence = value
+        .split(';')
+        .next()
+        .unwrap_or_default()
+        .trim()
+        .to_ascii_lowercase();
+    match essence.as_str() {
+        ""
+        | "application/octet-stream"
+        | "application/x-www-form-urlencoded"
+        | "multipart/form-data" => String::new(),
+        _ => essence,
+    }
+}
+
+async fn upload(
+    State(state): State<GatewayState>,
+    Extension(caller): Extension<Caller>,
+    Path((ns, path)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult {
+    valid_namespace(&ns)?;
+    let path =
+        normalize_path(&path).map_err(|err| ApiError(ClientError::invalid(err.to_string())))?;
+    let content = body.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError(ClientError::new(
+                ErrorCode::PayloadTooLarge,
+                format!(
+                    "the file is larger than this gateway accepts ({} bytes)",
+                    state.config.max_upload_bytes
+                ),
+            ))
+        } else {
+            ApiError(ClientError::invalid(rejection.body_text()))
+        }
+    })?;
+    let response = state
+        .backends
+        .files
+        .clone()
+        .upload(caller.request(UploadRequest {
+            namespace: ns,
+            path,
+            content: content.to_vec(),
+            mime: upload_mime(&headers),
+        }))
+        .await
+        .map_err(backend("files"))?
+        .into_inner();
+    Ok(ok(json!({
+        "file": to_value(response.file.map(FileJson::from)),
+        "changed": response.changed,
+    })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ListFilesQuery {
+    #[serde(default)]
+    folder_prefix: String,
+    #[serde(default)]
+    cursor: String,
+    #[serde(default)]
+    limit: Option<u32>,
+    #[serde(default)]
+    include_hidden: bool,
+}
+
+async fn list_files(
+    State(state): State<GatewayState>,
+    Extension(caller): Extension<Caller>,
+    Path(ns): Path<String>,
+    q: Result<Query<ListFilesQuery>, QueryRejection>,
+) -> ApiResult {
+    valid_namespace(&ns)?;
+    let q = query(q)?;
+    let folder_prefix = normalize_folder_prefix(&q.folder_prefix)
+        .map_err(|err| ApiError(ClientError::invalid(err.to_string())))?;
+    let response = state
+        .backends
+        .files
+        .clone()
+        .list_files(caller.request(ListFilesRequest {
+            namespace: ns,
+            folder_prefix,
+            limit: q.limit.unwrap_or(0),
+            cursor: q.cursor,
+            include_hidden: q.include_hidden,
+        }))
+        .await
+        .map_err(backend("files"))?
+        .into_inner();
+    let files: Vec<FileJson> = response.files.into_iter().map(Into::into).collect();
+    let next_cursor = Some(response.next_cursor).filter(|c| !c.is_empty());
+    Ok(ok(
+        json!({ "files": files, "nextCursor": next_cursor, "total": response.total }),
+    ))
+}
+
+async fn get_file(
+    State(state): State<GatewayState>,
+    Extension(caller): Extension<Caller>,
+    Path((ns, path)): Path<(String, String)>,
+) -> ApiResult {
+    valid_namespace(&ns)?;
+    let path =
+        normalize_path(&path).map_err(|err| ApiError(ClientError::invalid(err.to_string())))?;
+    let file = state
+        .backends
+        .files
+        .clone()
+        .get_file(caller.request(GetFileRequest {
+            namespace: ns,
+            selector: Some(get_file_request::Selector::Path(path)),
+        }))
+        .await
+        .map_err(backend("files"))?
+        .into_inner();
+    Ok(ok(json!({ "file": to_value(FileJson::from(file)) })))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use axum::http::HeaderValue;
+
+    #[test]
+    fn generic_content_types_leave_the_mime_to_the_files_service() {
+        let mut headers = HeaderMap::new();
+        assert_eq!(upload_mime(&headers), "");
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/x-www-form-urlencoded"),
+        );
+        assert_eq!(upload_mime(&headers), "");
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/Markdown; charset=utf-8"),
+        );
+        assert_eq!(upload_mime(&headers), "text/markdown");
+    }
+}

@@ -1,0 +1,138 @@
+//! The HTTP surface: `/health`, `/metrics`, protected-resource metadata, the
+//! Streamable HTTP MCP endpoint and the admin REST API.
+
+mod admin;
+mod dto;
+pub(crate) mod guard;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::middleware::from_fn_with_state;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use kg_common::ErrorCode;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
+use serde_json::json;
+
+use crate::error::ClientError;
+use crate::mcp::{McpServer, ToolRegistry};
+use crate::state::GatewayState;
+use guard::{BearerGuard, require_bearer};
+
+/// Builds the whole HTTP application.
+pub fn router(state: GatewayState) -> Router {
+    let mcp = Router::new()
+        .route_service("/mcp", mcp_service(&state))
+        .route_layer(from_fn_with_state(
+            BearerGuard {
+                state: state.clone(),
+                tool: "mcp",
+            },
+            require_bearer,
+        ));
+    let admin = admin::routes(state.clone()).route_layer(from_fn_with_state(
+        BearerGuard {
+            state: state.clone(),
+            tool: "admin",
+        },
+        require_bearer,
+    ));
+    Router::new()
+        .route("/health", get(health))
+        .route("/metrics", get(metrics))
+        .route(
+            "/.well-known/oauth-protected-resource",
+            get(protected_resource),
+        )
+        .route(
+            "/.well-known/oauth-protected-resource/mcp",
+            get(protected_resource),
+        )
+        .with_state(state)
+        .merge(mcp)
+        .merge(admin)
+        .fallback(not_found)
+        .layer(tower_http::trace::TraceLayer::new_for_http())
+}
+
+/// rmcp's Streamable HTTP service with our host and origin policy. Its own
+/// checks repeat ours (defence in depth); ours run first, before auth.
+fn mcp_service(state: &GatewayState) -> StreamableHttpService<McpServer, LocalSessionManager> {
+    let registry = ToolRegistry::builtin();
+    let server = McpServer::for_http(state.clone(), registry);
+    let config = StreamableHttpServerConfig::default()
+        .with_allowed_hosts(state.config.allowed_hosts.clone())
+        .with_allowed_origins(rmcp_origins(&state.config.allowed_origins))
+        .enforce_origin_validation()
+        .with_cancellation_token(state.shutdown.child_token());
+    StreamableHttpService::new(
+        move || Ok(server.clone()),
+        Arc::new(LocalSessionManager::default()),
+        config,
+    )
+}
+
+/// Our origin entries in rmcp's syntax: explicit ports, so rmcp's deprecated
+/// "no port means any port" rule never applies.
+fn rmcp_origins(allowed: &[String]) -> Vec<String> {
+    allowed
+        .iter()
+        .filter_map(|entry| guard::parse_allowed_origin(entry))
+        .map(|(origin, port)| match origin {
+            guard::Origin::Null => "null".to_owned(),
+            guard::Origin::Tuple { scheme, host, .. } => {
+                let host = if host.contains(':') {
+                    format!("[{host}]")
+                } else {
+                    host
+                };
+                match port {
+                    guard::AllowedPort::Any => format!("{scheme}://{host}:*"),
+                    guard::AllowedPort::Exact(p) => format!("{scheme}://{host}:{p}"),
+                }
+            }
+        })
+        .collect()
+}
+
+async fn health() -> impl IntoResponse {
+    axum::Json(json!({"ok": true}))
+}
+
+async fn metrics() -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        kg_common::metrics::encode_text(),
+    )
+        .into_response()
+}
+
+/// RFC 9728 protected-resource metadata for `/mcp`.
+async fn protected_resource(
+    State(state): State<GatewayState>,
+    headers: HeaderMap,
+) -> impl IntoResponse {
+    let base = guard::base_url(&state.config, &headers);
+    axum::Json(json!({
+        "resource": format!("{base}/mcp"),
+        "bearer_methods_supported": ["header"],
+        "resource_name": "kgmesh",
+    }))
+}
+
+async fn not_found() -> Response {
+    let mut response =
+        guard::error_response(&ClientError::new(ErrorCode::NotFound, "no such endpoint"));
+    *response.status_mut() = StatusCode::NOT_FOUND;
+    response
+}
+
+#[cfg(test)]
+mod tests;

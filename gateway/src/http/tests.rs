@@ -1,0 +1,741 @@
+//! HTTP behaviour of the gateway, driven with `oneshot` on [`super::router`].
+//! Auth is a tiny in-test tonic server implementing our own Auth contract
+//! (Authorize, and ListNamespaces behind the real caller-context layer).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode, header};
+use kg_common::ErrorCode;
+use kg_common::caller::{
+    CONTEXT_TTL_MS, CallerContextLayer, ContextSigner, ContextVerifier, now_ms, require_caller,
+};
+use kg_common::error::status_with_code;
+use kg_proto::v1::auth_server::{Auth, AuthServer};
+use kg_proto::v1::*;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+use tonic::{Response, Status};
+use tower::ServiceExt as _;
+
+use crate::config::{BackendAddrs, GatewayConfig};
+use crate::state::GatewayState;
+
+const GOOD: &str = "kg_pat_good0000000000000000000000000000";
+const REVOKED: &str = "kg_pat_revoked000000000000000000000000";
+
+struct TestAuth {
+    signer: ContextSigner,
+    authorize_calls: Arc<AtomicUsize>,
+}
+
+type Res<T> = Result<Response<T>, Status>;
+
+#[tonic::async_trait]
+impl Auth for TestAuth {
+    async fn authorize(&self, request: tonic::Request<AuthorizeRequest>) -> Res<AuthorizeResponse> {
+        self.authorize_calls.fetch_add(1, Ordering::SeqCst);
+        let r = request.into_inner();
+        if r.token != GOOD {
+            return Err(status_with_code(
+                ErrorCode::Unauthenticated,
+                "invalid token: it is missing, malformed, revoked, expired or from another deployment",
+            ));
+        }
+        let now = now_ms();
+        let context = CallerContext {
+            principal_id: "usr_test".into(),
+            principal_kind: PrincipalKind::User as i32,
+            access: vec![AccessFilter {
+                namespace: "demo".into(),
+                allow_prefixes: vec![String::new()],
+                enabled_only: true,
+                permission: Permission::Read as i32,
+                ..Default::default()
+            }],
+            issued_at_ms: now,
+            expires_at_ms: now + CONTEXT_TTL_MS,
+            request_id: r.request_id,
+            tool: r.tool,
+            ..Default::default()
+        };
+        Ok(Response::new(AuthorizeResponse {
+            context: Some(self.signer.sign(&context)),
+            decoded: Some(context),
+        }))
+    }
+    async fn signing_key(&self, _: tonic::Request<SigningKeyRequest>) -> Res<SigningKeyResponse> {
+        Err(Status::unimplemented("test double"))
+    }
+    async fn create_namespace(&self, _: tonic::Request<CreateNamespaceRequest>) -> Res<Namespace> {
+        Err(Status::unimplemented("test double"))
+    }
+    async fn list_namespaces(
+        &self,
+        request: tonic::Request<ListNamespacesRequest>,
+    ) -> Res<ListNamespacesResponse> {
+        // Reached only with a context the layer verified.
+        let caller = require_caller(&request)?;
+        Ok(Response::new(ListNamespacesResponse {
+            namespaces: vec![Namespace {
+                name: format!("seen-by-{}", caller.principal_id),
+                description: String::new(),
+                created_at_ms: 1,
+            }],
+        }))
+    }
+    async fn create_principal(&self, _: tonic::Request<CreatePrincipalRequest>) -> Res<Principal> {
+        Err(Status::unimplemented("test double"))
+    }
+    async fn list_principals(
+        &self,
+        _: tonic::Request<ListPrincipalsRequest>,
+    ) -> Res<ListPrincipalsResponse> {
+        Err(Status::unimplemented("test double"))
+    }
+    async fn put_grant(&self, _: tonic::Request<PutGrantRequest>) -> Res<Grant> {
+        Err(Status::unimplemented("test double"))
+    }
+    async fn delete_grant(
+        &self,
+        _: tonic::Request<DeleteGrantRequest>,
+    ) -> Res<DeleteGrantResponse> {
+        Err(Status::unimplemented("test double"))
+    }
+    async fn list_grants(&self, _: tonic::Request<ListGrantsRequest>) -> Res<ListGrantsResponse> {
+        Err(Status::unimplemented("test double"))
+    }
+    async fn create_pat(&self, _: tonic::Request<CreatePatRequest>) -> Res<CreatePatResponse> {
+        Err(Status::unimplemented("test double"))
+    }
+    async fn list_pats(&self, _: tonic::Request<ListPatsRequest>) -> Res<ListPatsResponse> {
+        Err(Status::unimplemented("test double"))
+    }
+    async fn revoke_pat(&self, _: tonic::Request<RevokePatRequest>) -> Res<RevokePatResponse> {
+        Err(Status::unimplemented("test double"))
+    }
+}
+
+/// A running test auth server; stops when dropped.
+pub(crate) struct AuthFixture {
+    pub(crate) addr: String,
+    pub(crate) authorize_calls: Arc<AtomicUsize>,
+    stop: CancellationToken,
+}
+
+impl Drop for AuthFixture {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+pub(crate) async fn start_auth() -> AuthFixture {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = format!("http://{}", listener.local_addr().unwrap());
+    let signer = ContextSigner::generate();
+    let verifier = ContextVerifier::new(vec![signer.public_key()]);
+    let authorize_calls = Arc::new(AtomicUsize::new(0));
+    let service = AuthServer::new(TestAuth {
+        signer,
+        authorize_calls: authorize_calls.clone(),
+    });
+    let stop = CancellationToken::new();
+    let shutdown = stop.clone();
+    tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .layer(CallerContextLayer::new(
+                verifier,
+                &["/kg.v1.Auth/Authorize"],
+            ))
+            .add_service(service)
+            .serve_with_incoming_shutdown(
+                tonic::transport::server::TcpIncoming::from(listener),
+                shutdown.cancelled_owned(),
+            )
+            .await
+            .unwrap();
+    });
+    AuthFixture {
+        addr,
+        authorize_calls,
+        stop,
+    }
+}
+
+/// An address nothing listens on (bound, then released).
+async fn dead_addr() -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    format!("http://{}", listener.local_addr().unwrap())
+}
+
+pub(crate) async fn config(auth: &str) -> GatewayConfig {
+    let dead = dead_addr().await;
+    let mut config = GatewayConfig::new(BackendAddrs {
+        auth: auth.to_owned(),
+        files: dead.clone(),
+        retrieval: dead.clone(),
+        graph: dead,
+    });
+    config.allowed_origins = vec!["https://app.example".into()];
+    config
+}
+
+fn app(config: GatewayConfig) -> axum::Router {
+    super::router(GatewayState::new(config, CancellationToken::new()).unwrap())
+}
+
+fn request(method: &str, uri: &str) -> axum::http::request::Builder {
+    Request::builder()
+        .method(method)
+        .uri(uri)
+        .header(header::HOST, "localhost:7300")
+}
+
+async fn body_json(response: axum::response::Response) -> Value {
+    let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    serde_json::from_slice(&bytes)
+        .unwrap_or_else(|_| json!({"raw": String::from_utf8_lossy(&bytes)}))
+}
+
+/// JSON-RPC messages of a response that is either JSON or an SSE stream.
+async fn rpc_messages(response: axum::response::Response) -> Vec<Value> {
+    let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&bytes);
+    if let Ok(v) = serde_json::from_str::<Value>(&text) {
+        return vec![v];
+    }
+    text.lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .filter_map(|d| serde_json::from_str(d.trim()).ok())
+        .collect()
+}
+
+fn mcp_post(token: &str, session: Option<&str>, body: Value) -> Request<Body> {
+    let mut builder = request("POST", "/mcp")
+        .header(header::AUTHORIZATION, format!("Bearer {token}"))
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::ACCEPT, "application/json, text/event-stream");
+    if let Some(id) = session {
+        builder = builder
+            .header("mcp-session-id", id)
+            .header("mcp-protocol-version", "2025-06-18");
+    }
+    builder.body(Body::from(body.to_string())).unwrap()
+}
+
+#[tokio::test]
+async fn health_metrics_and_metadata_need_no_auth() {
+    let app = app(config(&dead_addr().await).await);
+    let response = app
+        .clone()
+        .oneshot(request("GET", "/health").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(body_json(response).await, json!({"ok": true}));
+
+    let response = app
+        .clone()
+        .oneshot(request("GET", "/metrics").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+
+    let response = app
+        .clone()
+        .oneshot(
+            request("GET", "/.well-known/oauth-protected-resource")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        body_json(response).await,
+        json!({"resource": "http://localhost:7300/mcp", "bearer_methods_supported": ["header"], "resource_name": "kgmesh"})
+    );
+
+    let response = app
+        .oneshot(request("GET", "/nope").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    assert_eq!(body_json(response).await["code"], "not_found");
+}
+
+#[tokio::test]
+async fn mcp_without_a_usable_token_is_401_with_a_challenge() {
+    let auth = start_auth().await;
+    let app = app(config(&auth.addr).await);
+
+    let response = app
+        .clone()
+        .oneshot(request("POST", "/mcp").body(Body::empty()).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    let challenge = response.headers()[header::WWW_AUTHENTICATE]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(
+        challenge,
+        "Bearer resource_metadata=\"http://localhost:7300/.well-known/oauth-protected-resource\""
+    );
+    let body = body_json(response).await;
+    assert_eq!(body["code"], "unauthenticated");
+    assert_eq!(body["retryable"], false);
+
+    // Not a kgmesh PAT: refused without asking auth.
+    let response = app
+        .clone()
+        .oneshot(
+            request("POST", "/mcp")
+                .header(header::AUTHORIZATION, "Bearer ghp_abc")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(auth.authorize_calls.load(Ordering::SeqCst), 0);
+
+    // Revoked (auth says unauthenticated): 401 naming invalid_token.
+    let response = app
+        .clone()
+        .oneshot(
+            request("POST", "/mcp")
+                .header(header::AUTHORIZATION, format!("Bearer {REVOKED}"))
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    assert!(
+        response.headers()[header::WWW_AUTHENTICATE]
+            .to_str()
+            .unwrap()
+            .contains("error=\"invalid_token\"")
+    );
+    assert_eq!(auth.authorize_calls.load(Ordering::SeqCst), 1);
+
+    // Admin REST sits behind the same guard; /health does not.
+    let response = app
+        .oneshot(
+            request("GET", "/api/v1/namespaces")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test]
+async fn bad_origin_and_host_are_403_before_auth() {
+    let auth = start_auth().await;
+    let app = app(config(&auth.addr).await);
+    let response = app
+        .clone()
+        .oneshot(
+            request("POST", "/mcp")
+                .header(header::ORIGIN, "https://evil.example")
+                .header(header::AUTHORIZATION, format!("Bearer {GOOD}"))
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::FORBIDDEN);
+    assert_eq!(body_json(response).await["code"], "permission_denied");
+
+    let response = app
+        .oneshot(
+            Request::builder()
+                .method("POST")
+                .uri("/mcp")
+                .header(header::HOST, "attacker.example")
+                .header(header::AUTHORIZATION, format!("Bearer {GOOD}"))
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::FORBIDDEN);
+    assert_eq!(auth.authorize_calls.load(Ordering::SeqCst), 0);
+}
+
+#[tokio::test]
+async fn auth_outage_is_503_and_retryable() {
+    let app = app(config(&dead_addr().await).await);
+    let response = app
+        .oneshot(
+            request("POST", "/mcp")
+                .header(header::AUTHORIZATION, format!("Bearer {GOOD}"))
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let body = body_json(response).await;
+    assert_eq!(body["code"], "unavailable");
+    assert_eq!(body["retryable"], true);
+}
+
+#[tokio::test]
+async fn mcp_session_lists_and_calls_tools() {
+    let auth = start_auth().await;
+    let app = app(config(&auth.addr).await);
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "0"}}});
+    let response = app
+        .clone()
+        .oneshot(mcp_post(GOOD, None, init))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let session = response.headers()["mcp-session-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let messages = rpc_messages(response).await;
+    assert_eq!(messages[0]["result"]["serverInfo"]["name"], "kgmesh");
+    assert!(messages[0]["result"]["capabilities"]["tools"].is_object());
+
+    let response = app
+        .clone()
+        .oneshot(mcp_post(
+            GOOD,
+            Some(&session),
+            json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::ACCEPTED);
+
+    let response = app
+        .clone()
+        .oneshot(mcp_post(
+            GOOD,
+            Some(&session),
+            json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}),
+        ))
+        .await
+        .unwrap();
+    let messages = rpc_messages(response).await;
+    let names: Vec<&str> = messages[0]["result"]["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        ["kg_namespaces", "kg_search", "kg_open", "kg_outline"]
+    );
+    assert_eq!(
+        messages[0]["result"]["tools"][1]["annotations"]["readOnlyHint"],
+        true
+    );
+
+    // The caller authorized for this HTTP request reaches the tool.
+    let call = json!({"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "kg_namespaces", "arguments": {}}});
+    let response = app
+        .clone()
+        .oneshot(mcp_post(GOOD, Some(&session), call))
+        .await
+        .unwrap();
+    let result = &rpc_messages(response).await[0]["result"];
+    assert_eq!(result["isError"], false);
+    assert_eq!(
+        result["structuredContent"],
+        json!({"namespaces": [{"name": "demo", "permission": "read"}]})
+    );
+    let text: Value = serde_json::from_str(result["content"][0]["text"].as_str().unwrap()).unwrap();
+    assert_eq!(text, result["structuredContent"]);
+
+    // Validation failures are tool errors with the stable shape.
+    let call = json!({"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {"name": "kg_search", "arguments": {"query": "x", "topK": 99}}});
+    let response = app
+        .clone()
+        .oneshot(mcp_post(GOOD, Some(&session), call))
+        .await
+        .unwrap();
+    let result = &rpc_messages(response).await[0]["result"];
+    assert_eq!(result["isError"], true);
+    assert_eq!(result["structuredContent"]["code"], "invalid_argument");
+    assert!(
+        result["structuredContent"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("32")
+    );
+
+    // An unreadable namespace is an explicit permission error.
+    let call = json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": "kg_outline", "arguments": {"namespace": "secret", "fileId": "f1"}}});
+    let response = app
+        .clone()
+        .oneshot(mcp_post(GOOD, Some(&session), call))
+        .await
+        .unwrap();
+    let result = &rpc_messages(response).await[0]["result"];
+    assert_eq!(result["structuredContent"]["code"], "permission_denied");
+
+    // Unknown tool: a protocol error, not a tool result.
+    let call = json!({"jsonrpc": "2.0", "id": 6, "method": "tools/call", "params": {"name": "kg_nope", "arguments": {}}});
+    let response = app
+        .clone()
+        .oneshot(mcp_post(GOOD, Some(&session), call))
+        .await
+        .unwrap();
+    let message = &rpc_messages(response).await[0];
+    assert!(
+        message["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("kg_nope")
+    );
+
+    // Every HTTP request was authorized again.
+    assert_eq!(auth.authorize_calls.load(Ordering::SeqCst), 7);
+
+    // A revoked token cannot ride an existing session.
+    let call = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "kg_namespaces", "arguments": {}}});
+    let response = app
+        .oneshot(mcp_post(REVOKED, Some(&session), call))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test]
+async fn admin_rest_forwards_the_signed_context() {
+    let auth = start_auth().await;
+    let mut config = config(&auth.addr).await;
+    config.max_upload_bytes = 8;
+    let app = app(config);
+    let response = app
+        .clone()
+        .oneshot(
+            request("GET", "/api/v1/namespaces")
+                .header(header::AUTHORIZATION, format!("Bearer {GOOD}"))
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        body_json(response).await,
+        json!({"namespaces": [{"name": "seen-by-usr_test", "description": "", "createdAtMs": 1}]})
+    );
+
+    // Auth's own answer maps through the code table (unimplemented -> 500, masked).
+    let response = app
+        .clone()
+        .oneshot(
+            request("GET", "/api/v1/principals")
+                .header(header::AUTHORIZATION, format!("Bearer {GOOD}"))
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(
+        body_json(response).await["message"],
+        kg_common::error::INTERNAL_MESSAGE
+    );
+
+    let response = app
+        .clone()
+        .oneshot(
+            request("POST", "/api/v1/principals")
+                .header(header::AUTHORIZATION, format!("Bearer {GOOD}"))
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from(r#"{"name":"bot","kind":"robot"}"#))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    assert!(
+        body_json(response).await["message"]
+            .as_str()
+            .unwrap()
+            .contains("user, agent or service")
+    );
+
+    let response = app
+        .clone()
+        .oneshot(
+            request("PUT", "/api/v1/namespaces/demo/files/a.md")
+                .header(header::AUTHORIZATION, format!("Bearer {GOOD}"))
+                .body(Body::from("far more than eight bytes"))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(body_json(response).await["code"], "PAYLOAD_TOO_LARGE");
+
+    let response = app
+        .oneshot(
+            request("PUT", "/api/v1/namespaces/demo/files/../etc/passwd")
+                .header(header::AUTHORIZATION, format!("Bearer {GOOD}"))
+                .body(Body::from("x"))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+}
+
+/// Reads JSON-RPC lines until the response with `id` arrives.
+async fn read_response<R: tokio::io::AsyncBufRead + Unpin>(
+    lines: &mut tokio::io::Lines<R>,
+    id: u64,
+) -> Value {
+    loop {
+        let line = tokio::time::timeout(std::time::Duration::from_secs(10), lines.next_line())
+            .await
+            .expect("timed out waiting for a frame")
+            .unwrap()
+            .expect("stream ended");
+        let message: Value = serde_json::from_str(&line).expect("every line is a JSON-RPC frame");
+        if message["id"] == json!(id) {
+            return message;
+        }
+    }
+}
+
+async fn stdio_session(token: &str, auth: &AuthFixture) -> (Value, Value) {
+    use rmcp::ServiceExt as _;
+    use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
+
+    let state = GatewayState::new(config(&auth.addr).await, CancellationToken::new()).unwrap();
+    let server = crate::mcp::McpServer::for_token(
+        state,
+        crate::mcp::ToolRegistry::builtin(),
+        token.to_owned(),
+    );
+    let (client, server_io) = tokio::io::duplex(1 << 16);
+    tokio::spawn(async move {
+        if let Ok(running) = server.serve(server_io).await {
+            let _ = running.waiting().await;
+        }
+    });
+    let (read, mut write) = tokio::io::split(client);
+    let mut lines = tokio::io::BufReader::new(read).lines();
+    let frames = [
+        json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "0"}}}),
+        json!({"jsonrpc": "2.0", "method": "notifications/initialized"}),
+    ];
+    for frame in &frames {
+        write
+            .write_all(format!("{frame}\n").as_bytes())
+            .await
+            .unwrap();
+    }
+    let init = read_response(&mut lines, 1).await;
+    let call = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "kg_namespaces", "arguments": {}}});
+    write
+        .write_all(format!("{call}\n").as_bytes())
+        .await
+        .unwrap();
+    let result = read_response(&mut lines, 2).await;
+    (init, result)
+}
+
+#[tokio::test]
+async fn stdio_authorizes_the_token_on_every_tool_call() {
+    let auth = start_auth().await;
+    let (init, result) = stdio_session(GOOD, &auth).await;
+    assert_eq!(init["result"]["serverInfo"]["name"], "kgmesh");
+    assert_eq!(
+        result["result"]["structuredContent"],
+        json!({"namespaces": [{"name": "demo", "permission": "read"}]})
+    );
+    // Initialize needs no authorization; the tool call does.
+    assert_eq!(auth.authorize_calls.load(Ordering::SeqCst), 1);
+
+    let (_, result) = stdio_session(REVOKED, &auth).await;
+    assert_eq!(result["result"]["isError"], true);
+    assert_eq!(
+        result["result"]["structuredContent"]["code"],
+        "unauthenticated"
+    );
+    assert_eq!(auth.authorize_calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn stateless_2026_requests_carry_the_caller_too() {
+    let auth = start_auth().await;
+    let app = app(config(&auth.addr).await);
+    let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+    "name": "kg_namespaces", "arguments": {},
+    "_meta": {
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": {"name": "test", "version": "0"}
+    }}});
+    let request = request("POST", "/mcp")
+        .header(header::AUTHORIZATION, format!("Bearer {GOOD}"))
+        .header(header::CONTENT_TYPE, "application/json")
+        .header(header::ACCEPT, "application/json, text/event-stream")
+        .header("mcp-protocol-version", "2026-07-28")
+        .header("mcp-method", "tools/call")
+        .header("mcp-name", "kg_namespaces")
+        .body(Body::from(call.to_string()))
+        .unwrap();
+    let response = app.oneshot(request).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let messages = rpc_messages(response).await;
+    assert_eq!(
+        messages[0]["result"]["structuredContent"],
+        json!({"namespaces": [{"name": "demo", "permission": "read"}]}),
+        "{messages:?}"
+    );
+}
+
+#[tokio::test]
+async fn serve_answers_on_a_real_listener_and_stops_on_shutdown() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let shutdown = CancellationToken::new();
+    let server = tokio::spawn(crate::serve(
+        config(&dead_addr().await).await,
+        listener,
+        shutdown.clone(),
+    ));
+
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut raw = String::new();
+    stream.read_to_string(&mut raw).await.unwrap();
+    assert!(raw.starts_with("HTTP/1.1 200"), "{raw}");
+    assert!(raw.ends_with(r#"{"ok":true}"#), "{raw}");
+
+    shutdown.cancel();
+    tokio::time::timeout(std::time::Duration::from_secs(10), server)
+        .await
+        .expect("serve stops after shutdown")
+        .unwrap()
+        .unwrap();
+}

@@ -1,0 +1,55 @@
+//! kg-gateway: the only door agents and admins use. It owns the MCP server
+//! (Streamable HTTP at `/mcp`, and stdio), the tool registry and the fan-out
+//! behind each tool, `/health`, `/metrics`, protected-resource metadata and the
+//! admin REST API. It authorizes every request with auth and talks gRPC to
+//! auth, files, retrieval and graph with the signed caller context; it never
+//! touches a store. Entry points: [`serve`], [`serve_stdio`], [`router`].
+
+mod config;
+mod error;
+mod http;
+mod mcp;
+mod state;
+
+use rmcp::ServiceExt as _;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+pub use config::{BackendAddrs, DEFAULT_MAX_UPLOAD_BYTES, GatewayConfig};
+pub use error::GatewayError;
+pub use http::router;
+pub use state::GatewayState;
+
+/// Serves the HTTP gateway on `listener` until `shutdown` fires, then closes
+/// MCP sessions and drains in-flight requests.
+pub async fn serve(
+    config: GatewayConfig,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> Result<(), GatewayError> {
+    let state = GatewayState::new(config, shutdown.child_token())?;
+    if let Ok(addr) = listener.local_addr() {
+        tracing::info!(%addr, "gateway listening; MCP at /mcp");
+    }
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown.cancelled_owned())
+        .await
+        .map_err(GatewayError::Serve)
+}
+
+/// Serves MCP over stdin/stdout with a fixed PAT, authorized on every tool
+/// call. stdout carries only JSON-RPC frames; diagnostics go to stderr.
+pub async fn serve_stdio(config: GatewayConfig, token: String) -> Result<(), GatewayError> {
+    let state = GatewayState::new(config, CancellationToken::new())?;
+    let server = mcp::McpServer::for_token(state, mcp::ToolRegistry::builtin(), token);
+    let running = server
+        .serve(rmcp::transport::stdio())
+        .await
+        .map_err(|err| GatewayError::Stdio(err.to_string()))?;
+    let reason = running
+        .waiting()
+        .await
+        .map_err(|err| GatewayError::Stdio(err.to_string()))?;
+    tracing::info!(?reason, "stdio MCP session ended");
+    Ok(())
+}

@@ -1,0 +1,560 @@
+//! Argument validation for every tool: pure functions from the JSON arguments
+//! to typed requests. Every refusal is `invalid_argument` with a message that
+//! says what to change; values over a hard maximum fail closed.
+
+use std::collections::BTreeMap;
+
+use kg_common::access::validate_namespace;
+use kg_proto::v1::PackageCaps;
+use kg_proto::v1::open_request::Key;
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value};
+
+use crate::error::ClientError;
+
+/// Longest accepted search query, in characters.
+pub(crate) const MAX_QUERY_CHARS: usize = 1000;
+/// Results of one search: default and hard maximum.
+pub(crate) const TOP_K: (u32, u32) = (8, 32);
+/// Packages of one kg_open: default and hard maximum.
+pub(crate) const OPEN_LIMIT: (u32, u32) = (8, 32);
+/// Sections of one kg_outline page: default and hard maximum.
+pub(crate) const OUTLINE_LIMIT: (u32, u32) = (50, 200);
+/// Deepest heading level kg_outline accepts as maxDepth.
+pub(crate) const MAX_OUTLINE_DEPTH: u32 = 32;
+/// Most namespaces one search may name.
+pub(crate) const MAX_NAMESPACES: usize = 32;
+/// Largest tokenBudget accepted.
+pub(crate) const MAX_TOKEN_BUDGET: u32 = 1_000_000;
+/// Longest key or cursor accepted.
+const MAX_KEY_CHARS: usize = 512;
+
+/// Search lanes a caller may name (retrieval soft-fails those it does not run).
+pub(crate) const KNOWN_LANES: [&str; 4] = ["fulltext", "vector", "graph_expand", "co_annotation"];
+
+/// Package list caps: (name, default, hard max), in PackageCaps field order.
+pub(crate) const CAPS: [(&str, u32, u32); 6] = [
+    ("mentions", 8, 24),
+    ("rel", 8, 24),
+    ("ancestors", 6, 12),
+    ("siblings", 8, 24),
+    ("children", 8, 24),
+    ("similar", 4, 16),
+];
+
+/// A JSON number that must be a whole number (agents sometimes send `8.0`).
+#[derive(Debug, Clone, Copy)]
+struct Int(i64);
+
+impl<'de> Deserialize<'de> for Int {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let value = Value::deserialize(deserializer)?;
+        let int = match &value {
+            Value::Number(n) => n.as_i64().or_else(|| {
+                n.as_f64()
+                    .filter(|f| f.fract() == 0.0 && f.abs() < 9.0e15)
+                    .map(|f| f as i64)
+            }),
+            _ => None,
+        };
+        int.map(Int).ok_or_else(|| {
+            serde::de::Error::custom(format!("expected a whole number, got {value}"))
+        })
+    }
+}
+
+fn parse<T: DeserializeOwned>(args: &Map<String, Value>) -> Result<T, ClientError> {
+    serde_json::from_value(Value::Object(args.clone()))
+        .map_err(|err| ClientError::invalid(format!("invalid arguments: {err}")))
+}
+
+fn bounded(
+    name: &str,
+    value: Option<Int>,
+    min: u32,
+    default: u32,
+    max: u32,
+) -> Result<u32, ClientError> {
+    let Some(Int(v)) = value else {
+        return Ok(default);
+    };
+    if v < i64::from(min) || v > i64::from(max) {
+        return Err(ClientError::invalid(format!(
+            "{name} must be from {min} to {max} (the hard max); got {v}"
+        )));
+    }
+    u32::try_from(v).map_err(|_| ClientError::invalid(format!("{name} is out of range")))
+}
+
+fn namespace(name: &str, value: &str) -> Result<String, ClientError> {
+    validate_namespace(value).map_err(|err| ClientError::invalid(format!("{name}: {err}")))?;
+    Ok(value.to_owned())
+}
+
+fn key(name: &str, value: &str) -> Result<String, ClientError> {
+    let value = value.trim();
+    if value.is_empty() {
+        return Err(ClientError::invalid(format!("{name} must not be empty")));
+    }
+    if value.chars().count() > MAX_KEY_CHARS || value.chars().any(char::is_control) {
+        return Err(ClientError::invalid(format!(
+            "{name} is not a valid key: pass a key exactly as an earlier result returned it"
+        )));
+    }
+    Ok(value.to_owned())
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCaps {
+    mentions: Option<Int>,
+    rel: Option<Int>,
+    ancestors: Option<Int>,
+    siblings: Option<Int>,
+    children: Option<Int>,
+    similar: Option<Int>,
+}
+
+/// Resolves caps: defaults filled in, each value from 0 to its hard max.
+/// Services always receive explicit values (0 means an empty list).
+fn caps(raw: Option<RawCaps>) -> Result<PackageCaps, ClientError> {
+    let raw = raw.unwrap_or_default();
+    let values = [
+        raw.mentions,
+        raw.rel,
+        raw.ancestors,
+        raw.siblings,
+        raw.children,
+        raw.similar,
+    ];
+    let mut resolved = [0u32; 6];
+    for (slot, ((name, default, max), value)) in resolved.iter_mut().zip(CAPS.iter().zip(values)) {
+        *slot = bounded(&format!("caps.{name}"), value, 0, *default, *max)?;
+    }
+    let [mentions, rel, ancestors, siblings, children, similar] = resolved;
+    Ok(PackageCaps {
+        mentions,
+        rel,
+        ancestors,
+        siblings,
+        children,
+        similar,
+    })
+}
+
+/// `kg_namespaces` takes no arguments.
+pub(crate) fn namespaces_args(args: &Map<String, Value>) -> Result<(), ClientError> {
+    if let Some(name) = args.keys().next() {
+        return Err(ClientError::invalid(format!(
+            "kg_namespaces takes no arguments; remove `{name}`"
+        )));
+    }
+    Ok(())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawRanking {
+    rrf_k: Option<f64>,
+    lane_weights: Option<BTreeMap<String, f64>>,
+    min_score: Option<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawSearch {
+    query: String,
+    namespaces: Option<Vec<String>>,
+    lanes: Option<Vec<String>>,
+    top_k: Option<Int>,
+    token_budget: Option<Int>,
+    ranking: Option<RawRanking>,
+    caps: Option<RawCaps>,
+}
+
+/// Validated `kg_search` arguments.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct SearchArgs {
+    pub(crate) query: String,
+    /// Empty = every namespace the caller may read.
+    pub(crate) namespaces: Vec<String>,
+    /// Empty = retrieval's default lanes.
+    pub(crate) lanes: Vec<String>,
+    pub(crate) top_k: u32,
+    pub(crate) token_budget: Option<u32>,
+    pub(crate) ranking: Option<kg_proto::v1::Ranking>,
+    pub(crate) caps: PackageCaps,
+}
+
+fn lane(name: &str, value: &str) -> Result<String, ClientError> {
+    if KNOWN_LANES.contains(&value) {
+        Ok(value.to_owned())
+    } else {
+        Err(ClientError::invalid(format!(
+            "{name}: unknown lane `{value}`; use one of {}",
+            KNOWN_LANES.join(", ")
+        )))
+    }
+}
+
+fn finite_in(name: &str, value: f64, min: f64, max: f64) -> Result<f64, ClientError> {
+    if value.is_finite() && value >= min && value <= max {
+        Ok(value)
+    } else {
+        Err(ClientError::invalid(format!(
+            "{name} must be from {min} to {max}; got {value}"
+        )))
+    }
+}
+
+fn dedup(values: Vec<String>) -> Vec<String> {
+    let mut out: Vec<String> = Vec::with_capacity(values.len());
+    for v in values {
+        if !out.contains(&v) {
+            out.push(v);
+        }
+    }
+    out
+}
+
+/// Validates `kg_search` arguments.
+pub(crate) fn search_args(args: &Map<String, Value>) -> Result<SearchArgs, ClientError> {
+    let raw: RawSearch = parse(args)?;
+    let query = raw.query.trim().to_owned();
+    if query.is_empty() {
+        return Err(ClientError::invalid(
+            "query must not be empty: pass the words or question to search for",
+        ));
+    }
+    let chars = query.chars().count();
+    if chars > MAX_QUERY_CHARS {
+        return Err(ClientError::invalid(format!(
+            "query is {chars} characters; shorten it to at most {MAX_QUERY_CHARS}"
+        )));
+    }
+    let namespaces = raw
+        .namespaces
+        .unwrap_or_default()
+        .iter()
+        .map(|ns| namespace("namespaces", ns))
+        .collect::<Result<Vec<_>, _>>()?;
+    let namespaces = dedup(namespaces);
+    if namespaces.len() > MAX_NAMESPACES {
+        return Err(ClientError::invalid(format!(
+            "namespaces names {} namespaces; pass at most {MAX_NAMESPACES}",
+            namespaces.len()
+        )));
+    }
+    let lanes = raw
+        .lanes
+        .unwrap_or_default()
+        .iter()
+        .map(|l| lane("lanes", l))
+        .collect::<Result<Vec<_>, _>>()?;
+    let top_k = bounded("topK", raw.top_k, 1, TOP_K.0, TOP_K.1)?;
+    let token_budget = match raw.token_budget {
+        None => None,
+        Some(v) => Some(bounded("tokenBudget", Some(v), 1, 0, MAX_TOKEN_BUDGET)?),
+    };
+    let ranking = raw.ranking.map(ranking).transpose()?;
+    Ok(SearchArgs {
+        query,
+        namespaces,
+        lanes: dedup(lanes),
+        top_k,
+        token_budget,
+        ranking,
+        caps: caps(raw.caps)?,
+    })
+}
+
+fn ranking(raw: RawRanking) -> Result<kg_proto::v1::Ranking, ClientError> {
+    let rrf_k = match raw.rrf_k {
+        Some(k) => finite_in("ranking.rrfK", k, 1.0, 1000.0)?,
+        None => 0.0,
+    };
+    let mut lane_weights = std::collections::HashMap::new();
+    for (name, weight) in raw.lane_weights.unwrap_or_default() {
+        let name = lane("ranking.laneWeights", &name)?;
+        let weight = finite_in(&format!("ranking.laneWeights.{name}"), weight, 0.0, 100.0)?;
+        lane_weights.insert(name, weight);
+    }
+    let min_score = raw
+        .min_score
+        .map(|s| finite_in("ranking.minScore", s, 0.0, 1.0))
+        .transpose()?;
+    Ok(kg_proto::v1::Ranking {
+        rrf_k,
+        lane_weights,
+        min_score,
+    })
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawOpen {
+    namespace: String,
+    chunk_key: Option<String>,
+    outline_key: Option<String>,
+    entity_key: Option<String>,
+    file_id: Option<String>,
+    limit: Option<Int>,
+    caps: Option<RawCaps>,
+}
+
+/// Validated `kg_open` arguments.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct OpenArgs {
+    pub(crate) namespace: String,
+    pub(crate) key: Key,
+    pub(crate) limit: u32,
+    pub(crate) caps: PackageCaps,
+}
+
+/// Validates `kg_open` arguments: exactly one key.
+pub(crate) fn open_args(args: &Map<String, Value>) -> Result<OpenArgs, ClientError> {
+    let raw: RawOpen = parse(args)?;
+    let namespace = namespace("namespace", &raw.namespace)?;
+    let mut keys = Vec::new();
+    if let Some(k) = &raw.chunk_key {
+        keys.push(Key::ChunkKey(key("chunkKey", k)?));
+    }
+    if let Some(k) = &raw.outline_key {
+        keys.push(Key::OutlineKey(key("outlineKey", k)?));
+    }
+    if let Some(k) = &raw.entity_key {
+        keys.push(Key::EntityKey(key("entityKey", k)?));
+    }
+    if let Some(k) = &raw.file_id {
+        keys.push(Key::FileId(key("fileId", k)?));
+    }
+    if keys.len() != 1 {
+        return Err(ClientError::invalid(format!(
+            "pass exactly one of chunkKey, outlineKey, entityKey or fileId (got {})",
+            keys.len()
+        )));
+    }
+    let Some(key) = keys.pop() else {
+        return Err(ClientError::invalid(
+            "pass exactly one of chunkKey, outlineKey, entityKey or fileId",
+        ));
+    };
+    Ok(OpenArgs {
+        namespace,
+        key,
+        limit: bounded("limit", raw.limit, 1, OPEN_LIMIT.0, OPEN_LIMIT.1)?,
+        caps: caps(raw.caps)?,
+    })
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawOutline {
+    namespace: String,
+    file_id: String,
+    cursor: Option<String>,
+    limit: Option<Int>,
+    max_depth: Option<Int>,
+}
+
+/// Validated `kg_outline` arguments.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct OutlineArgs {
+    pub(crate) namespace: String,
+    pub(crate) file_id: String,
+    pub(crate) cursor: String,
+    pub(crate) limit: u32,
+    pub(crate) max_depth: Option<u32>,
+}
+
+/// Validates `kg_outline` arguments.
+pub(crate) fn outline_args(args: &Map<String, Value>) -> Result<OutlineArgs, ClientError> {
+    let raw: RawOutline = parse(args)?;
+    let cursor = match raw.cursor.as_deref().map(str::trim) {
+        None | Some("") => String::new(),
+        Some(c) => key("cursor", c)?,
+    };
+    let max_depth = match raw.max_depth {
+        None => None,
+        Some(d) => Some(bounded("maxDepth", Some(d), 1, 0, MAX_OUTLINE_DEPTH)?),
+    };
+    Ok(OutlineArgs {
+        namespace: namespace("namespace", &raw.namespace)?,
+        file_id: key("fileId", &raw.file_id)?,
+        cursor,
+        limit: bounded("limit", raw.limit, 1, OUTLINE_LIMIT.0, OUTLINE_LIMIT.1)?,
+        max_depth,
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use kg_common::ErrorCode;
+    use serde_json::json;
+
+    fn obj(v: Value) -> Map<String, Value> {
+        match v {
+            Value::Object(m) => m,
+            _ => panic!("not an object"),
+        }
+    }
+
+    fn refused(result: Result<impl std::fmt::Debug, ClientError>) -> String {
+        let err = result.expect_err("expected invalid arguments");
+        assert_eq!(err.code, ErrorCode::InvalidArgument);
+        err.message
+    }
+
+    #[test]
+    fn namespaces_takes_nothing() {
+        namespaces_args(&Map::new()).unwrap();
+        assert!(refused(namespaces_args(&obj(json!({"x": 1})))).contains("`x`"));
+    }
+
+    #[test]
+    fn search_defaults_and_limits() {
+        let args = search_args(&obj(json!({"query": "  rotate keys  "}))).unwrap();
+        assert_eq!(args.query, "rotate keys");
+        assert_eq!(args.top_k, 8);
+        assert!(args.namespaces.is_empty() && args.lanes.is_empty());
+        assert_eq!(args.token_budget, None);
+        assert_eq!(args.caps.mentions, 8);
+        assert_eq!(args.caps.ancestors, 6);
+        assert_eq!(args.caps.similar, 4);
+
+        let args = search_args(&obj(json!({
+            "query": "q", "namespaces": ["a", "b", "a"], "lanes": ["fulltext"], "topK": 32.0,
+            "tokenBudget": 500, "ranking": {"rrfK": 30, "laneWeights": {"fulltext": 2}, "minScore": 0.2},
+            "caps": {"mentions": 0, "similar": 16}
+        })))
+        .unwrap();
+        assert_eq!(args.namespaces, ["a", "b"]);
+        assert_eq!(args.top_k, 32);
+        assert_eq!(args.token_budget, Some(500));
+        let ranking = args.ranking.unwrap();
+        assert_eq!(ranking.rrf_k, 30.0);
+        assert_eq!(ranking.lane_weights.get("fulltext"), Some(&2.0));
+        assert_eq!(ranking.min_score, Some(0.2));
+        assert_eq!((args.caps.mentions, args.caps.similar), (0, 16));
+    }
+
+    #[test]
+    fn search_refusals_say_what_to_change() {
+        assert!(refused(search_args(&obj(json!({})))).contains("query"));
+        assert!(refused(search_args(&obj(json!({"query": "   "})))).contains("must not be empty"));
+        let long = "x".repeat(1001);
+        assert!(refused(search_args(&obj(json!({"query": long})))).contains("at most 1000"));
+        assert!(
+            refused(search_args(&obj(json!({"query": "q", "topK": 33}))))
+                .contains("32 (the hard max)")
+        );
+        assert!(refused(search_args(&obj(json!({"query": "q", "topK": 0})))).contains("topK"));
+        assert!(
+            refused(search_args(&obj(json!({"query": "q", "topK": 2.5})))).contains("whole number")
+        );
+        assert!(
+            refused(search_args(&obj(
+                json!({"query": "q", "caps": {"mentions": 25}})
+            )))
+            .contains("caps.mentions must be from 0 to 24")
+        );
+        assert!(
+            refused(search_args(&obj(
+                json!({"query": "q", "caps": {"similar": 17}})
+            )))
+            .contains("16 (the hard max)")
+        );
+        assert!(
+            refused(search_args(&obj(
+                json!({"query": "q", "caps": {"bogus": 1}})
+            )))
+            .contains("bogus")
+        );
+        assert!(
+            refused(search_args(&obj(json!({"query": "q", "lanes": ["magic"]}))))
+                .contains("fulltext")
+        );
+        assert!(
+            refused(search_args(&obj(
+                json!({"query": "q", "namespaces": ["Bad NS"]})
+            )))
+            .contains("invalid namespace")
+        );
+        assert!(
+            refused(search_args(&obj(
+                json!({"query": "q", "ranking": {"minScore": 2}})
+            )))
+            .contains("ranking.minScore")
+        );
+        assert!(
+            refused(search_args(&obj(json!({"query": "q", "tokenBudget": 0}))))
+                .contains("tokenBudget")
+        );
+        assert!(
+            refused(search_args(&obj(json!({"query": "q", "filters": {}}))))
+                .contains("unknown field `filters`")
+        );
+    }
+
+    #[test]
+    fn open_needs_exactly_one_key() {
+        let args = open_args(&obj(json!({"namespace": "demo", "chunkKey": "c1"}))).unwrap();
+        assert_eq!(args.key, Key::ChunkKey("c1".into()));
+        assert_eq!(args.limit, 8);
+        let args = open_args(&obj(
+            json!({"namespace": "demo", "fileId": "f1", "limit": 32}),
+        ))
+        .unwrap();
+        assert_eq!(args.key, Key::FileId("f1".into()));
+        assert!(refused(open_args(&obj(json!({"namespace": "demo"})))).contains("exactly one"));
+        assert!(
+            refused(open_args(&obj(
+                json!({"namespace": "demo", "chunkKey": "c", "fileId": "f"})
+            )))
+            .contains("(got 2)")
+        );
+        assert!(
+            refused(open_args(&obj(
+                json!({"namespace": "demo", "chunkKey": ""})
+            )))
+            .contains("chunkKey must not be empty")
+        );
+        assert!(
+            refused(open_args(&obj(
+                json!({"namespace": "demo", "chunkKey": "c", "limit": 33})
+            )))
+            .contains("limit")
+        );
+        assert!(refused(open_args(&obj(json!({"chunkKey": "c"})))).contains("namespace"));
+    }
+
+    #[test]
+    fn outline_defaults_and_limits() {
+        let args = outline_args(&obj(json!({"namespace": "demo", "fileId": "f1"}))).unwrap();
+        assert_eq!(
+            (args.limit, args.max_depth, args.cursor.as_str()),
+            (50, None, "")
+        );
+        let args = outline_args(&obj(json!({"namespace": "demo", "fileId": "f1", "cursor": "abc", "limit": 200, "maxDepth": 2}))).unwrap();
+        assert_eq!(
+            (args.limit, args.max_depth, args.cursor.as_str()),
+            (200, Some(2), "abc")
+        );
+        assert!(
+            refused(outline_args(&obj(
+                json!({"namespace": "demo", "fileId": "f1", "limit": 201})
+            )))
+            .contains("200 (the hard max)")
+        );
+        assert!(
+            refused(outline_args(&obj(
+                json!({"namespace": "demo", "fileId": "f1", "maxDepth": 0})
+            )))
+            .contains("maxDepth")
+        );
+        assert!(refused(outline_args(&obj(json!({"namespace": "demo"})))).contains("fileId"));
+    }
+}

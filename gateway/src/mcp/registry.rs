@@ -1,0 +1,507 @@
+//! The tool set as data: name, title, agent-facing description, input and
+//! output JSON Schemas and annotations of every tool, and which handler runs it.
+
+use std::sync::Arc;
+
+use rmcp::model::{JsonObject, Tool, ToolAnnotations};
+use serde_json::{Value, json};
+
+use super::args::{
+    CAPS, KNOWN_LANES, MAX_OUTLINE_DEPTH, MAX_QUERY_CHARS, MAX_TOKEN_BUDGET, OPEN_LIMIT,
+    OUTLINE_LIMIT, TOP_K,
+};
+
+/// Which handler runs a tool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ToolKind {
+    Namespaces,
+    Search,
+    Open,
+    Outline,
+}
+
+/// One registered tool.
+#[derive(Debug, Clone)]
+pub(crate) struct ToolEntry {
+    pub(crate) kind: ToolKind,
+    pub(crate) tool: Tool,
+}
+
+/// The tools this gateway serves, in listing order.
+#[derive(Debug, Clone)]
+pub(crate) struct ToolRegistry {
+    entries: Arc<Vec<ToolEntry>>,
+}
+
+impl ToolRegistry {
+    /// The issue-2 tool set: kg_namespaces, kg_search, kg_open, kg_outline.
+    pub(crate) fn builtin() -> Self {
+        let entries = vec![
+            entry(
+                ToolKind::Namespaces,
+                "kg_namespaces",
+                "List readable namespaces",
+                NAMESPACES_DESCRIPTION,
+                namespaces_input(),
+                namespaces_output(),
+            ),
+            entry(
+                ToolKind::Search,
+                "kg_search",
+                "Search the knowledge graph",
+                SEARCH_DESCRIPTION,
+                search_input(),
+                search_output(),
+            ),
+            entry(
+                ToolKind::Open,
+                "kg_open",
+                "Open chunk packages by key",
+                OPEN_DESCRIPTION,
+                open_input(),
+                packages_output(),
+            ),
+            entry(
+                ToolKind::Outline,
+                "kg_outline",
+                "Read a file's outline",
+                OUTLINE_DESCRIPTION,
+                outline_input(),
+                outline_output(),
+            ),
+        ];
+        Self {
+            entries: Arc::new(entries),
+        }
+    }
+
+    /// Every tool, for `tools/list`.
+    pub(crate) fn tools(&self) -> Vec<Tool> {
+        self.entries.iter().map(|e| e.tool.clone()).collect()
+    }
+
+    /// The entry named `name`.
+    pub(crate) fn get(&self, name: &str) -> Option<&ToolEntry> {
+        self.entries.iter().find(|e| e.tool.name == name)
+    }
+}
+
+fn object(value: Value) -> Arc<JsonObject> {
+    match value {
+        Value::Object(map) => Arc::new(map),
+        _ => Arc::new(JsonObject::new()),
+    }
+}
+
+fn entry(
+    kind: ToolKind,
+    name: &'static str,
+    title: &str,
+    description: &'static str,
+    input: Value,
+    output: Value,
+) -> ToolEntry {
+    let annotations = ToolAnnotations::with_title(title)
+        .read_only(true)
+        .destructive(false)
+        .idempotent(true)
+        .open_world(false);
+    let tool = Tool::new(name, description, object(input))
+        .with_title(title)
+        .with_raw_output_schema(object(output))
+        .with_annotations(annotations);
+    ToolEntry { kind, tool }
+}
+
+const NAMESPACES_DESCRIPTION: &str = "List the knowledge-graph namespaces you may read, with your permission (read, write or admin) in each. \
+Call it first when you do not know which namespace holds the answer; pass the names to kg_search, kg_open and kg_outline. \
+Takes no arguments. Returns {namespaces: [{name, permission}]}.";
+
+const SEARCH_DESCRIPTION: &str = "Find the chunks of text that answer a question, across one or more namespaces, when you do not yet know the file or key. \
+Runs retrieval lanes (full-text today) fused with reciprocal rank fusion; several namespaces interleave by rank, never by raw score. \
+Returns up to topK chunk packages (default 8, hard max 32), best first. Each package has the chunk text, contextHeader (Document › Heading trail), \
+citation (namespace/path › section, pages when known) to quote in your answer, position (chunkIndex, char and line span, tokenCount, prevChunkKey/nextChunkKey) \
+and its outline section with ancestors, siblings and children. total counts the readable candidates and truncated says more exist than were returned. \
+A namespace or lane that fails is skipped and reported in trace rather than failing the search. Pass tokenBudget to cap the returned text: \
+packages keep their order, the one that overflows is cut (textTruncated) and later ones lose their text (textOmitted). \
+Naming a namespace you may not read is an error. Next steps: kg_open {chunkKey} for a neighbour via prev/nextChunkKey, kg_outline {fileId} for the file's structure.";
+
+const OPEN_DESCRIPTION: &str = "Open chunk packages when you already hold a key: pass namespace and exactly one of chunkKey (that chunk), \
+outlineKey (the chunks of that section, in order), entityKey (chunks that mention the entity) or fileId (the file's chunks in order). \
+Use it after kg_search (prevChunkKey/nextChunkKey to read on) or kg_outline (outlineKey to read a section). \
+Returns {packages, total, truncated} in the same package shape as kg_search; limit defaults to 8 (hard max 32) and truncated says more exist.";
+
+const OUTLINE_DESCRIPTION: &str = "Read a file's table of contents: its sections in document order with outlineKey, title, depth, order, parentKey, \
+line and page starts and how many chunks each covers. Use it to navigate a long file, then kg_open {namespace, outlineKey} to read one section. \
+Paged: limit defaults to 50 (hard max 200); when nextCursor is not null pass it back as cursor for the next page. \
+maxDepth keeps only headings up to that depth (1 = top level). Returns {fileId, path, sections, nextCursor, total}.";
+
+fn caps_input() -> Value {
+    let mut properties = serde_json::Map::new();
+    for (name, default, max) in CAPS {
+        properties.insert(
+            name.to_owned(),
+            json!({
+                "type": "integer", "minimum": 0, "maximum": max, "default": default,
+                "description": format!("Most {name} entries per package (default {default}, hard max {max})."),
+            }),
+        );
+    }
+    json!({
+        "type": "object",
+        "description": "Per-package list caps; values over the hard max are refused.",
+        "properties": properties,
+        "additionalProperties": false,
+    })
+}
+
+fn namespace_input() -> Value {
+    json!({"type": "string", "description": "A namespace you may read (see kg_namespaces).", "pattern": "^[a-z0-9][a-z0-9_-]{0,62}$"})
+}
+
+fn namespaces_input() -> Value {
+    json!({"type": "object", "properties": {}, "additionalProperties": false})
+}
+
+fn search_input() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "query": {"type": "string", "minLength": 1, "maxLength": MAX_QUERY_CHARS, "description": "The words or question to search for."},
+            "namespaces": {"type": "array", "items": namespace_input(), "maxItems": 32,
+                           "description": "Namespaces to search; omit to search every namespace you may read."},
+            "lanes": {"type": "array", "items": {"type": "string", "enum": KNOWN_LANES},
+                      "description": "Retrieval lanes to run; omit for the defaults. A lane that is not available soft-fails and is reported in trace."},
+            "topK": {"type": "integer", "minimum": 1, "maximum": TOP_K.1, "default": TOP_K.0, "description": "How many packages to return (hard max 32)."},
+            "tokenBudget": {"type": "integer", "minimum": 1, "maximum": MAX_TOKEN_BUDGET,
+                            "description": "Estimated token cap on the returned chunk text."},
+            "ranking": {
+                "type": "object",
+                "properties": {
+                    "rrfK": {"type": "number", "minimum": 1, "maximum": 1000, "description": "RRF constant k (default 60)."},
+                    "laneWeights": {"type": "object", "additionalProperties": {"type": "number", "minimum": 0, "maximum": 100},
+                                    "description": "Per-lane multipliers on RRF contributions, by lane name (default 1 each)."},
+                    "minScore": {"type": "number", "minimum": 0, "maximum": 1, "description": "Drop hits below this display score."}
+                },
+                "additionalProperties": false
+            },
+            "caps": caps_input(),
+        },
+        "required": ["query"],
+        "additionalProperties": false,
+    })
+}
+
+fn open_input() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "namespace": namespace_input(),
+            "chunkKey": {"type": "string", "description": "Open this chunk."},
+            "outlineKey": {"type": "string", "description": "Open the chunks of this outline section, in order."},
+            "entityKey": {"type": "string", "description": "Open chunks that mention this entity."},
+            "fileId": {"type": "string", "description": "Open the file's chunks in order."},
+            "limit": {"type": "integer", "minimum": 1, "maximum": OPEN_LIMIT.1, "default": OPEN_LIMIT.0, "description": "Most packages to return (hard max 32)."},
+            "caps": caps_input(),
+        },
+        "required": ["namespace"],
+        "additionalProperties": false,
+    })
+}
+
+fn outline_input() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "namespace": namespace_input(),
+            "fileId": {"type": "string", "description": "The file, as fileId from a package or kg_open."},
+            "cursor": {"type": "string", "description": "nextCursor from the previous page."},
+            "limit": {"type": "integer", "minimum": 1, "maximum": OUTLINE_LIMIT.1, "default": OUTLINE_LIMIT.0, "description": "Sections per page (hard max 200)."},
+            "maxDepth": {"type": "integer", "minimum": 1, "maximum": MAX_OUTLINE_DEPTH, "description": "Deepest heading level to include (1 = top level)."},
+        },
+        "required": ["namespace", "fileId"],
+        "additionalProperties": false,
+    })
+}
+
+fn namespaces_output() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "namespaces": {"type": "array", "items": {
+                "type": "object",
+                "properties": {
+                    "name": {"type": "string"},
+                    "permission": {"type": "string", "enum": ["read", "write", "admin"]}
+                },
+                "required": ["name", "permission"]
+            }}
+        },
+        "required": ["namespaces"],
+    })
+}
+
+fn outline_ref_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "outlineKey": {"type": "string"}, "title": {"type": "string"},
+            "depth": {"type": "integer"}, "order": {"type": "integer"}
+        },
+        "required": ["outlineKey", "title", "depth", "order"]
+    })
+}
+
+/// The chunk package shape shared by kg_search, kg_open and later tools.
+pub(crate) fn package_schema() -> Value {
+    let int = json!({"type": "integer"});
+    let string = json!({"type": "string"});
+    json!({
+        "type": "object",
+        "properties": {
+            "namespace": string, "chunkKey": string, "fileId": string, "path": string,
+            "score": {"type": "number", "description": "Display score in [0, 1] for search hits."},
+            "text": string, "contextHeader": string, "citation": string,
+            "textTruncated": {"type": "boolean"}, "textOmitted": {"type": "boolean"},
+            "position": {
+                "type": "object",
+                "properties": {
+                    "chunkIndex": int, "charStart": int, "charEnd": int, "pageStart": int, "pageEnd": int,
+                    "lineStart": int, "lineEnd": int, "tokenCount": int, "prevChunkKey": string, "nextChunkKey": string
+                },
+                "required": ["chunkIndex", "tokenCount"]
+            },
+            "outline": {
+                "type": "object",
+                "properties": {
+                    "section": outline_ref_schema(),
+                    "ancestors": {"type": "array", "items": outline_ref_schema()},
+                    "siblings": {"type": "array", "items": outline_ref_schema()},
+                    "children": {"type": "array", "items": outline_ref_schema()}
+                },
+                "required": ["ancestors", "siblings", "children"]
+            },
+            "mentions": {"type": "array", "items": {"type": "object", "properties": {
+                "entityKey": string, "name": string, "typeId": string, "typeLabel": string,
+                "method": string, "quote": string, "charStart": int
+            }}},
+            "relNeighbors": {"type": "array", "items": {"type": "object", "properties": {
+                "sourceEntityKey": string, "relationTypeId": string, "targetEntityKey": string,
+                "targetName": string, "statedInFileId": string
+            }}},
+            "dates": {"type": "object", "properties": {
+                "documentDate": string, "effectiveFrom": string, "effectiveTo": string,
+                "collections": {"type": "array", "items": string}
+            }},
+            "similarFiles": {"type": "array", "items": {"type": "object", "properties": {
+                "fileId": string, "path": string, "score": {"type": "number"}
+            }}},
+            "counts": {"type": "object", "additionalProperties": {"type": "object", "properties": {
+                "total": int, "truncated": {"type": "boolean"}
+            }}}
+        },
+        "required": ["namespace", "chunkKey", "fileId", "path", "text", "contextHeader", "citation", "position", "outline",
+                     "mentions", "relNeighbors", "dates", "similarFiles"]
+    })
+}
+
+fn search_output() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "results": {"type": "array", "items": package_schema()},
+            "total": {"type": "integer", "description": "Readable candidates across the searched namespaces."},
+            "truncated": {"type": "boolean"},
+            "trace": {
+                "type": "object",
+                "properties": {
+                    "lanes": {"type": "array", "items": {"type": "object", "properties": {
+                        "namespace": {"type": "string"}, "lane": {"type": "string"}, "ok": {"type": "boolean"},
+                        "errorCode": {"type": "string"}, "hits": {"type": "integer"}, "millis": {"type": "number"}
+                    }, "required": ["namespace", "lane", "ok"]}},
+                    "namespaces": {"type": "array", "items": {"type": "object", "properties": {
+                        "namespace": {"type": "string"}, "ok": {"type": "boolean"}, "errorCode": {"type": "string"},
+                        "stage": {"type": "string", "enum": ["search", "packages"]}
+                    }, "required": ["namespace", "ok"]}},
+                    "tokenBudget": {"type": "object", "properties": {
+                        "budget": {"type": "integer"}, "used": {"type": "integer"},
+                        "omitted": {"type": "integer"}, "truncated": {"type": "boolean"}
+                    }, "required": ["budget", "used", "omitted", "truncated"]}
+                },
+                "required": ["lanes", "namespaces"]
+            }
+        },
+        "required": ["results", "total", "truncated", "trace"],
+    })
+}
+
+fn packages_output() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "packages": {"type": "array", "items": package_schema()},
+            "total": {"type": "integer"},
+            "truncated": {"type": "boolean"}
+        },
+        "required": ["packages", "total", "truncated"],
+    })
+}
+
+fn outline_output() -> Value {
+    let int = json!({"type": "integer"});
+    json!({
+        "type": "object",
+        "properties": {
+            "fileId": {"type": "string"},
+            "path": {"type": "string"},
+            "sections": {"type": "array", "items": {"type": "object", "properties": {
+                "outlineKey": {"type": "string"}, "title": {"type": "string"}, "depth": int, "order": int,
+                "parentKey": {"type": "string"}, "lineStart": int, "pageStart": int, "pageEnd": int, "chunkCount": int
+            }, "required": ["outlineKey", "title", "depth", "order", "chunkCount"]}},
+            "nextCursor": {"type": ["string", "null"]},
+            "total": int
+        },
+        "required": ["fileId", "path", "sections", "nextCursor", "total"],
+    })
+}
+
+/// A checker for the JSON Schema subset these schemas use (type, enum,
+/// properties, required, items, additionalProperties), so tests can prove
+/// results match the outputSchema that MCP clients validate against.
+#[cfg(test)]
+pub(crate) fn check_schema(schema: &Value, value: &Value, path: &str) -> Result<(), String> {
+    let type_ok = |t: &str| match t {
+        "object" => value.is_object(),
+        "array" => value.is_array(),
+        "string" => value.is_string(),
+        "boolean" => value.is_boolean(),
+        "null" => value.is_null(),
+        "integer" => value.is_i64() || value.is_u64(),
+        "number" => value.is_number(),
+        _ => false,
+    };
+    match schema.get("type") {
+        Some(Value::String(t)) if !type_ok(t) => {
+            return Err(format!("{path}: expected {t}, got {value}"));
+        }
+        Some(Value::Array(ts)) if !ts.iter().filter_map(Value::as_str).any(type_ok) => {
+            return Err(format!("{path}: expected one of {ts:?}, got {value}"));
+        }
+        _ => {}
+    }
+    if let Some(Value::Array(allowed)) = schema.get("enum")
+        && !allowed.contains(value)
+    {
+        return Err(format!("{path}: {value} is not in {allowed:?}"));
+    }
+    if let Value::Object(map) = value {
+        for key in schema
+            .get("required")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let key = key.as_str().unwrap_or_default();
+            if !map.contains_key(key) {
+                return Err(format!("{path}: missing required `{key}`"));
+            }
+        }
+        let properties = schema.get("properties").and_then(Value::as_object);
+        for (key, v) in map {
+            let child = format!("{path}.{key}");
+            match (
+                properties.and_then(|p| p.get(key)),
+                schema.get("additionalProperties"),
+            ) {
+                (Some(s), _) => check_schema(s, v, &child)?,
+                (None, Some(Value::Bool(false))) => return Err(format!("{child}: not allowed")),
+                (None, Some(s @ Value::Object(_))) => check_schema(s, v, &child)?,
+                _ => {}
+            }
+        }
+    }
+    if let (Value::Array(items), Some(s)) = (value, schema.get("items")) {
+        for (i, item) in items.iter().enumerate() {
+            check_schema(s, item, &format!("{path}[{i}]"))?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_tool_is_described_read_only_and_closed() {
+        let registry = ToolRegistry::builtin();
+        let tools = registry.tools();
+        let names: Vec<_> = tools.iter().map(|t| t.name.to_string()).collect();
+        assert_eq!(
+            names,
+            ["kg_namespaces", "kg_search", "kg_open", "kg_outline"]
+        );
+        for tool in &tools {
+            assert!(tool.title.is_some());
+            assert!(tool.description.as_ref().is_some_and(|d| d.len() > 80));
+            assert_eq!(tool.input_schema.get("type"), Some(&json!("object")));
+            assert_eq!(
+                tool.input_schema.get("additionalProperties"),
+                Some(&json!(false))
+            );
+            assert_eq!(
+                tool.output_schema.as_ref().unwrap().get("type"),
+                Some(&json!("object"))
+            );
+            let a = tool.annotations.as_ref().unwrap();
+            assert_eq!(
+                (
+                    a.read_only_hint,
+                    a.destructive_hint,
+                    a.idempotent_hint,
+                    a.open_world_hint
+                ),
+                (Some(true), Some(false), Some(true), Some(false))
+            );
+        }
+        assert_eq!(
+            registry.get("kg_open").map(|e| e.kind),
+            Some(ToolKind::Open)
+        );
+        assert!(registry.get("kg_cypher").is_none());
+
+        // Input schemas accept what validation accepts and refuse unknown fields.
+        let input =
+            |name: &str| Value::Object((*registry.get(name).unwrap().tool.input_schema).clone());
+        let search = json!({"query": "q", "namespaces": ["demo"], "lanes": ["fulltext"], "topK": 8, "tokenBudget": 100,
+                            "ranking": {"rrfK": 60, "laneWeights": {"fulltext": 1.5}, "minScore": 0.1}, "caps": {"mentions": 2}});
+        check_schema(&input("kg_search"), &search, "$").unwrap();
+        assert!(
+            check_schema(&input("kg_search"), &json!({"query": "q", "bogus": 1}), "$").is_err()
+        );
+        assert!(
+            check_schema(
+                &input("kg_search"),
+                &json!({"query": "q", "caps": {"bogus": 1}}),
+                "$"
+            )
+            .is_err()
+        );
+        assert!(check_schema(&input("kg_search"), &json!({"topK": 1}), "$").is_err());
+        check_schema(
+            &input("kg_open"),
+            &json!({"namespace": "demo", "chunkKey": "c1", "limit": 3}),
+            "$",
+        )
+        .unwrap();
+        check_schema(
+            &input("kg_outline"),
+            &json!({"namespace": "demo", "fileId": "f1", "cursor": "x"}),
+            "$",
+        )
+        .unwrap();
+        assert!(check_schema(&input("kg_namespaces"), &json!({"x": 1}), "$").is_err());
+        assert!(check_schema(&json!({"type": ["string", "null"]}), &json!(3), "$").is_err());
+    }
+}

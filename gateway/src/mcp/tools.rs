@@ -1,0 +1,702 @@
+//! What each tool does: validate, check the caller's namespaces, call the
+//! backends with the signed context, shape the JSON result.
+
+use std::collections::HashMap;
+
+use futures::future::join_all;
+use kg_common::ErrorCode;
+use kg_proto::v1::{
+    CallerContext, ChunkPackage, OpenRequest, OutlineRequest, OutlineResponse, PackagesRequest,
+    PackagesResponse, SearchHit, SearchRequest, SearchResponse,
+};
+use serde_json::{Map, Value, json};
+
+use super::args::{self, SearchArgs};
+use super::package::{number, package_json, permission_name, section_json};
+use super::registry::ToolKind;
+use super::search::{apply_token_budget, interleave};
+use crate::error::ClientError;
+use crate::state::{Caller, GatewayState};
+
+/// Runs one tool for an authorized caller.
+pub(crate) async fn run(
+    state: &GatewayState,
+    caller: &Caller,
+    kind: ToolKind,
+    args: &Map<String, Value>,
+) -> Result<Value, ClientError> {
+    match kind {
+        ToolKind::Namespaces => {
+            args::namespaces_args(args)?;
+            Ok(namespaces(caller.context()))
+        }
+        ToolKind::Search => search(state, caller, args::search_args(args)?).await,
+        ToolKind::Open => open(state, caller, args::open_args(args)?).await,
+        ToolKind::Outline => outline(state, caller, args::outline_args(args)?).await,
+    }
+}
+
+fn namespaces(context: &CallerContext) -> Value {
+    let list: Vec<Value> = context
+        .access
+        .iter()
+        .map(|a| json!({"name": a.namespace, "permission": permission_name(a.permission())}))
+        .collect();
+    json!({ "namespaces": list })
+}
+
+fn denied(namespace: &str) -> ClientError {
+    ClientError::new(
+        ErrorCode::PermissionDenied,
+        format!(
+            "namespace `{namespace}` is not readable by this caller; call kg_namespaces for the ones you may read"
+        ),
+    )
+}
+
+/// The namespaces a search covers: those asked for, all readable, else an error
+/// naming the first unreadable one; when none are asked for, every readable one.
+pub(crate) fn resolve_namespaces(
+    context: &CallerContext,
+    requested: &[String],
+) -> Result<Vec<String>, ClientError> {
+    let readable = |ns: &str| context.access.iter().any(|a| a.namespace == ns);
+    if requested.is_empty() {
+        let all: Vec<String> = context.access.iter().map(|a| a.namespace.clone()).collect();
+        if all.is_empty() {
+            return Err(ClientError::new(
+                ErrorCode::PermissionDenied,
+                "this caller may read no namespace; ask an admin for a read grant",
+            ));
+        }
+        return Ok(all);
+    }
+    if let Some(first) = requested.iter().find(|ns| !readable(ns)) {
+        return Err(denied(first));
+    }
+    Ok(requested.to_vec())
+}
+
+fn require_readable(context: &CallerContext, namespace: &str) -> Result<(), ClientError> {
+    resolve_namespaces(context, &[namespace.to_owned()]).map(|_| ())
+}
+
+/// How one namespace fared in a search.
+#[derive(Debug)]
+struct NamespaceOutcome {
+    namespace: String,
+    hits: Vec<SearchHit>,
+    total: u64,
+    error: Option<(ErrorCode, &'static str)>,
+}
+
+/// The first round of a search: per-namespace outcomes and the lane trace.
+#[derive(Debug)]
+struct SearchRound {
+    outcomes: Vec<NamespaceOutcome>,
+    lanes: Vec<Value>,
+}
+
+/// Folds per-namespace Search answers: a failed namespace soft-fails (empty,
+/// recorded); when every namespace failed the first error is the answer.
+fn collect_searches(
+    namespaces: &[String],
+    responses: Vec<Result<SearchResponse, ClientError>>,
+) -> Result<SearchRound, ClientError> {
+    let mut lanes = Vec::new();
+    let mut outcomes = Vec::new();
+    let mut first_error = None;
+    for (ns, response) in namespaces.iter().zip(responses) {
+        match response {
+            Ok(response) => {
+                for lane in &response.lanes {
+                    let mut entry = json!({
+                        "namespace": ns, "lane": lane.lane, "ok": lane.ok, "hits": lane.hits, "millis": number(lane.millis),
+                    });
+                    if !lane.ok && !lane.error_code.is_empty() {
+                        entry["errorCode"] = json!(lane.error_code);
+                    }
+                    lanes.push(entry);
+                }
+                outcomes.push(NamespaceOutcome {
+                    namespace: ns.clone(),
+                    hits: response.hits,
+                    total: response.total_candidates,
+                    error: None,
+                });
+            }
+            Err(err) => {
+                tracing::warn!(namespace = %ns, code = %err.code, "namespace search soft-failed");
+                outcomes.push(NamespaceOutcome {
+                    namespace: ns.clone(),
+                    hits: Vec::new(),
+                    total: 0,
+                    error: Some((err.code, "search")),
+                });
+                first_error.get_or_insert(err);
+            }
+        }
+    }
+    // Soft-fail means "continue with the others"; with nothing left it is an error.
+    match first_error {
+        Some(err) if outcomes.iter().all(|o| o.error.is_some()) => Err(err),
+        _ => Ok(SearchRound { outcomes, lanes }),
+    }
+}
+
+/// Builds the kg_search result from the winners (in interleaved order) and the
+/// packages each namespace returned for them.
+fn assemble(
+    round: SearchRound,
+    winners: &[(usize, SearchHit)],
+    package_lists: Vec<Result<Vec<ChunkPackage>, ClientError>>,
+    token_budget: Option<u32>,
+) -> Value {
+    let SearchRound {
+        mut outcomes,
+        lanes,
+    } = round;
+    let mut packages: Vec<HashMap<String, ChunkPackage>> = Vec::with_capacity(outcomes.len());
+    for (outcome, result) in outcomes.iter_mut().zip(package_lists) {
+        match result {
+            Ok(list) => packages.push(list.into_iter().map(|p| (p.chunk_key.clone(), p)).collect()),
+            Err(err) => {
+                tracing::warn!(namespace = %outcome.namespace, code = %err.code, "namespace packages soft-failed");
+                outcome.error = Some((err.code, "packages"));
+                packages.push(HashMap::new());
+            }
+        }
+    }
+    // Keep the interleaved order; a chunk that became unreadable meanwhile drops out.
+    let mut results: Vec<ChunkPackage> = winners
+        .iter()
+        .filter_map(|(index, hit)| {
+            let mut package = packages.get_mut(*index)?.remove(&hit.chunk_key)?;
+            package.score = Some(hit.display_score);
+            Some(package)
+        })
+        .collect();
+    let budget = token_budget.map(|b| apply_token_budget(&mut results, b));
+
+    let namespace_trace: Vec<Value> = outcomes
+        .iter()
+        .map(|o| match o.error {
+            None => json!({"namespace": o.namespace, "ok": true}),
+            Some((code, stage)) => json!({"namespace": o.namespace, "ok": false, "errorCode": code.as_str(), "stage": stage}),
+        })
+        .collect();
+    let mut trace = json!({"lanes": lanes, "namespaces": namespace_trace});
+    if let Some(report) = budget {
+        trace["tokenBudget"] = json!(report);
+    }
+    let total: u64 = outcomes
+        .iter()
+        .filter(|o| o.error.is_none())
+        .map(|o| o.total)
+        .sum();
+    let returned = results.len() as u64;
+    json!({
+        "results": results.iter().map(package_json).collect::<Vec<_>>(),
+        "total": total.max(returned),
+        "truncated": total > returned,
+        "trace": trace,
+    })
+}
+
+async fn search(
+    state: &GatewayState,
+    caller: &Caller,
+    args: SearchArgs,
+) -> Result<Value, ClientError> {
+    let namespaces = resolve_namespaces(caller.context(), &args.namespaces)?;
+    let calls = namespaces.iter().map(|ns| {
+        let mut client = state.backends.retrieval.clone();
+        let request = caller.request(SearchRequest {
+            namespace: ns.clone(),
+            query: args.query.clone(),
+            lanes: args.lanes.clone(),
+            top_k: args.top_k,
+            filters: None,
+            ranking: args.ranking.clone(),
+        });
+        async move {
+            client
+                .search(request)
+                .await
+                .map(tonic::Response::into_inner)
+                .map_err(|status| ClientError::from_status("retrieval", &status))
+        }
+    });
+    let mut round = collect_searches(&namespaces, join_all(calls).await)?;
+    let lists: Vec<Vec<SearchHit>> = round
+        .outcomes
+        .iter_mut()
+        .map(|o| std::mem::take(&mut o.hits))
+        .collect();
+    let winners = interleave(lists, args.top_k as usize);
+
+    // Packages per namespace, in parallel, for that namespace's winners.
+    let mut keys_by_ns: Vec<Vec<String>> = vec![Vec::new(); round.outcomes.len()];
+    for (index, hit) in &winners {
+        keys_by_ns[*index].push(hit.chunk_key.clone());
+    }
+    let calls = round
+        .outcomes
+        .iter()
+        .zip(keys_by_ns)
+        .map(|(outcome, chunk_keys)| {
+            let mut client = state.backends.graph.clone();
+            let empty = chunk_keys.is_empty();
+            let request = caller.request(PackagesRequest {
+                namespace: outcome.namespace.clone(),
+                chunk_keys,
+                caps: Some(args.caps),
+            });
+            async move {
+                if empty {
+                    return Ok(Vec::new());
+                }
+                client
+                    .packages(request)
+                    .await
+                    .map(|r| r.into_inner().packages)
+                    .map_err(|status| ClientError::from_status("graph", &status))
+            }
+        });
+    let package_lists = join_all(calls).await;
+    Ok(assemble(round, &winners, package_lists, args.token_budget))
+}
+
+async fn open(
+    state: &GatewayState,
+    caller: &Caller,
+    args: args::OpenArgs,
+) -> Result<Value, ClientError> {
+    require_readable(caller.context(), &args.namespace)?;
+    let request = caller.request(OpenRequest {
+        namespace: args.namespace,
+        key: Some(args.key),
+        limit: args.limit,
+        caps: Some(args.caps),
+    });
+    let response = state
+        .backends
+        .graph
+        .clone()
+        .open(request)
+        .await
+        .map_err(|status| ClientError::from_status("graph", &status))?
+        .into_inner();
+    Ok(packages_result(&response))
+}
+
+fn packages_result(response: &PackagesResponse) -> Value {
+    let returned = response.packages.len() as u64;
+    json!({
+        "packages": response.packages.iter().map(package_json).collect::<Vec<_>>(),
+        "total": response.total.max(returned),
+        "truncated": response.truncated,
+    })
+}
+
+async fn outline(
+    state: &GatewayState,
+    caller: &Caller,
+    args: args::OutlineArgs,
+) -> Result<Value, ClientError> {
+    require_readable(caller.context(), &args.namespace)?;
+    let request = caller.request(OutlineRequest {
+        namespace: args.namespace,
+        file_id: args.file_id,
+        limit: args.limit,
+        cursor: args.cursor,
+        max_depth: args.max_depth,
+    });
+    let response = state
+        .backends
+        .graph
+        .clone()
+        .outline(request)
+        .await
+        .map_err(|status| ClientError::from_status("graph", &status))?
+        .into_inner();
+    Ok(outline_result(response))
+}
+
+fn outline_result(response: OutlineResponse) -> Value {
+    let next_cursor = if response.next_cursor.is_empty() {
+        Value::Null
+    } else {
+        Value::String(response.next_cursor)
+    };
+    json!({
+        "fileId": kg_common::sanitize::sanitize_text(&response.file_id, 1024),
+        "path": kg_common::sanitize::sanitize_text(&response.path, 1024),
+        "sections": response.sections.iter().map(section_json).collect::<Vec<_>>(),
+        "nextCursor": next_cursor,
+        "total": response.total,
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use kg_proto::v1::{AccessFilter, Permission};
+
+    fn context(namespaces: &[(&str, Permission)]) -> CallerContext {
+        CallerContext {
+            principal_id: "p1".into(),
+            access: namespaces
+                .iter()
+                .map(|(ns, perm)| AccessFilter {
+                    namespace: (*ns).into(),
+                    allow_prefixes: vec![String::new()],
+                    permission: *perm as i32,
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    fn hit(key: &str, score: f64) -> SearchHit {
+        SearchHit {
+            chunk_key: key.into(),
+            display_score: score,
+            ..Default::default()
+        }
+    }
+
+    fn packages(keys: &[&str]) -> Vec<ChunkPackage> {
+        keys.iter()
+            .map(|k| ChunkPackage {
+                chunk_key: (*k).into(),
+                text: Some(kg_proto::v1::ChunkText {
+                    text: format!("text of {k}"),
+                    ..Default::default()
+                }),
+                position: Some(kg_proto::v1::Position {
+                    token_count: 10,
+                    ..Default::default()
+                }),
+                ..Default::default()
+            })
+            .collect()
+    }
+
+    fn response(hits: Vec<SearchHit>, total: u64) -> SearchResponse {
+        SearchResponse {
+            hits,
+            total_candidates: total,
+            lanes: vec![kg_proto::v1::LaneTrace {
+                lane: "fulltext".into(),
+                ok: true,
+                hits: 2,
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn keys(result: &Value) -> Vec<String> {
+        result["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["chunkKey"].as_str().unwrap().to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn search_interleaves_soft_fails_and_keeps_order() {
+        let namespaces = vec!["a".to_owned(), "b".to_owned(), "c".to_owned()];
+        let round = collect_searches(
+            &namespaces,
+            vec![
+                Ok(response(
+                    vec![hit("a1", 0.9), hit("a2", 0.8), hit("a3", 0.7)],
+                    10,
+                )),
+                Err(ClientError::new(ErrorCode::Unavailable, "down")),
+                // Higher raw scores in c do not jump the queue.
+                Ok(response(vec![hit("c1", 0.99), hit("c2", 0.98)], 2)),
+            ],
+        )
+        .unwrap();
+        let mut round = round;
+        let lists = round
+            .outcomes
+            .iter_mut()
+            .map(|o| std::mem::take(&mut o.hits))
+            .collect();
+        let winners = interleave(lists, 4);
+        let result = assemble(
+            round,
+            &winners,
+            vec![
+                Ok(packages(&["a2", "a1"])),
+                Ok(Vec::new()),
+                Ok(packages(&["c1", "c2"])),
+            ],
+            None,
+        );
+        assert_eq!(keys(&result), ["a1", "c1", "a2", "c2"]);
+        assert_eq!(result["results"][1]["score"], 0.99);
+        assert_eq!(result["total"], 12);
+        assert_eq!(result["truncated"], true);
+        assert_eq!(
+            result["trace"]["namespaces"],
+            json!([
+                {"namespace": "a", "ok": true},
+                {"namespace": "b", "ok": false, "errorCode": "unavailable", "stage": "search"},
+                {"namespace": "c", "ok": true}
+            ])
+        );
+        assert_eq!(result["trace"]["lanes"].as_array().unwrap().len(), 2);
+        assert!(result["trace"].get("tokenBudget").is_none());
+    }
+
+    #[test]
+    fn failed_packages_drop_that_namespace_and_budget_is_reported() {
+        let namespaces = vec!["a".to_owned(), "b".to_owned()];
+        let mut round = collect_searches(
+            &namespaces,
+            vec![
+                Ok(response(vec![hit("a1", 0.5)], 1)),
+                Ok(response(vec![hit("b1", 0.5)], 1)),
+            ],
+        )
+        .unwrap();
+        let lists = round
+            .outcomes
+            .iter_mut()
+            .map(|o| std::mem::take(&mut o.hits))
+            .collect();
+        let winners = interleave(lists, 8);
+        let result = assemble(
+            round,
+            &winners,
+            vec![
+                Ok(packages(&["a1"])),
+                Err(ClientError::new(ErrorCode::Timeout, "slow")),
+            ],
+            Some(5),
+        );
+        assert_eq!(keys(&result), ["a1"]);
+        assert_eq!(result["trace"]["namespaces"][1]["stage"], "packages");
+        assert_eq!(result["total"], 1);
+        assert_eq!(result["truncated"], false);
+        assert_eq!(
+            result["trace"]["tokenBudget"],
+            json!({"budget": 5, "used": 5, "omitted": 0, "truncated": true})
+        );
+        assert_eq!(result["results"][0]["textTruncated"], true);
+    }
+
+    #[test]
+    fn search_fails_only_when_every_namespace_failed() {
+        let namespaces = vec!["a".to_owned(), "b".to_owned()];
+        let err = collect_searches(
+            &namespaces,
+            vec![
+                Err(ClientError::new(ErrorCode::Unauthenticated, "expired")),
+                Err(ClientError::new(ErrorCode::Unavailable, "down")),
+            ],
+        )
+        .unwrap_err();
+        assert_eq!(err.code, ErrorCode::Unauthenticated);
+    }
+
+    fn output_schema(tool: &str) -> Value {
+        let registry = super::super::registry::ToolRegistry::builtin();
+        let schema = registry
+            .get(tool)
+            .unwrap()
+            .tool
+            .output_schema
+            .clone()
+            .unwrap();
+        Value::Object((*schema).clone())
+    }
+
+    fn conforms(tool: &str, value: &Value) {
+        if let Err(err) = super::super::registry::check_schema(&output_schema(tool), value, "$") {
+            panic!("{tool} result does not match its outputSchema: {err}\n{value:#}");
+        }
+    }
+
+    /// A package with every optional part filled in.
+    fn full_package() -> ChunkPackage {
+        use kg_proto::v1::*;
+        let r = |k: &str| OutlineRef {
+            outline_key: k.into(),
+            title: format!("Title {k}"),
+            depth: 2,
+            order: 1,
+        };
+        ChunkPackage {
+            namespace: "demo".into(),
+            chunk_key: "c1".into(),
+            file_id: "f1".into(),
+            path: "a.md".into(),
+            text: Some(ChunkText {
+                text: "body".into(),
+                context_header: "A › B".into(),
+                citation: "demo/a.md › B (pp. 1–2)".into(),
+                text_truncated: true,
+                text_omitted: false,
+            }),
+            position: Some(Position {
+                chunk_index: 0,
+                char_start: Some(0),
+                char_end: Some(4),
+                page_start: Some(1),
+                page_end: Some(2),
+                line_start: Some(1),
+                line_end: Some(1),
+                token_count: 1,
+                prev_chunk_key: Some("c0".into()),
+                next_chunk_key: Some("c2".into()),
+            }),
+            outline: Some(OutlineContext {
+                section: Some(r("o1")),
+                ancestors: vec![r("o0")],
+                siblings: vec![r("o2")],
+                children: vec![r("o3")],
+            }),
+            mentions: vec![Mention {
+                entity_key: "e1".into(),
+                name: "Ada".into(),
+                char_start: Some(3),
+                ..Default::default()
+            }],
+            rel_neighbors: vec![RelNeighbor::default()],
+            dates: Some(Dates {
+                document_date: Some("2024-01-01".into()),
+                effective_from: Some("2024-01-01".into()),
+                effective_to: None,
+                collections: vec!["policies".into()],
+            }),
+            similar_files: vec![SimilarFile {
+                file_id: "f2".into(),
+                path: "b.md".into(),
+                score: f64::NAN,
+            }],
+            score: Some(0.7),
+            counts: Some(ListCounts {
+                lists: vec![ListCount {
+                    list: "mentions".into(),
+                    total: 40,
+                    truncated: true,
+                }],
+            }),
+        }
+    }
+
+    #[test]
+    fn results_match_their_output_schemas() {
+        conforms(
+            "kg_namespaces",
+            &namespaces(&context(&[("demo", Permission::Write)])),
+        );
+
+        let namespaces = vec!["a".to_owned(), "b".to_owned()];
+        let mut failed = response(vec![hit("c1", 0.5)], 3);
+        failed.lanes[0].ok = false;
+        failed.lanes[0].error_code = "unavailable".into();
+        let mut round = collect_searches(
+            &namespaces,
+            vec![
+                Ok(failed),
+                Err(ClientError::new(ErrorCode::Unavailable, "down")),
+            ],
+        )
+        .unwrap();
+        let lists = round
+            .outcomes
+            .iter_mut()
+            .map(|o| std::mem::take(&mut o.hits))
+            .collect();
+        let winners = interleave(lists, 8);
+        let result = assemble(
+            round,
+            &winners,
+            vec![Ok(vec![full_package()]), Ok(Vec::new())],
+            Some(3),
+        );
+        assert_eq!(result["results"][0]["similarFiles"][0]["score"], 0.0);
+        conforms("kg_search", &result);
+
+        let minimal = ChunkPackage {
+            chunk_key: "c9".into(),
+            ..Default::default()
+        };
+        conforms(
+            "kg_open",
+            &packages_result(&PackagesResponse {
+                packages: vec![full_package(), minimal],
+                total: 5,
+                truncated: true,
+            }),
+        );
+
+        let outline = OutlineResponse {
+            file_id: "f1".into(),
+            path: "a.md".into(),
+            sections: vec![
+                kg_proto::v1::OutlineSection {
+                    outline_key: "o1".into(),
+                    title: "Intro".into(),
+                    depth: 1,
+                    order: 0,
+                    parent_key: None,
+                    page_start: None,
+                    page_end: None,
+                    line_start: Some(1),
+                    chunk_count: 2,
+                },
+                kg_proto::v1::OutlineSection {
+                    outline_key: "o2".into(),
+                    parent_key: Some("o1".into()),
+                    page_start: Some(3),
+                    page_end: Some(4),
+                    ..Default::default()
+                },
+            ],
+            next_cursor: String::new(),
+            total: 2,
+        };
+        let value = outline_result(outline.clone());
+        assert_eq!(value["nextCursor"], Value::Null);
+        conforms("kg_outline", &value);
+        let value = outline_result(OutlineResponse {
+            next_cursor: "o2".into(),
+            ..outline
+        });
+        assert_eq!(value["nextCursor"], "o2");
+        conforms("kg_outline", &value);
+    }
+
+    #[test]
+    fn namespaces_lists_the_access_entries() {
+        let ctx = context(&[("demo", Permission::Read), ("ops", Permission::Admin)]);
+        assert_eq!(
+            namespaces(&ctx),
+            json!({"namespaces": [{"name": "demo", "permission": "read"}, {"name": "ops", "permission": "admin"}]})
+        );
+    }
+
+    #[test]
+    fn requested_namespaces_must_all_be_readable() {
+        let ctx = context(&[("demo", Permission::Read), ("ops", Permission::Write)]);
+        assert_eq!(resolve_namespaces(&ctx, &[]).unwrap(), ["demo", "ops"]);
+        assert_eq!(resolve_namespaces(&ctx, &["ops".into()]).unwrap(), ["ops"]);
+        let err = resolve_namespaces(&ctx, &["demo".into(), "secret".into(), "other".into()])
+            .unwrap_err();
+        assert_eq!(err.code, ErrorCode::PermissionDenied);
+        assert!(err.message.contains("`secret`"), "{}", err.message);
+        let err = resolve_namespaces(&context(&[]), &[]).unwrap_err();
+        assert_eq!(err.code, ErrorCode::PermissionDenied);
+    }
+}

@@ -1,0 +1,61 @@
+use kg_common::{ErrorCode, ErrorExt};
+
+/// Errors of the auth service. Messages of non-internal variants are shown to clients.
+#[derive(Debug, thiserror::Error)]
+pub enum AuthError {
+    /// Missing, malformed, unknown, revoked or expired token. One message for
+    /// all of them, so a probe learns nothing about which.
+    #[error("invalid token: it is missing, malformed, revoked, expired or from another deployment")]
+    InvalidToken,
+    /// The caller may not read a namespace it asked for.
+    #[error("namespace `{0}` is not readable by this caller")]
+    NamespaceDenied(String),
+    /// Bad input; the message says what to change.
+    #[error("{0}")]
+    Invalid(String),
+    /// The named thing does not exist.
+    #[error("{0} not found")]
+    NotFound(String),
+    /// Already exists.
+    #[error("{0} already exists")]
+    AlreadyExists(String),
+    /// Caller context problems (missing, not admin).
+    #[error(transparent)]
+    Caller(#[from] kg_common::caller::CallerError),
+    /// Names and paths.
+    #[error(transparent)]
+    Name(#[from] kg_common::access::NameError),
+    /// The SQL store failed.
+    #[error("sql store: {0}")]
+    Store(#[from] kg_stores::StoreError),
+    /// A query failed.
+    #[error("sql: {0}")]
+    Sql(#[from] sqlx::Error),
+    /// Key material could not be loaded.
+    #[error("signing key: {0}")]
+    Key(String),
+}
+
+impl ErrorExt for AuthError {
+    fn code(&self) -> ErrorCode {
+        match self {
+            AuthError::InvalidToken => ErrorCode::Unauthenticated,
+            AuthError::NamespaceDenied(_) => ErrorCode::PermissionDenied,
+            AuthError::Invalid(_) => ErrorCode::InvalidArgument,
+            AuthError::NotFound(_) => ErrorCode::NotFound,
+            AuthError::AlreadyExists(_) => ErrorCode::AlreadyExists,
+            AuthError::Caller(e) => e.code(),
+            AuthError::Name(e) => e.code(),
+            AuthError::Store(e) => e.code(),
+            AuthError::Sql(sqlx::Error::PoolTimedOut | sqlx::Error::Io(_)) => {
+                ErrorCode::Unavailable
+            }
+            AuthError::Sql(_) | AuthError::Key(_) => ErrorCode::Internal,
+        }
+    }
+}
+
+kg_common::impl_status_from!(AuthError);
+
+/// `Result` of this crate.
+pub type Result<T, E = AuthError> = std::result::Result<T, E>;

@@ -1,0 +1,42 @@
+//! kg-auth: principals, namespaces, grants and personal access tokens.
+//!
+//! Owns the auth tables in SQL (SQLite or PostgreSQL) and the ed25519 key that
+//! signs caller contexts. `Authorize` turns a PAT into a signed
+//! [`kg_proto::v1::CallerContext`] on every call (no decision cache), and is the
+//! only RPC served without a caller context. Never reads another service's store.
+
+mod error;
+mod grpc;
+mod pat;
+mod resolve;
+mod service;
+mod store;
+
+use kg_common::caller::{CallerContextLayer, ContextVerifier};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+pub use error::{AuthError, Result};
+pub use pat::PAT_PREFIX;
+pub use service::AuthService;
+
+/// gRPC paths callable without a caller context: the token is the credential.
+pub const UNAUTHENTICATED_PATHS: &[&str] = &["/kg.v1.Auth/Authorize", "/kg.v1.Auth/SigningKey"];
+
+/// Serves the auth gRPC API on `listener` until `shutdown`.
+pub async fn serve(
+    service: AuthService,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> Result<(), kg_common::grpc::ServeError> {
+    let verifier = ContextVerifier::new(vec![service.public_key()]);
+    let routes = tonic::service::Routes::new(kg_proto::v1::auth_server::AuthServer::new(service));
+    kg_common::grpc::serve(
+        listener,
+        CallerContextLayer::new(verifier, UNAUTHENTICATED_PATHS),
+        routes,
+        &["kg.v1.Auth"],
+        shutdown,
+    )
+    .await
+}

@@ -1,0 +1,82 @@
+//! The thin gRPC adapter of [`FilesService`].
+
+use kg_common::caller::require_caller;
+use kg_proto::v1::files_server::Files;
+use kg_proto::v1::get_file_request::Selector;
+use kg_proto::v1::*;
+use tonic::{Request, Response, Status};
+
+use crate::service::FilesService;
+
+#[tonic::async_trait]
+impl Files for FilesService {
+    async fn upload(
+        &self,
+        request: Request<UploadRequest>,
+    ) -> Result<Response<UploadResponse>, Status> {
+        let caller = require_caller(&request)?;
+        let r = request.into_inner();
+        Ok(Response::new(
+            self.upload(&caller, &r.namespace, &r.path, &r.content, &r.mime)
+                .await?,
+        ))
+    }
+
+    async fn get_file(
+        &self,
+        request: Request<GetFileRequest>,
+    ) -> Result<Response<FileInfo>, Status> {
+        let caller = require_caller(&request)?;
+        let r = request.into_inner();
+        let (path, id) = match &r.selector {
+            Some(Selector::Path(p)) => (Some(p.as_str()), None),
+            Some(Selector::FileId(f)) => (None, Some(f.as_str())),
+            None => (None, None),
+        };
+        Ok(Response::new(
+            self.get_file(&caller, &r.namespace, path, id).await?,
+        ))
+    }
+
+    async fn list_files(
+        &self,
+        request: Request<ListFilesRequest>,
+    ) -> Result<Response<ListFilesResponse>, Status> {
+        let caller = require_caller(&request)?;
+        let r = request.into_inner();
+        Ok(Response::new(
+            self.list_files(
+                &caller,
+                &r.namespace,
+                &r.folder_prefix,
+                r.limit,
+                &r.cursor,
+                r.include_hidden,
+            )
+            .await?,
+        ))
+    }
+
+    async fn set_file_flags(
+        &self,
+        request: Request<SetFileFlagsRequest>,
+    ) -> Result<Response<FileInfo>, Status> {
+        let caller = require_caller(&request)?;
+        let r = request.into_inner();
+        Ok(Response::new(
+            self.set_flags(&caller, &r.namespace, &r.file_id, r.enabled, r.hidden)
+                .await?,
+        ))
+    }
+
+    async fn delete_file(
+        &self,
+        request: Request<DeleteFileRequest>,
+    ) -> Result<Response<DeleteFileResponse>, Status> {
+        let caller = require_caller(&request)?;
+        let r = request.into_inner();
+        Ok(Response::new(DeleteFileResponse {
+            deleted: self.delete_file(&caller, &r.namespace, &r.file_id).await?,
+        }))
+    }
+}

@@ -1,0 +1,77 @@
+//! kg-files: the file registry, blobs and ingest events.
+//!
+//! Owns the registry tables in SQL and the blob store. An upload stores the
+//! blob, registers a content-addressed version and publishes
+//! `kg.files.v1.<ns>.changed` on JetStream; a durable consumer of
+//! `kg.index.v1.*.indexed` records each version's indexing status. Every
+//! lookup applies the caller's access filter in SQL. Never touches the graph.
+
+mod error;
+mod grpc;
+mod service;
+mod store;
+
+use std::time::Duration;
+
+use kg_common::caller::{CallerContextLayer, ContextVerifier};
+use kg_proto::v1::FileIndexed;
+use kg_stores::consumer::{self, ConsumerSpec, Handled};
+use prost::Message as _;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+pub use error::{FilesError, Result};
+pub use service::FilesService;
+
+/// Serves the files gRPC API on `listener` until `shutdown`.
+pub async fn serve(
+    service: FilesService,
+    verifier: ContextVerifier,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> Result<(), kg_common::grpc::ServeError> {
+    let routes = tonic::service::Routes::new(
+        kg_proto::v1::files_server::FilesServer::new(service)
+            .max_decoding_message_size(kg_common::grpc::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(kg_common::grpc::MAX_MESSAGE_BYTES),
+    );
+    kg_common::grpc::serve(
+        listener,
+        CallerContextLayer::new(verifier, &[]),
+        routes,
+        &["kg.v1.Files"],
+        shutdown,
+    )
+    .await
+}
+
+/// Records indexing outcomes from `kg.index.v1.*.indexed` until `shutdown`.
+pub async fn run_status_consumer(
+    service: FilesService,
+    jetstream: async_nats::jetstream::Context,
+    shutdown: CancellationToken,
+) -> Result<()> {
+    let spec = ConsumerSpec {
+        stream: kg_stores::events::INDEX_STREAM.to_owned(),
+        durable: "files-status".to_owned(),
+        filter_subject: "kg.index.v1.*.indexed".to_owned(),
+        max_deliver: 20,
+        ack_wait: Duration::from_secs(30),
+    };
+    consumer::run(&jetstream, &spec, shutdown, |delivery| {
+        let service = service.clone();
+        let payload = delivery.payload.to_vec();
+        async move {
+            let Ok(event) = FileIndexed::decode(payload.as_slice()) else {
+                tracing::warn!("dropping undecodable index event");
+                return Handled::Ack;
+            };
+            match service.apply_indexed(&event).await {
+                Ok(_) => Handled::Ack,
+                Err(err) => Handled::Retry(err.to_string()),
+            }
+        }
+    })
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,406 @@
+//! The files domain: upload (blob + registry + event), lookups and listings
+//! under the caller's access filter, flags and deletes, and indexing status.
+
+use kg_common::access::{allows, normalize_folder_prefix, normalize_path, validate_namespace};
+use kg_common::caller::{access_for, now_ms};
+use kg_proto::v1::{
+    AccessFilter, CallerContext, FileChangeOp, FileChanged, FileIndexed, FileInfo, FileStatus,
+    ListFilesResponse, Permission, UploadResponse,
+};
+use kg_stores::blobs::BlobStore;
+use kg_stores::events;
+use prost::Message as _;
+use sha2::{Digest as _, Sha256};
+
+use crate::error::{FilesError, Result};
+use crate::store::{FileSelector, FilesStore};
+
+/// Default and largest page of `ListFiles`.
+const DEFAULT_PAGE: u32 = 100;
+const MAX_PAGE: u32 = 1000;
+
+/// The files service's state.
+#[derive(Clone)]
+pub struct FilesService {
+    store: FilesStore,
+    blobs: BlobStore,
+    jetstream: async_nats::jetstream::Context,
+    max_upload_bytes: usize,
+}
+
+/// A version id derived from the file and its content: the same bytes at the
+/// same file always get the same id, so re-uploads and redeliveries dedupe.
+fn version_id(file_id: &str, content_sha256: &str) -> String {
+    let digest = Sha256::digest(format!("{file_id}\0{content_sha256}").as_bytes());
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    uuid::Uuid::new_v8(bytes).to_string()
+}
+
+fn guess_mime(path: &str, given: &str) -> String {
+    if !given.trim().is_empty() && given != "application/octet-stream" {
+        return given.trim().to_owned();
+    }
+    let lower = path.to_ascii_lowercase();
+    // Types the indexer understands first; mime_guess for the rest.
+    for (ext, mime) in [
+        (".md", "text/markdown"),
+        (".markdown", "text/markdown"),
+        (".txt", "text/plain"),
+        (".csv", "text/csv"),
+        (".tsv", "text/tab-separated-values"),
+        (".json", "application/json"),
+    ] {
+        if lower.ends_with(ext) {
+            return mime.to_owned();
+        }
+    }
+    mime_guess::from_path(path)
+        .first_or_octet_stream()
+        .essence_str()
+        .to_owned()
+}
+
+/// Writers manage files, so they also see disabled ones.
+fn read_filter(access: &AccessFilter) -> AccessFilter {
+    let mut filter = access.clone();
+    if access.permission >= Permission::Write as i32 {
+        filter.enabled_only = false;
+    }
+    filter
+}
+
+impl FilesService {
+    /// Opens the registry (running migrations), the blob store and JetStream.
+    pub async fn new(
+        sql: kg_stores::sql::SqlStore,
+        blobs: BlobStore,
+        jetstream: async_nats::jetstream::Context,
+        max_upload_bytes: usize,
+    ) -> Result<Self> {
+        events::ensure_streams(&jetstream).await?;
+        Ok(Self {
+            store: FilesStore::open(sql).await?,
+            blobs,
+            jetstream,
+            max_upload_bytes,
+        })
+    }
+
+    fn writable<'a>(
+        caller: &'a CallerContext,
+        namespace: &str,
+        path: &str,
+    ) -> Result<&'a AccessFilter> {
+        let access = access_for(caller, namespace)?;
+        if access.permission < Permission::Write as i32
+            || !allows(&read_filter(access), path, "", true)
+        {
+            return Err(FilesError::WriteDenied(namespace.to_owned()));
+        }
+        Ok(access)
+    }
+
+    /// Stores a file's content; returns the registry row and whether it changed.
+    pub async fn upload(
+        &self,
+        caller: &CallerContext,
+        namespace: &str,
+        path: &str,
+        content: &[u8],
+        mime: &str,
+    ) -> Result<UploadResponse> {
+        validate_namespace(namespace)?;
+        let path = normalize_path(path)?;
+        Self::writable(caller, namespace, &path)?;
+        if content.len() > self.max_upload_bytes {
+            return Err(FilesError::TooLarge {
+                size: content.len(),
+                limit: self.max_upload_bytes,
+            });
+        }
+        let content_sha256 = hex::encode(Sha256::digest(content));
+        let existing = self.store.by_path_unfiltered(namespace, &path).await?;
+        if let Some(current) = &existing
+            && current.content_sha256 == content_sha256
+            && current.status() != FileStatus::Deleted
+        {
+            return Ok(UploadResponse {
+                file: Some(current.clone()),
+                changed: false,
+            });
+        }
+        let blob_key = self.blobs.put(content).await?;
+        let now = now_ms();
+        let file_id = existing
+            .as_ref()
+            .map(|f| f.file_id.clone())
+            .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+        let file = FileInfo {
+            namespace: namespace.to_owned(),
+            version_id: version_id(&file_id, &content_sha256),
+            file_id,
+            path: path.clone(),
+            content_sha256,
+            size: i64::try_from(content.len()).unwrap_or(i64::MAX),
+            mime: guess_mime(&path, mime),
+            status: FileStatus::Pending as i32,
+            status_reason: String::new(),
+            enabled: existing.as_ref().is_none_or(|f| f.enabled),
+            hidden: existing.as_ref().is_some_and(|f| f.hidden),
+            created_at_ms: existing.as_ref().map_or(now, |f| f.created_at_ms),
+            updated_at_ms: now,
+            chunk_count: 0,
+        };
+        self.store.upsert_version(&file, &blob_key).await?;
+        self.publish(&file, &blob_key, FileChangeOp::Upsert).await?;
+        Ok(UploadResponse {
+            file: Some(file),
+            changed: true,
+        })
+    }
+
+    async fn publish(&self, file: &FileInfo, blob_key: &str, op: FileChangeOp) -> Result<()> {
+        let event = FileChanged {
+            namespace: file.namespace.clone(),
+            file_id: file.file_id.clone(),
+            version_id: file.version_id.clone(),
+            path: file.path.clone(),
+            mime: file.mime.clone(),
+            blob_key: blob_key.to_owned(),
+            content_sha256: file.content_sha256.clone(),
+            size: file.size,
+            op: op as i32,
+            enabled: file.enabled,
+            hidden: file.hidden,
+            changed_at_ms: file.updated_at_ms,
+        };
+        let op_name = match op {
+            FileChangeOp::Upsert => "upsert",
+            FileChangeOp::Delete => "delete",
+            FileChangeOp::Flags => "flags",
+            FileChangeOp::Unspecified => "unspecified",
+        };
+        // Upserts dedupe on the version; flag and delete events must not.
+        let msg_id = match op {
+            FileChangeOp::Upsert => format!("{}:{op_name}", file.version_id),
+            _ => format!("{}:{op_name}:{}", file.version_id, file.updated_at_ms),
+        };
+        let subject = events::files_changed_subject(&file.namespace)?;
+        if let Err(err) =
+            events::publish(&self.jetstream, &subject, &msg_id, event.encode_to_vec()).await
+        {
+            tracing::error!(error = %err.detail(), file_id = %file.file_id, "could not publish file change");
+            if op == FileChangeOp::Upsert {
+                let reason = "could not be queued for indexing; upload it again";
+                let _ = self
+                    .store
+                    .set_status(
+                        &file.file_id,
+                        &file.version_id,
+                        FileStatus::Failed,
+                        reason,
+                        0,
+                        now_ms(),
+                    )
+                    .await;
+            }
+            return Err(FilesError::QueueUnavailable);
+        }
+        Ok(())
+    }
+
+    /// One file by path or id, if the caller may see it.
+    pub async fn get_file(
+        &self,
+        caller: &CallerContext,
+        namespace: &str,
+        path: Option<&str>,
+        file_id: Option<&str>,
+    ) -> Result<FileInfo> {
+        validate_namespace(namespace)?;
+        let filter = read_filter(access_for(caller, namespace)?);
+        let (selector, shown) = match (path, file_id) {
+            (Some(p), None) => {
+                let p = normalize_path(p)?;
+                let found = self
+                    .store
+                    .get(namespace, FileSelector::Path(&p), &filter)
+                    .await?;
+                (found, p)
+            }
+            (None, Some(id)) => (
+                self.store
+                    .get(namespace, FileSelector::Id(id), &filter)
+                    .await?,
+                id.to_owned(),
+            ),
+            _ => {
+                return Err(FilesError::Invalid(
+                    "pass exactly one of path or fileId".to_owned(),
+                ));
+            }
+        };
+        selector.ok_or_else(|| FilesError::NotFound(format!("{namespace}/{shown}")))
+    }
+
+    /// A page of files, ordered by path.
+    pub async fn list_files(
+        &self,
+        caller: &CallerContext,
+        namespace: &str,
+        folder_prefix: &str,
+        limit: u32,
+        cursor: &str,
+        include_hidden: bool,
+    ) -> Result<ListFilesResponse> {
+        validate_namespace(namespace)?;
+        let access = access_for(caller, namespace)?;
+        let filter = read_filter(access);
+        let limit = match limit {
+            0 => DEFAULT_PAGE,
+            n if n > MAX_PAGE => {
+                return Err(FilesError::Invalid(format!(
+                    "limit {n} is over the maximum of {MAX_PAGE}"
+                )));
+            }
+            n => n,
+        };
+        let folder_prefix = normalize_folder_prefix(folder_prefix)?;
+        let after = decode_cursor(cursor)?;
+        // Hidden files are for people who manage the namespace.
+        let include_hidden = include_hidden && access.permission >= Permission::Write as i32;
+        let page = self
+            .store
+            .list(
+                namespace,
+                &folder_prefix,
+                &after,
+                limit,
+                include_hidden,
+                &filter,
+            )
+            .await?;
+        let next_cursor = if page.files.len() == limit as usize {
+            page.files
+                .last()
+                .map(|f| encode_cursor(&f.path))
+                .unwrap_or_default()
+        } else {
+            String::new()
+        };
+        Ok(ListFilesResponse {
+            files: page.files,
+            next_cursor,
+            total: page.total,
+        })
+    }
+
+    /// Changes `enabled` / `hidden` and tells every lane.
+    pub async fn set_flags(
+        &self,
+        caller: &CallerContext,
+        namespace: &str,
+        file_id: &str,
+        enabled: Option<bool>,
+        hidden: Option<bool>,
+    ) -> Result<FileInfo> {
+        let mut file = self
+            .get_file(caller, namespace, None, Some(file_id))
+            .await?;
+        Self::writable(caller, namespace, &file.path)?;
+        file.enabled = enabled.unwrap_or(file.enabled);
+        file.hidden = hidden.unwrap_or(file.hidden);
+        file.updated_at_ms = now_ms();
+        self.store
+            .set_flags(&file.file_id, file.enabled, file.hidden, file.updated_at_ms)
+            .await?;
+        self.publish(&file, "", FileChangeOp::Flags).await?;
+        Ok(file)
+    }
+
+    /// Deletes a file from the registry and every lane.
+    pub async fn delete_file(
+        &self,
+        caller: &CallerContext,
+        namespace: &str,
+        file_id: &str,
+    ) -> Result<bool> {
+        let mut file = self
+            .get_file(caller, namespace, None, Some(file_id))
+            .await?;
+        Self::writable(caller, namespace, &file.path)?;
+        file.updated_at_ms = now_ms();
+        self.store
+            .mark_deleted(&file.file_id, file.updated_at_ms)
+            .await?;
+        self.publish(&file, "", FileChangeOp::Delete).await?;
+        Ok(true)
+    }
+
+    /// Applies an indexing outcome published by the indexer.
+    pub async fn apply_indexed(&self, event: &FileIndexed) -> Result<bool> {
+        let status = match FileStatus::try_from(event.status) {
+            Ok(s @ (FileStatus::Indexed | FileStatus::Failed)) => s,
+            _ => return Ok(false),
+        };
+        self.store
+            .set_status(
+                &event.file_id,
+                &event.version_id,
+                status,
+                &event.reason,
+                event.chunk_count,
+                now_ms(),
+            )
+            .await
+    }
+}
+
+fn encode_cursor(path: &str) -> String {
+    hex::encode(path.as_bytes())
+}
+
+fn decode_cursor(cursor: &str) -> Result<String> {
+    if cursor.is_empty() {
+        return Ok(String::new());
+    }
+    hex::decode(cursor)
+        .ok()
+        .and_then(|b| String::from_utf8(b).ok())
+        .ok_or_else(|| {
+            FilesError::Invalid(
+                "cursor is not one this service returned; start without a cursor".to_owned(),
+            )
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_ids_are_content_addressed_uuids() {
+        let a = version_id("f1", "abc");
+        assert_eq!(a, version_id("f1", "abc"));
+        assert_ne!(a, version_id("f2", "abc"));
+        assert_ne!(a, version_id("f1", "abd"));
+        assert!(uuid::Uuid::parse_str(&a).is_ok());
+    }
+
+    #[test]
+    fn mime_is_guessed_from_the_path() {
+        assert_eq!(guess_mime("a/b.md", ""), "text/markdown");
+        assert_eq!(guess_mime("x.CSV", "application/octet-stream"), "text/csv");
+        assert_eq!(guess_mime("x.bin", "image/png"), "image/png");
+    }
+
+    #[test]
+    fn cursors_round_trip_and_garbage_is_refused() {
+        assert_eq!(
+            decode_cursor(&encode_cursor("a/b.md")).ok(),
+            Some("a/b.md".to_owned())
+        );
+        assert!(decode_cursor("zz").is_err());
+    }
+}

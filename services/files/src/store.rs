@@ -1,0 +1,274 @@
+//! SQL access for the file registry. Every read takes the caller's access
+//! filter and applies it in the `WHERE` clause.
+
+use kg_common::access::sql_predicate;
+use kg_proto::v1::{AccessFilter, FileInfo, FileStatus};
+use kg_stores::sql::SqlStore;
+use sqlx::any::AnyRow;
+use sqlx::{AssertSqlSafe, Row as _};
+
+use crate::error::Result;
+
+pub(crate) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+const FILE_COLUMNS: &str = "file_id, namespace, path, version_id, content_sha256, size, mime, status, status_reason, enabled, hidden, chunk_count, created_at_ms, updated_at_ms";
+
+pub(crate) fn status_str(s: FileStatus) -> &'static str {
+    match s {
+        FileStatus::Pending => "pending",
+        FileStatus::Indexed => "indexed",
+        FileStatus::Failed => "failed",
+        FileStatus::Deleted => "deleted",
+        FileStatus::Unspecified => "unspecified",
+    }
+}
+
+fn status_from(s: &str) -> FileStatus {
+    match s {
+        "pending" => FileStatus::Pending,
+        "indexed" => FileStatus::Indexed,
+        "failed" => FileStatus::Failed,
+        "deleted" => FileStatus::Deleted,
+        _ => FileStatus::Unspecified,
+    }
+}
+
+fn file_from(row: &AnyRow) -> Result<FileInfo> {
+    Ok(FileInfo {
+        file_id: row.try_get("file_id")?,
+        namespace: row.try_get("namespace")?,
+        path: row.try_get("path")?,
+        version_id: row.try_get("version_id")?,
+        content_sha256: row.try_get("content_sha256")?,
+        size: row.try_get("size")?,
+        mime: row.try_get("mime")?,
+        status: status_from(&row.try_get::<String, _>("status")?) as i32,
+        status_reason: row.try_get("status_reason")?,
+        enabled: row.try_get::<i64, _>("enabled")? != 0,
+        hidden: row.try_get::<i64, _>("hidden")? != 0,
+        chunk_count: row.try_get("chunk_count")?,
+        created_at_ms: row.try_get("created_at_ms")?,
+        updated_at_ms: row.try_get("updated_at_ms")?,
+    })
+}
+
+/// Which file a lookup names.
+pub(crate) enum FileSelector<'a> {
+    Path(&'a str),
+    Id(&'a str),
+}
+
+/// One page of a listing.
+pub(crate) struct Page {
+    pub files: Vec<FileInfo>,
+    pub total: i64,
+}
+
+#[derive(Clone)]
+pub(crate) struct FilesStore {
+    sql: SqlStore,
+}
+
+impl FilesStore {
+    pub(crate) async fn open(sql: SqlStore) -> Result<Self> {
+        sql.migrate(&MIGRATOR).await?;
+        Ok(Self { sql })
+    }
+
+    /// The file at `selector` in `namespace`, if `filter` lets the caller see it.
+    pub(crate) async fn get(
+        &self,
+        namespace: &str,
+        selector: FileSelector<'_>,
+        filter: &AccessFilter,
+    ) -> Result<Option<FileInfo>> {
+        let predicate = sql_predicate(filter, "path", "file_id", "enabled", 3);
+        let key_column = match selector {
+            FileSelector::Path(_) => "path",
+            FileSelector::Id(_) => "file_id",
+        };
+        let sql = format!(
+            "SELECT {FILE_COLUMNS} FROM kg_files WHERE namespace = $1 AND {key_column} = $2 AND status <> 'deleted' AND {}",
+            predicate.text
+        );
+        let key = match selector {
+            FileSelector::Path(p) | FileSelector::Id(p) => p,
+        };
+        let mut query = sqlx::query(AssertSqlSafe(sql)).bind(namespace).bind(key);
+        for p in &predicate.params {
+            query = query.bind(p);
+        }
+        let row = query.fetch_optional(self.sql.pool()).await?;
+        row.as_ref().map(file_from).transpose()
+    }
+
+    /// The registry row for a path regardless of access (for writers).
+    pub(crate) async fn by_path_unfiltered(
+        &self,
+        namespace: &str,
+        path: &str,
+    ) -> Result<Option<FileInfo>> {
+        let sql = format!("SELECT {FILE_COLUMNS} FROM kg_files WHERE namespace = $1 AND path = $2");
+        let row = sqlx::query(AssertSqlSafe(sql))
+            .bind(namespace)
+            .bind(path)
+            .fetch_optional(self.sql.pool())
+            .await?;
+        row.as_ref().map(file_from).transpose()
+    }
+
+    /// A page of files under `folder_prefix`, ordered by path, after `after_path`.
+    pub(crate) async fn list(
+        &self,
+        namespace: &str,
+        folder_prefix: &str,
+        after_path: &str,
+        limit: u32,
+        include_hidden: bool,
+        filter: &AccessFilter,
+    ) -> Result<Page> {
+        let predicate = sql_predicate(filter, "path", "file_id", "enabled", 3);
+        let hidden = if include_hidden {
+            ""
+        } else {
+            " AND hidden = 0"
+        };
+        let base = format!(
+            "FROM kg_files WHERE namespace = $1 AND substr(path, 1, length($2)) = $2 AND status <> 'deleted'{hidden} AND {}",
+            predicate.text
+        );
+        let after_param = 3 + predicate.params.len();
+        let page_sql = format!(
+            "SELECT {FILE_COLUMNS} {base} AND path > ${after_param} ORDER BY path LIMIT {}",
+            limit
+        );
+        let count_sql = format!("SELECT COUNT(*) AS n {base}");
+
+        let mut page = sqlx::query(AssertSqlSafe(page_sql))
+            .bind(namespace)
+            .bind(folder_prefix);
+        let mut count = sqlx::query(AssertSqlSafe(count_sql))
+            .bind(namespace)
+            .bind(folder_prefix);
+        for p in &predicate.params {
+            page = page.bind(p);
+            count = count.bind(p);
+        }
+        page = page.bind(after_path);
+        let rows = page.fetch_all(self.sql.pool()).await?;
+        let total: i64 = count.fetch_one(self.sql.pool()).await?.try_get("n")?;
+        Ok(Page {
+            files: rows.iter().map(file_from).collect::<Result<_>>()?,
+            total,
+        })
+    }
+
+    /// Inserts a new file row or points an existing one at a new version.
+    pub(crate) async fn upsert_version(&self, file: &FileInfo, blob_key: &str) -> Result<()> {
+        let mut tx = self.sql.pool().begin().await?;
+        let updated = sqlx::query(
+            "UPDATE kg_files SET version_id = $1, content_sha256 = $2, size = $3, mime = $4, status = $5, status_reason = '', chunk_count = 0, updated_at_ms = $6 WHERE file_id = $7",
+        )
+        .bind(&file.version_id)
+        .bind(&file.content_sha256)
+        .bind(file.size)
+        .bind(&file.mime)
+        .bind(status_str(file.status()))
+        .bind(file.updated_at_ms)
+        .bind(&file.file_id)
+        .execute(&mut *tx)
+        .await?;
+        if updated.rows_affected() == 0 {
+            sqlx::query(
+                "INSERT INTO kg_files (file_id, namespace, path, version_id, content_sha256, size, mime, status, status_reason, enabled, hidden, chunk_count, created_at_ms, updated_at_ms) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, '', $9, $10, 0, $11, $12)",
+            )
+            .bind(&file.file_id)
+            .bind(&file.namespace)
+            .bind(&file.path)
+            .bind(&file.version_id)
+            .bind(&file.content_sha256)
+            .bind(file.size)
+            .bind(&file.mime)
+            .bind(status_str(file.status()))
+            .bind(i64::from(file.enabled))
+            .bind(i64::from(file.hidden))
+            .bind(file.created_at_ms)
+            .bind(file.updated_at_ms)
+            .execute(&mut *tx)
+            .await?;
+        }
+        let exists = sqlx::query("SELECT version_id FROM kg_file_versions WHERE version_id = $1")
+            .bind(&file.version_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+        if exists.is_none() {
+            sqlx::query(
+                "INSERT INTO kg_file_versions (version_id, file_id, content_sha256, blob_key, size, mime, created_at_ms) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            )
+            .bind(&file.version_id)
+            .bind(&file.file_id)
+            .bind(&file.content_sha256)
+            .bind(blob_key)
+            .bind(file.size)
+            .bind(&file.mime)
+            .bind(file.updated_at_ms)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Records an indexing outcome, only if it is about the current version.
+    pub(crate) async fn set_status(
+        &self,
+        file_id: &str,
+        version_id: &str,
+        status: FileStatus,
+        reason: &str,
+        chunk_count: i64,
+        now_ms: i64,
+    ) -> Result<bool> {
+        let done = sqlx::query(
+            "UPDATE kg_files SET status = $1, status_reason = $2, chunk_count = $3, updated_at_ms = $4 WHERE file_id = $5 AND version_id = $6 AND status <> 'deleted'",
+        )
+        .bind(status_str(status))
+        .bind(reason)
+        .bind(chunk_count)
+        .bind(now_ms)
+        .bind(file_id)
+        .bind(version_id)
+        .execute(self.sql.pool())
+        .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    pub(crate) async fn set_flags(
+        &self,
+        file_id: &str,
+        enabled: bool,
+        hidden: bool,
+        now_ms: i64,
+    ) -> Result<()> {
+        sqlx::query(
+            "UPDATE kg_files SET enabled = $1, hidden = $2, updated_at_ms = $3 WHERE file_id = $4",
+        )
+        .bind(i64::from(enabled))
+        .bind(i64::from(hidden))
+        .bind(now_ms)
+        .bind(file_id)
+        .execute(self.sql.pool())
+        .await?;
+        Ok(())
+    }
+
+    pub(crate) async fn mark_deleted(&self, file_id: &str, now_ms: i64) -> Result<()> {
+        sqlx::query("UPDATE kg_files SET status = 'deleted', status_reason = '', updated_at_ms = $1 WHERE file_id = $2")
+            .bind(now_ms)
+            .bind(file_id)
+            .execute(self.sql.pool())
+            .await?;
+        Ok(())
+    }
+}

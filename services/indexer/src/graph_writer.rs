@@ -1,0 +1,802 @@
+//! Writes one file's chunks and outline into its namespace graph in FalkorDB.
+//!
+//! Idempotent on re-delivery: a file whose FileRef already carries the event's
+//! version id, chunk count and path is left alone. Otherwise the file's Chunk and
+//! OutlineNode nodes are replaced in UNWIND batches, and `versionId`/`chunkCount`
+//! are set last, so a crash part-way leaves a FileRef without a version and the
+//! re-delivered event redoes the whole write. Folder nodes for every ancestor folder (the
+//! root is [`ROOT_FOLDER`]) hang together by HAS_CHILD edges down to the FileRef.
+
+use std::collections::HashSet;
+use std::sync::{Mutex, OnceLock};
+
+use kg_common::access::{folder_of, validate_namespace};
+use kg_common::error::{ErrorCode, ErrorExt};
+use kg_stores::StoreError;
+use kg_stores::graph::{GraphStore, Params, Rows};
+use serde_json::{Value, json};
+
+/// Chunks created per query; keeps one query's parameter text around a few MB at most.
+const CHUNK_BATCH: usize = 200;
+/// Edges or outline nodes created per query.
+const EDGE_BATCH: usize = 1000;
+/// Nodes deleted per query, so deleting a huge file never builds one giant transaction.
+const DELETE_BATCH: usize = 1000;
+
+/// The file a set of chunks belongs to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileRecord {
+    pub namespace: String,
+    pub file_id: String,
+    pub version_id: String,
+    /// Normalised path inside the namespace (`guides/intro.md`).
+    pub path: String,
+    /// File name (last path segment).
+    pub name: String,
+    /// Folder of `path`: "" at the root, else `a/b/` (see `kg_common::access::folder_of`).
+    pub folder_path: String,
+    pub enabled: bool,
+    pub hidden: bool,
+    pub title: Option<String>,
+    pub document_date: Option<String>,
+    pub mime: String,
+}
+
+/// One chunk of the file, as the chunker produced it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ChunkRecord {
+    pub chunk_key: String,
+    /// 0-based position in the file; NEXT_CHUNK edges follow this order.
+    pub index: u32,
+    pub text: String,
+    pub context_header: String,
+    pub char_start: u64,
+    pub char_end: u64,
+    pub line_start: u32,
+    pub line_end: u32,
+    pub page_start: Option<u32>,
+    pub page_end: Option<u32>,
+    pub token_count: u32,
+    /// Outline key of the deepest section the chunk starts in.
+    pub section_key: Option<String>,
+}
+
+/// One outline section of the file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutlineRecord {
+    pub outline_key: String,
+    pub title: String,
+    pub depth: u32,
+    /// 0-based position in document order.
+    pub order: u32,
+    pub parent_key: Option<String>,
+    pub line_start: u32,
+    pub line_end: u32,
+    pub char_start: u64,
+    pub char_end: u64,
+    pub page_start: Option<u32>,
+    pub page_end: Option<u32>,
+    /// Keys of the chunks this section covers (COVERS edges).
+    pub covers: Vec<String>,
+}
+
+/// What [`write_file`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteOutcome {
+    /// The graph already held this version: nothing was written.
+    Unchanged,
+    /// The file's chunks and outline were (re)written.
+    Written {
+        /// Chunks created.
+        chunks: usize,
+        /// Outline sections created.
+        sections: usize,
+    },
+}
+
+/// Why a graph write failed.
+#[derive(Debug, thiserror::Error)]
+pub enum GraphWriteError {
+    /// The records contradict each other (a bug upstream; retrying cannot help).
+    #[error("invalid graph write for file `{file_id}`: {reason}")]
+    InvalidRecord {
+        /// The file being written.
+        file_id: String,
+        /// What is inconsistent.
+        reason: String,
+    },
+    /// The namespace name is not valid.
+    #[error(transparent)]
+    Name(#[from] kg_common::access::NameError),
+    /// FalkorDB failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// FalkorDB answered with rows of an unexpected shape.
+    #[error("unexpected graph reply: {0}")]
+    UnexpectedReply(&'static str),
+}
+
+impl ErrorExt for GraphWriteError {
+    fn code(&self) -> ErrorCode {
+        match self {
+            GraphWriteError::InvalidRecord { .. } => ErrorCode::InvalidArgument,
+            GraphWriteError::Name(err) => err.code(),
+            GraphWriteError::Store(err) => err.code(),
+            GraphWriteError::UnexpectedReply(_) => ErrorCode::Internal,
+        }
+    }
+}
+
+kg_common::impl_status_from!(GraphWriteError);
+
+/// Writes `file` with its `chunks` and `outline`, replacing what the graph held for it.
+pub async fn write_file(
+    graph: &GraphStore,
+    file: &FileRecord,
+    chunks: &[ChunkRecord],
+    outline: &[OutlineRecord],
+) -> Result<WriteOutcome, GraphWriteError> {
+    validate_namespace(&file.namespace)?;
+    let folder = validate(file, chunks, outline)?;
+    let ns = file.namespace.as_str();
+    ensure_indexes_once(graph, ns).await?;
+
+    if is_current(graph, file, chunks.len()).await? {
+        tracing::debug!(namespace = ns, file_id = %file.file_id, version_id = %file.version_id, "graph already current");
+        return Ok(WriteOutcome::Unchanged);
+    }
+
+    upsert_file_ref(graph, file).await?;
+    link_folders(graph, file, &folder).await?;
+    delete_in_batches(graph, ns, "Chunk", &file.file_id).await?;
+    delete_in_batches(graph, ns, "OutlineNode", &file.file_id).await?;
+
+    let mut ordered: Vec<&ChunkRecord> = chunks.iter().collect();
+    ordered.sort_by_key(|c| c.index);
+    create_chunks(graph, file, &ordered).await?;
+    link_next_chunks(graph, file, &ordered).await?;
+    create_outline(graph, file, outline).await?;
+
+    // Last: only now does a re-delivered event for this version become a no-op.
+    let mut params = Params::new();
+    params.insert("fileId".into(), json!(file.file_id));
+    params.insert("versionId".into(), json!(file.version_id));
+    params.insert("chunkCount".into(), json!(chunks.len()));
+    graph
+        .query(
+            ns,
+            "MATCH (f:FileRef {fileId: $fileId}) SET f.versionId = $versionId, f.chunkCount = $chunkCount",
+            &params,
+        )
+        .await?;
+    tracing::info!(
+        namespace = ns,
+        file_id = %file.file_id,
+        version_id = %file.version_id,
+        chunks = chunks.len(),
+        sections = outline.len(),
+        "file written to graph"
+    );
+    Ok(WriteOutcome::Written {
+        chunks: chunks.len(),
+        sections: outline.len(),
+    })
+}
+
+/// Removes the file's FileRef, chunks and outline. Folder nodes stay, even when
+/// they become empty. Returns whether a FileRef existed.
+pub async fn delete_file(
+    graph: &GraphStore,
+    ns: &str,
+    file_id: &str,
+) -> Result<bool, GraphWriteError> {
+    validate_namespace(ns)?;
+    let params = file_params(file_id);
+    // Clear the version first: if we stop half-way, a later write of any version redoes everything.
+    graph
+        .query(
+            ns,
+            "MATCH (f:FileRef {fileId: $fileId}) SET f.versionId = null, f.chunkCount = null",
+            &params,
+        )
+        .await?;
+    delete_in_batches(graph, ns, "Chunk", file_id).await?;
+    delete_in_batches(graph, ns, "OutlineNode", file_id).await?;
+    let rows = graph
+        .query(
+            ns,
+            "MATCH (f:FileRef {fileId: $fileId}) DETACH DELETE f RETURN count(f)",
+            &params,
+        )
+        .await?;
+    let existed = first_int(&rows)? > 0;
+    tracing::info!(namespace = ns, file_id, existed, "file deleted from graph");
+    Ok(existed)
+}
+
+/// Sets `enabled` on the file's FileRef, Chunk and OutlineNode nodes and `hidden`
+/// on the FileRef, in one query so readers never see a mix. Returns whether the file exists.
+pub async fn set_flags(
+    graph: &GraphStore,
+    ns: &str,
+    file_id: &str,
+    enabled: bool,
+    hidden: bool,
+) -> Result<bool, GraphWriteError> {
+    validate_namespace(ns)?;
+    let mut params = file_params(file_id);
+    params.insert("enabled".into(), json!(enabled));
+    params.insert("hidden".into(), json!(hidden));
+    let rows = graph
+        .query(
+            ns,
+            "MATCH (f:FileRef {fileId: $fileId}) SET f.enabled = $enabled, f.hidden = $hidden \
+             WITH f OPTIONAL MATCH (c:Chunk {fileId: $fileId}) SET c.enabled = $enabled \
+             WITH f, count(c) AS chunks \
+             OPTIONAL MATCH (o:OutlineNode {fileId: $fileId}) SET o.enabled = $enabled \
+             RETURN count(DISTINCT f)",
+            &params,
+        )
+        .await?;
+    // No FileRef: MATCH yields no row at all.
+    let exists = match rows.rows.first() {
+        Some(_) => first_int(&rows)? > 0,
+        None => false,
+    };
+    tracing::info!(
+        namespace = ns,
+        file_id,
+        enabled,
+        hidden,
+        exists,
+        "file flags set"
+    );
+    Ok(exists)
+}
+
+/// (server, namespace) pairs whose indexes this process already ensured.
+fn ensured() -> &'static Mutex<HashSet<String>> {
+    static ENSURED: OnceLock<Mutex<HashSet<String>>> = OnceLock::new();
+    ENSURED.get_or_init(|| Mutex::new(HashSet::new()))
+}
+
+async fn ensure_indexes_once(graph: &GraphStore, ns: &str) -> Result<(), StoreError> {
+    let key = format!("{}\u{0}{ns}", graph.server_identity());
+    let known = ensured()
+        .lock()
+        .map(|set| set.contains(&key))
+        .unwrap_or(false);
+    if known {
+        return Ok(());
+    }
+    graph.ensure_indexes(ns).await?;
+    if let Ok(mut set) = ensured().lock() {
+        set.insert(key);
+    }
+    Ok(())
+}
+
+/// Checks the records against each other; returns the normalised folder path.
+fn validate(
+    file: &FileRecord,
+    chunks: &[ChunkRecord],
+    outline: &[OutlineRecord],
+) -> Result<String, GraphWriteError> {
+    let invalid = |reason: String| GraphWriteError::InvalidRecord {
+        file_id: file.file_id.clone(),
+        reason,
+    };
+    if file.file_id.is_empty() || file.version_id.is_empty() || file.path.is_empty() {
+        return Err(invalid("file id, version id and path must be set".into()));
+    }
+    let folder = normalize_folder(&file.folder_path);
+    if folder != folder_of(&file.path) {
+        return Err(invalid(format!(
+            "folder path `{}` is not the folder of `{}`",
+            file.folder_path, file.path
+        )));
+    }
+    let mut chunk_keys = HashSet::new();
+    let mut indexes = HashSet::new();
+    for chunk in chunks {
+        if !chunk_keys.insert(chunk.chunk_key.as_str()) {
+            return Err(invalid(format!(
+                "chunk key `{}` appears twice",
+                chunk.chunk_key
+            )));
+        }
+        if !indexes.insert(chunk.index) {
+            return Err(invalid(format!(
+                "chunk index {} appears twice",
+                chunk.index
+            )));
+        }
+    }
+    let outline_keys: HashSet<&str> = outline.iter().map(|o| o.outline_key.as_str()).collect();
+    if outline_keys.len() != outline.len() {
+        return Err(invalid("an outline key appears twice".into()));
+    }
+    for chunk in chunks {
+        if let Some(section) = &chunk.section_key
+            && !outline_keys.contains(section.as_str())
+        {
+            return Err(invalid(format!(
+                "chunk `{}` names unknown section `{section}`",
+                chunk.chunk_key
+            )));
+        }
+    }
+    for section in outline {
+        if let Some(parent) = &section.parent_key
+            && (!outline_keys.contains(parent.as_str()) || parent == &section.outline_key)
+        {
+            return Err(invalid(format!(
+                "section `{}` names unknown parent `{parent}`",
+                section.outline_key
+            )));
+        }
+        if let Some(missing) = section
+            .covers
+            .iter()
+            .find(|k| !chunk_keys.contains(k.as_str()))
+        {
+            return Err(invalid(format!(
+                "section `{}` covers unknown chunk `{missing}`",
+                section.outline_key
+            )));
+        }
+    }
+    Ok(folder)
+}
+
+/// "" for the root, else `a/b/`, whatever slashes the caller used.
+fn normalize_folder(folder: &str) -> String {
+    let trimmed = folder.trim_matches('/');
+    if trimmed.is_empty() {
+        String::new()
+    } else {
+        format!("{trimmed}/")
+    }
+}
+
+/// `folderPath` of the root Folder node. Not "": FalkorDB's range index does not index empty
+/// strings, so `MERGE (:Folder {folderPath: ''})` would never find the node it created.
+pub const ROOT_FOLDER: &str = "/";
+
+/// `a/b/` -> ["/", "a/", "a/b/"]: every Folder node from the root down.
+fn folder_chain(folder: &str) -> Vec<String> {
+    let mut chain = vec![ROOT_FOLDER.to_owned()];
+    let mut current = String::new();
+    for segment in folder.split('/').filter(|s| !s.is_empty()) {
+        current.push_str(segment);
+        current.push('/');
+        chain.push(current.clone());
+    }
+    chain
+}
+
+fn file_params(file_id: &str) -> Params {
+    let mut params = Params::new();
+    params.insert("fileId".into(), json!(file_id));
+    params
+}
+
+async fn is_current(
+    graph: &GraphStore,
+    file: &FileRecord,
+    chunk_count: usize,
+) -> Result<bool, StoreError> {
+    let rows = graph
+        .query(
+            &file.namespace,
+            "MATCH (f:FileRef {fileId: $fileId}) RETURN f.versionId, f.chunkCount, f.vfsPath",
+            &file_params(&file.file_id),
+        )
+        .await?;
+    let Some(row) = rows.rows.first() else {
+        return Ok(false);
+    };
+    let version = row.first().and_then(Value::as_str);
+    let count = row.get(1).and_then(Value::as_u64);
+    let path = row.get(2).and_then(Value::as_str);
+    Ok(version == Some(file.version_id.as_str())
+        && count == u64::try_from(chunk_count).ok()
+        && path == Some(file.path.as_str()))
+}
+
+async fn upsert_file_ref(graph: &GraphStore, file: &FileRecord) -> Result<(), StoreError> {
+    let mut params = file_params(&file.file_id);
+    params.insert("path".into(), json!(file.path));
+    params.insert("name".into(), json!(file.name));
+    params.insert("folder".into(), json!(folder_of(&file.path)));
+    params.insert("enabled".into(), json!(file.enabled));
+    params.insert("hidden".into(), json!(file.hidden));
+    params.insert("title".into(), json!(file.title));
+    params.insert("documentDate".into(), json!(file.document_date));
+    params.insert("mime".into(), json!(file.mime));
+    // versionId/chunkCount are cleared until the write completes.
+    graph
+        .query(
+            &file.namespace,
+            "MERGE (f:FileRef {fileId: $fileId}) \
+             SET f.vfsPath = $path, f.name = $name, f.folderPath = $folder, f.enabled = $enabled, \
+                 f.hidden = $hidden, f.title = $title, f.documentDate = $documentDate, f.mime = $mime, \
+                 f.versionId = null, f.chunkCount = null",
+            &params,
+        )
+        .await?;
+    Ok(())
+}
+
+async fn link_folders(
+    graph: &GraphStore,
+    file: &FileRecord,
+    folder: &str,
+) -> Result<(), StoreError> {
+    let chain = folder_chain(folder);
+    let edges: Vec<Value> = chain.windows(2).map(|w| json!([w[0], w[1]])).collect();
+    let mut params = file_params(&file.file_id);
+    params.insert("folders".into(), json!(chain));
+    params.insert("edges".into(), json!(edges));
+    let parent = chain.last().map_or(ROOT_FOLDER, String::as_str);
+    params.insert("folder".into(), json!(parent));
+    let ns = file.namespace.as_str();
+    graph
+        .query(
+            ns,
+            "UNWIND $folders AS fp MERGE (:Folder {folderPath: fp})",
+            &params,
+        )
+        .await?;
+    if !edges.is_empty() {
+        graph
+            .query(
+                ns,
+                "UNWIND $edges AS e \
+                 MATCH (a:Folder {folderPath: e[0]}), (b:Folder {folderPath: e[1]}) \
+                 MERGE (a)-[:HAS_CHILD]->(b)",
+                &params,
+            )
+            .await?;
+    }
+    // A moved file leaves its old folder.
+    graph
+        .query(
+            ns,
+            "MATCH (f:FileRef {fileId: $fileId}) \
+             OPTIONAL MATCH (old:Folder)-[r:HAS_CHILD]->(f) WHERE old.folderPath <> $folder DELETE r \
+             WITH DISTINCT f \
+             MATCH (d:Folder {folderPath: $folder}) MERGE (d)-[:HAS_CHILD]->(f)",
+            &params,
+        )
+        .await?;
+    Ok(())
+}
+
+async fn delete_in_batches(
+    graph: &GraphStore,
+    ns: &str,
+    label: &str,
+    file_id: &str,
+) -> Result<(), GraphWriteError> {
+    let query = format!(
+        "MATCH (n:{label} {{fileId: $fileId}}) WITH n LIMIT {DELETE_BATCH} DETACH DELETE n RETURN count(n)"
+    );
+    let params = file_params(file_id);
+    loop {
+        let rows = graph.query(ns, &query, &params).await?;
+        let deleted = first_int(&rows)?;
+        if deleted < DELETE_BATCH as i64 {
+            return Ok(());
+        }
+    }
+}
+
+async fn create_chunks(
+    graph: &GraphStore,
+    file: &FileRecord,
+    chunks: &[&ChunkRecord],
+) -> Result<(), StoreError> {
+    for batch in chunks.chunks(CHUNK_BATCH) {
+        let rows: Vec<Value> = batch
+            .iter()
+            .map(|c| {
+                json!({
+                    "chunkKey": c.chunk_key,
+                    "chunkIndex": c.index,
+                    "text": c.text,
+                    "contextHeader": c.context_header,
+                    "charStart": c.char_start,
+                    "charEnd": c.char_end,
+                    "lineStart": c.line_start,
+                    "lineEnd": c.line_end,
+                    "pageStart": c.page_start,
+                    "pageEnd": c.page_end,
+                    "tokenCount": c.token_count,
+                    "sectionKey": c.section_key,
+                })
+            })
+            .collect();
+        let mut params = file_params(&file.file_id);
+        params.insert("path".into(), json!(file.path));
+        params.insert("enabled".into(), json!(file.enabled));
+        params.insert("chunks".into(), Value::Array(rows));
+        graph
+            .query(
+                &file.namespace,
+                "MATCH (f:FileRef {fileId: $fileId}) \
+                 UNWIND $chunks AS ch \
+                 CREATE (:Chunk {chunkKey: ch.chunkKey, fileId: $fileId, path: $path, enabled: $enabled, \
+                     chunkIndex: ch.chunkIndex, text: ch.text, contextHeader: ch.contextHeader, \
+                     charStart: ch.charStart, charEnd: ch.charEnd, lineStart: ch.lineStart, lineEnd: ch.lineEnd, \
+                     pageStart: ch.pageStart, pageEnd: ch.pageEnd, tokenCount: ch.tokenCount, \
+                     sectionKey: ch.sectionKey})-[:PART_OF]->(f)",
+                &params,
+            )
+            .await?;
+    }
+    Ok(())
+}
+
+async fn link_next_chunks(
+    graph: &GraphStore,
+    file: &FileRecord,
+    chunks: &[&ChunkRecord],
+) -> Result<(), StoreError> {
+    let pairs: Vec<Value> = chunks
+        .windows(2)
+        .map(|w| json!([w[0].chunk_key, w[1].chunk_key]))
+        .collect();
+    link_pairs(
+        graph,
+        file,
+        &pairs,
+        "UNWIND $pairs AS pr \
+         MATCH (a:Chunk {chunkKey: pr[0], fileId: $fileId}), (b:Chunk {chunkKey: pr[1], fileId: $fileId}) \
+         CREATE (a)-[:NEXT_CHUNK]->(b)",
+    )
+    .await
+}
+
+async fn create_outline(
+    graph: &GraphStore,
+    file: &FileRecord,
+    outline: &[OutlineRecord],
+) -> Result<(), StoreError> {
+    for batch in outline.chunks(EDGE_BATCH) {
+        let rows: Vec<Value> = batch
+            .iter()
+            .map(|o| {
+                json!({
+                    "outlineKey": o.outline_key,
+                    "title": o.title,
+                    "depth": o.depth,
+                    "order": o.order,
+                    "parentKey": o.parent_key,
+                    "lineStart": o.line_start,
+                    "lineEnd": o.line_end,
+                    "charStart": o.char_start,
+                    "charEnd": o.char_end,
+                    "pageStart": o.page_start,
+                    "pageEnd": o.page_end,
+                })
+            })
+            .collect();
+        let mut params = file_params(&file.file_id);
+        params.insert("path".into(), json!(file.path));
+        params.insert("enabled".into(), json!(file.enabled));
+        params.insert("sections".into(), Value::Array(rows));
+        graph
+            .query(
+                &file.namespace,
+                "UNWIND $sections AS s \
+                 CREATE (:OutlineNode {outlineKey: s.outlineKey, fileId: $fileId, path: $path, enabled: $enabled, \
+                     title: s.title, depth: s.depth, order: s.order, parentKey: s.parentKey, \
+                     lineStart: s.lineStart, lineEnd: s.lineEnd, charStart: s.charStart, charEnd: s.charEnd, \
+                     pageStart: s.pageStart, pageEnd: s.pageEnd})",
+                &params,
+            )
+            .await?;
+    }
+    let subsections: Vec<Value> = outline
+        .iter()
+        .filter_map(|o| {
+            o.parent_key
+                .as_ref()
+                .map(|parent| json!([parent, o.outline_key]))
+        })
+        .collect();
+    link_pairs(
+        graph,
+        file,
+        &subsections,
+        "UNWIND $pairs AS pr \
+         MATCH (a:OutlineNode {outlineKey: pr[0], fileId: $fileId}), (b:OutlineNode {outlineKey: pr[1], fileId: $fileId}) \
+         CREATE (a)-[:HAS_SUBSECTION]->(b)",
+    )
+    .await?;
+    let covers: Vec<Value> = outline
+        .iter()
+        .flat_map(|o| o.covers.iter().map(move |c| json!([o.outline_key, c])))
+        .collect();
+    link_pairs(
+        graph,
+        file,
+        &covers,
+        "UNWIND $pairs AS pr \
+         MATCH (a:OutlineNode {outlineKey: pr[0], fileId: $fileId}), (b:Chunk {chunkKey: pr[1], fileId: $fileId}) \
+         CREATE (a)-[:COVERS]->(b)",
+    )
+    .await
+}
+
+/// Runs `query` over `pairs` (as `$pairs`) in batches.
+async fn link_pairs(
+    graph: &GraphStore,
+    file: &FileRecord,
+    pairs: &[Value],
+    query: &str,
+) -> Result<(), StoreError> {
+    for batch in pairs.chunks(EDGE_BATCH) {
+        let mut params = file_params(&file.file_id);
+        params.insert("pairs".into(), Value::Array(batch.to_vec()));
+        graph.query(&file.namespace, query, &params).await?;
+    }
+    Ok(())
+}
+
+fn first_int(rows: &Rows) -> Result<i64, GraphWriteError> {
+    rows.rows
+        .first()
+        .and_then(|row| row.first())
+        .and_then(Value::as_i64)
+        .ok_or(GraphWriteError::UnexpectedReply("expected one integer row"))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn file() -> FileRecord {
+        FileRecord {
+            namespace: "demo".into(),
+            file_id: "f1".into(),
+            version_id: "v1".into(),
+            path: "guides/ops/run.md".into(),
+            name: "run.md".into(),
+            folder_path: "guides/ops/".into(),
+            enabled: true,
+            hidden: false,
+            title: None,
+            document_date: None,
+            mime: "text/markdown".into(),
+        }
+    }
+
+    fn chunk(key: &str, index: u32, section: Option<&str>) -> ChunkRecord {
+        ChunkRecord {
+            chunk_key: key.into(),
+            index,
+            text: format!("text of {key}"),
+            context_header: "Run".into(),
+            char_start: 0,
+            char_end: 1,
+            line_start: 1,
+            line_end: 1,
+            page_start: None,
+            page_end: None,
+            token_count: 3,
+            section_key: section.map(str::to_owned),
+        }
+    }
+
+    fn section(key: &str, parent: Option<&str>, covers: &[&str]) -> OutlineRecord {
+        OutlineRecord {
+            outline_key: key.into(),
+            title: key.to_uppercase(),
+            depth: if parent.is_some() { 2 } else { 1 },
+            order: 0,
+            parent_key: parent.map(str::to_owned),
+            line_start: 1,
+            line_end: 2,
+            char_start: 0,
+            char_end: 1,
+            page_start: None,
+            page_end: None,
+            covers: covers.iter().map(|c| (*c).to_owned()).collect(),
+        }
+    }
+
+    #[test]
+    fn folder_chains_run_from_the_root() {
+        assert_eq!(folder_chain(""), ["/"]);
+        assert_eq!(folder_chain("a/b/"), ["/", "a/", "a/b/"]);
+        assert_eq!(normalize_folder("/a/b"), "a/b/");
+        assert_eq!(normalize_folder("/"), "");
+    }
+
+    #[test]
+    fn consistent_records_pass() {
+        let chunks = [chunk("c1", 0, Some("s1")), chunk("c2", 1, Some("s2"))];
+        let outline = [
+            section("s1", None, &["c1", "c2"]),
+            section("s2", Some("s1"), &["c2"]),
+        ];
+        assert_eq!(validate(&file(), &chunks, &outline).unwrap(), "guides/ops/");
+        let root = FileRecord {
+            path: "top.md".into(),
+            folder_path: String::new(),
+            ..file()
+        };
+        assert_eq!(validate(&root, &[], &[]).unwrap(), "");
+    }
+
+    #[test]
+    fn contradictions_are_refused_as_invalid_argument() {
+        let cases: Vec<(FileRecord, Vec<ChunkRecord>, Vec<OutlineRecord>, &str)> = vec![
+            (
+                FileRecord {
+                    folder_path: "elsewhere/".into(),
+                    ..file()
+                },
+                vec![],
+                vec![],
+                "is not the folder of",
+            ),
+            (
+                file(),
+                vec![chunk("c1", 0, None), chunk("c1", 1, None)],
+                vec![],
+                "appears twice",
+            ),
+            (
+                file(),
+                vec![chunk("c1", 0, None), chunk("c2", 0, None)],
+                vec![],
+                "index 0 appears twice",
+            ),
+            (
+                file(),
+                vec![chunk("c1", 0, Some("nope"))],
+                vec![],
+                "unknown section",
+            ),
+            (
+                file(),
+                vec![],
+                vec![section("s1", Some("s9"), &[])],
+                "unknown parent",
+            ),
+            (
+                file(),
+                vec![],
+                vec![section("s1", Some("s1"), &[])],
+                "unknown parent",
+            ),
+            (
+                file(),
+                vec![],
+                vec![section("s1", None, &["c9"])],
+                "covers unknown chunk",
+            ),
+            (
+                FileRecord {
+                    version_id: String::new(),
+                    ..file()
+                },
+                vec![],
+                vec![],
+                "must be set",
+            ),
+        ];
+        for (file, chunks, outline, expected) in cases {
+            let err = validate(&file, &chunks, &outline).unwrap_err();
+            assert_eq!(err.code(), ErrorCode::InvalidArgument);
+            assert!(
+                err.to_string().contains(expected),
+                "{err} should mention {expected}"
+            );
+        }
+    }
+}

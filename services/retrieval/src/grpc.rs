@@ -1,0 +1,31 @@
+//! The gRPC adapter: read the verified caller, call the domain method, convert.
+
+use kg_common::caller::require_caller;
+use kg_proto::v1::retrieval_server::Retrieval;
+use kg_proto::v1::{EntitySearchRequest, EntitySearchResponse, SearchRequest, SearchResponse};
+use tonic::{Request, Response, Status};
+
+use crate::service::RetrievalService;
+
+#[tonic::async_trait]
+impl Retrieval for RetrievalService {
+    async fn search(
+        &self,
+        request: Request<SearchRequest>,
+    ) -> Result<Response<SearchResponse>, Status> {
+        let caller = require_caller(&request)?;
+        Ok(Response::new(
+            self.search_for(&caller, request.into_inner()).await?,
+        ))
+    }
+
+    async fn entity_search(
+        &self,
+        request: Request<EntitySearchRequest>,
+    ) -> Result<Response<EntitySearchResponse>, Status> {
+        require_caller(&request)?;
+        Err(Status::unimplemented(
+            "kg.v1.Retrieval/EntitySearch arrives in a later kgmesh release; this server does not serve it yet",
+        ))
+    }
+}

@@ -1,0 +1,59 @@
+//! kg-retrieval: the retrieval service. It serves `kg.v1.Retrieval` over one namespace at a
+//! time: Search runs the requested lanes (this release builds the full-text lane over
+//! FalkorDB's full-text index; vector, graph_expand and co_annotation soft-fail as
+//! `lane_unavailable`) and fuses them with reciprocal rank fusion. It only reads FalkorDB,
+//! with the caller's access predicate inside the query, and never calls another service.
+//! Entry point: [`serve`]; in-process callers use [`RetrievalService::search_for`].
+
+// The FalkorDB driver's query future nests deeply; computing its layout needs more than
+// the default query depth.
+#![recursion_limit = "256"]
+
+mod config;
+mod error;
+mod fusion;
+mod grpc;
+mod lanes;
+mod service;
+
+use kg_common::caller::{CallerContextLayer, ContextVerifier};
+use kg_proto::v1::retrieval_server::RetrievalServer;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tonic::service::Routes;
+
+pub use config::RetrievalConfig;
+pub use error::{Result, RetrievalError};
+pub use service::RetrievalService;
+
+/// The gRPC service name, as the health service reports it.
+pub const SERVICE_NAME: &str = "kg.v1.Retrieval";
+
+/// Connects to FalkorDB and serves the retrieval service on `listener` until `shutdown` fires.
+pub async fn serve(
+    config: RetrievalConfig,
+    verifier: ContextVerifier,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> Result<()> {
+    let service = RetrievalService::connect(&config).await?;
+    serve_with(service, verifier, listener, shutdown).await
+}
+
+/// Serves an already built [`RetrievalService`] (tests, or a process sharing one FalkorDB handle).
+pub async fn serve_with(
+    service: RetrievalService,
+    verifier: ContextVerifier,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> Result<()> {
+    kg_common::grpc::serve(
+        listener,
+        CallerContextLayer::new(verifier, &[]),
+        Routes::new(RetrievalServer::new(service)),
+        &[SERVICE_NAME],
+        shutdown,
+    )
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,389 @@
+//! [`RetrievalService`]: Search and EntitySearch as plain methods over a verified caller.
+
+use std::time::Instant;
+
+use kg_common::access::{normalize_folder_prefix, validate_namespace};
+use kg_common::caller::access_for;
+use kg_proto::v1::{
+    CallerContext, LaneTrace, Ranking, SearchFilters, SearchHit, SearchRequest, SearchResponse,
+};
+use kg_stores::graph::GraphStore;
+
+use crate::config::RetrievalConfig;
+use crate::error::{Result, RetrievalError};
+use crate::fusion::{LaneHits, fuse};
+use crate::lanes::{self, Lane, LaneFilters};
+
+/// Default and hard maximum of hits per search.
+const TOP_K: (u32, u32) = (8, 32);
+/// Default RRF constant.
+const DEFAULT_RRF_K: f64 = 60.0;
+/// Longest query text accepted, in characters.
+const MAX_QUERY_CHARS: usize = 4_096;
+/// Stable trace code of a lane this release does not run.
+pub(crate) const LANE_UNAVAILABLE: &str = "lane_unavailable";
+
+/// Runs the retrieval lanes over one namespace graph and fuses them.
+#[derive(Clone, Debug)]
+pub struct RetrievalService {
+    store: GraphStore,
+}
+
+/// A validated search request.
+#[derive(Debug)]
+struct Plan {
+    lanes: Vec<Lane>,
+    top_k: usize,
+    rrf_k: f64,
+    weights: Vec<(Lane, f64)>,
+    min_score: Option<f64>,
+    filters: LaneFilters,
+}
+
+impl RetrievalService {
+    /// A service over an existing FalkorDB handle.
+    pub fn new(store: GraphStore) -> Self {
+        Self { store }
+    }
+
+    /// Connects to the FalkorDB named in `config`.
+    pub async fn connect(config: &RetrievalConfig) -> Result<Self> {
+        Ok(Self::new(GraphStore::connect(&config.falkordb_url).await?))
+    }
+
+    /// Runs the requested lanes (default fulltext, vector, graph_expand) and fuses them with
+    /// RRF. A lane this release does not run, or one that fails while another succeeds,
+    /// soft-fails in the trace; only when no lane succeeds and one failed for real does the
+    /// search fail, so a store outage is never mistaken for "nothing found".
+    pub async fn search_for(
+        &self,
+        caller: &CallerContext,
+        request: SearchRequest,
+    ) -> Result<SearchResponse> {
+        validate_namespace(&request.namespace)?;
+        let access = access_for(caller, &request.namespace)?;
+        let plan = plan(&request)?;
+        let query = request.query.trim();
+
+        let mut traces = Vec::with_capacity(plan.lanes.len());
+        let mut ran = Vec::new();
+        let mut first_failure: Option<RetrievalError> = None;
+        for &lane in &plan.lanes {
+            if !lane.is_available() {
+                traces.push(LaneTrace {
+                    lane: lane.as_str().to_owned(),
+                    ok: false,
+                    error_code: LANE_UNAVAILABLE.to_owned(),
+                    hits: 0,
+                    millis: 0.0,
+                });
+                continue;
+            }
+            let started = Instant::now();
+            let result = match lane {
+                Lane::Fulltext => {
+                    lanes::fulltext(
+                        &self.store,
+                        &request.namespace,
+                        access,
+                        query,
+                        &plan.filters,
+                    )
+                    .await
+                }
+                // is_available() admits only the lanes matched above.
+                Lane::Vector | Lane::GraphExpand | Lane::CoAnnotation => Ok(Vec::new()),
+            };
+            let millis = started.elapsed().as_secs_f64() * 1000.0;
+            match result {
+                Ok(hits) => {
+                    traces.push(LaneTrace {
+                        lane: lane.as_str().to_owned(),
+                        ok: true,
+                        error_code: String::new(),
+                        hits: u32::try_from(hits.len()).unwrap_or(u32::MAX),
+                        millis,
+                    });
+                    ran.push(LaneHits {
+                        lane,
+                        weight: plan.weight(lane),
+                        hits,
+                    });
+                }
+                Err(err) => {
+                    let code = kg_common::ErrorExt::code(&err);
+                    tracing::warn!(namespace = %request.namespace, lane = lane.as_str(), error = %err, "lane failed");
+                    traces.push(LaneTrace {
+                        lane: lane.as_str().to_owned(),
+                        ok: false,
+                        error_code: code.as_str().to_owned(),
+                        hits: 0,
+                        millis,
+                    });
+                    first_failure.get_or_insert(err);
+                }
+            }
+        }
+        if ran.is_empty()
+            && let Some(err) = first_failure
+        {
+            return Err(err);
+        }
+
+        let mut fused = fuse(&ran, plan.rrf_k);
+        if let Some(min) = plan.min_score {
+            fused.retain(|h| h.display >= min);
+        }
+        let total_candidates = fused.len() as u64;
+        fused.truncate(plan.top_k);
+        Ok(SearchResponse {
+            namespace: request.namespace,
+            hits: fused
+                .into_iter()
+                .map(|h| SearchHit {
+                    chunk_key: h.chunk_key,
+                    file_id: h.file_id,
+                    fused_score: h.fused,
+                    display_score: h.display,
+                    lanes: h.lanes,
+                })
+                .collect(),
+            lanes: traces,
+            total_candidates,
+        })
+    }
+}
+
+impl Plan {
+    fn weight(&self, lane: Lane) -> f64 {
+        self.weights
+            .iter()
+            .find(|(l, _)| *l == lane)
+            .map_or(1.0, |(_, w)| *w)
+    }
+}
+
+fn plan(request: &SearchRequest) -> Result<Plan> {
+    let query = request.query.trim();
+    if query.is_empty() {
+        return Err(RetrievalError::invalid("query is empty"));
+    }
+    if query.chars().count() > MAX_QUERY_CHARS {
+        return Err(RetrievalError::invalid(format!(
+            "query is longer than {MAX_QUERY_CHARS} characters"
+        )));
+    }
+    let mut lanes = Vec::new();
+    for name in &request.lanes {
+        let lane = Lane::parse(name.trim())?;
+        if !lanes.contains(&lane) {
+            lanes.push(lane);
+        }
+    }
+    if lanes.is_empty() {
+        lanes.extend(Lane::DEFAULT);
+    }
+    let top_k = match request.top_k {
+        0 => TOP_K.0,
+        k if k > TOP_K.1 => {
+            return Err(RetrievalError::invalid(format!(
+                "top_k = {k} is over its hard maximum of {}",
+                TOP_K.1
+            )));
+        }
+        k => k,
+    } as usize;
+    let (rrf_k, weights, min_score) = ranking(request.ranking.as_ref())?;
+    Ok(Plan {
+        lanes,
+        top_k,
+        rrf_k,
+        weights,
+        min_score,
+        filters: filters(request.filters.as_ref())?,
+    })
+}
+
+type RankingParts = (f64, Vec<(Lane, f64)>, Option<f64>);
+
+fn ranking(ranking: Option<&Ranking>) -> Result<RankingParts> {
+    let Some(ranking) = ranking else {
+        return Ok((DEFAULT_RRF_K, Vec::new(), None));
+    };
+    let rrf_k = if ranking.rrf_k == 0.0 {
+        DEFAULT_RRF_K
+    } else {
+        ranking.rrf_k
+    };
+    if !rrf_k.is_finite() || rrf_k < 0.0 {
+        return Err(RetrievalError::invalid(
+            "ranking.rrf_k must be a positive number",
+        ));
+    }
+    let mut weights = Vec::new();
+    for (name, weight) in &ranking.lane_weights {
+        let lane = Lane::parse(name)?;
+        if !weight.is_finite() || *weight < 0.0 {
+            return Err(RetrievalError::invalid(format!(
+                "ranking.lane_weights.{name} must be a number of at least 0"
+            )));
+        }
+        weights.push((lane, *weight));
+    }
+    if let Some(min) = ranking.min_score
+        && !(0.0..=1.0).contains(&min)
+    {
+        return Err(RetrievalError::invalid(
+            "ranking.min_score must be between 0 and 1",
+        ));
+    }
+    Ok((rrf_k, weights, ranking.min_score))
+}
+
+fn filters(filters: Option<&SearchFilters>) -> Result<LaneFilters> {
+    let Some(filters) = filters else {
+        return Ok(LaneFilters::default());
+    };
+    // Collections, dates and relation types need data later releases index; refusing them
+    // beats silently searching without them.
+    let unsupported = [
+        ("collections", !filters.collections.is_empty()),
+        ("date_from", filters.date_from.is_some()),
+        ("date_to", filters.date_to.is_some()),
+        ("effective_at", filters.effective_at.is_some()),
+        ("relation_type_ids", !filters.relation_type_ids.is_empty()),
+    ];
+    if let Some((name, _)) = unsupported.iter().find(|(_, set)| *set) {
+        return Err(RetrievalError::invalid(format!(
+            "filters.{name} is not supported by this release; only filters.folder_prefix is"
+        )));
+    }
+    Ok(LaneFilters {
+        folder_prefix: normalize_folder_prefix(&filters.folder_prefix)?,
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::float_cmp)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    fn request() -> SearchRequest {
+        SearchRequest {
+            namespace: "demo".into(),
+            query: "rotate keys".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn defaults_apply() {
+        let plan = plan(&request()).unwrap();
+        assert_eq!(plan.lanes, Lane::DEFAULT);
+        assert_eq!(plan.top_k, 8);
+        assert_eq!(plan.rrf_k, 60.0);
+        assert_eq!(plan.weight(Lane::Fulltext), 1.0);
+        assert_eq!(plan.min_score, None);
+        assert_eq!(plan.filters.folder_prefix, "");
+    }
+
+    #[test]
+    fn caps_lanes_and_ranking_are_checked() {
+        let err = |r: SearchRequest| plan(&r).unwrap_err().to_string();
+        assert!(
+            err(SearchRequest {
+                top_k: 33,
+                ..request()
+            })
+            .contains("top_k = 33")
+        );
+        assert!(
+            err(SearchRequest {
+                query: "  ".into(),
+                ..request()
+            })
+            .contains("empty")
+        );
+        assert!(
+            err(SearchRequest {
+                lanes: vec!["magic".into()],
+                ..request()
+            })
+            .contains("valid lanes: fulltext")
+        );
+        let ranking = |r: Ranking| SearchRequest {
+            ranking: Some(r),
+            ..request()
+        };
+        assert!(
+            err(ranking(Ranking {
+                rrf_k: -1.0,
+                ..Default::default()
+            }))
+            .contains("rrf_k")
+        );
+        assert!(
+            err(ranking(Ranking {
+                min_score: Some(1.5),
+                ..Default::default()
+            }))
+            .contains("min_score")
+        );
+        assert!(
+            err(ranking(Ranking {
+                lane_weights: HashMap::from([("fulltext".to_owned(), f64::NAN)]),
+                ..Default::default()
+            }))
+            .contains("lane_weights.fulltext")
+        );
+        assert!(
+            err(ranking(Ranking {
+                lane_weights: HashMap::from([("nope".to_owned(), 1.0)]),
+                ..Default::default()
+            }))
+            .contains("unknown lane `nope`")
+        );
+        let filters = |f: SearchFilters| SearchRequest {
+            filters: Some(f),
+            ..request()
+        };
+        assert!(
+            err(filters(SearchFilters {
+                date_from: Some("2024".into()),
+                ..Default::default()
+            }))
+            .contains("date_from")
+        );
+        assert!(
+            err(filters(SearchFilters {
+                folder_prefix: "a/../b".into(),
+                ..Default::default()
+            }))
+            .contains("invalid path")
+        );
+
+        let ok = plan(&SearchRequest {
+            lanes: vec!["fulltext".into(), "co_annotation".into(), "fulltext".into()],
+            top_k: 32,
+            ranking: Some(Ranking {
+                rrf_k: 10.0,
+                lane_weights: HashMap::from([("fulltext".to_owned(), 2.0)]),
+                min_score: Some(0.5),
+            }),
+            filters: Some(SearchFilters {
+                folder_prefix: "/guides".into(),
+                ..Default::default()
+            }),
+            ..request()
+        })
+        .unwrap();
+        assert_eq!(ok.lanes, [Lane::Fulltext, Lane::CoAnnotation]);
+        assert_eq!(
+            (ok.top_k, ok.rrf_k, ok.weight(Lane::Fulltext), ok.min_score),
+            (32, 10.0, 2.0, Some(0.5))
+        );
+        assert_eq!(ok.filters.folder_prefix, "guides/");
+    }
+}
