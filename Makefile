@@ -1,0 +1,46 @@
+# kgmesh: the commands the README names. Everything installs what it needs.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+CARGO ?= cargo
+VENV := .venv
+PYTHON := $(VENV)/bin/python
+DATA_DIR ?= .kgmesh
+HTTP_ADDR ?= 127.0.0.1:8080
+
+.PHONY: help deps build up test lint fmt unit e2e python-test clean-data
+
+help:
+	@echo "make up      install dev deps, build, ingest examples/ into 'demo', serve on $(HTTP_ADDR)"
+	@echo "make test    install test deps, fmt check, clippy -D warnings, unit + end-to-end tests"
+	@echo "make lint    fmt check + clippy only"
+
+deps:
+	@bash deploy/scripts/dev-deps.sh
+
+build:
+	$(CARGO) build --workspace --all-targets
+
+up: deps
+	$(CARGO) build --bin kgmesh
+	./target/debug/kgmesh up --data-dir $(DATA_DIR) --http-addr $(HTTP_ADDR) --seed examples:demo
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+# One build of every target, then the Rust tests (unit + e2e in tests/) and
+# the Python MCP-client tests against the same binary.
+test: deps lint build unit python-test
+
+unit:
+	@if $(CARGO) nextest --version >/dev/null 2>&1; then \
+		$(CARGO) nextest run --workspace --no-fail-fast; \
+	else \
+		$(CARGO) test --workspace --no-fail-fast; \
+	fi
+
+python-test:
+	KGMESH_BIN=$(CURDIR)/target/debug/kgmesh $(PYTHON) -m pytest tests/python -q
+
+clean-data:
+	rm -rf $(DATA_DIR)

@@ -1,0 +1,11 @@
+//! The `kgmesh` command's library: the in-process mesh composition used by
+//! `kgmesh up` and the end-to-end tests, the admin REST client, and ingest.
+//! Only this crate and `tests/` depend on the service crates.
+
+#![recursion_limit = "256"]
+
+pub mod client;
+pub mod ingest;
+pub mod mesh;
+
+pub use mesh::{Mesh, MeshInfo, MeshOptions};

@@ -1,0 +1,516 @@
+//! The whole mesh in one process: embedded stores as child processes, every
+//! service on its own loopback gRPC port, the gateway on the HTTP address.
+//! `kgmesh up` and the end-to-end tests use this same composition.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use kg_common::caller::{ContextSigner, ContextVerifier};
+use kg_gateway::{BackendAddrs, GatewayConfig};
+use kg_stores::blobs::BlobStore;
+use kg_stores::embedded::{EmbeddedFalkor, EmbeddedNats};
+use kg_stores::graph::GraphStore;
+use kg_stores::sql::SqlStore;
+use serde::{Deserialize, Serialize};
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+/// File in the data dir that tells other commands where the running mesh is.
+pub const MESH_FILE: &str = "mesh.json";
+
+/// How to start the mesh.
+#[derive(Debug, Clone)]
+pub struct MeshOptions {
+    /// Where state lives (SQLite file, graph and stream data, blobs, keys).
+    pub data_dir: PathBuf,
+    /// Gateway HTTP address (port 0 picks a free port).
+    pub http_addr: SocketAddr,
+    /// SQL URL; default a SQLite file in the data dir.
+    pub database_url: Option<String>,
+    /// FalkorDB URL; default an embedded FalkorDB child process.
+    pub falkordb_url: Option<String>,
+    /// NATS URL; default an embedded nats-server child process.
+    pub nats_url: Option<String>,
+    /// Extra Host header values the gateway accepts besides loopback.
+    pub allowed_hosts: Vec<String>,
+}
+
+/// Where a running mesh listens; written to `<data_dir>/mesh.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MeshInfo {
+    /// Gateway base URL.
+    pub base_url: String,
+    /// MCP endpoint.
+    pub mcp_url: String,
+    /// gRPC addresses of the services.
+    pub grpc: BackendAddrs,
+    /// The data directory.
+    pub data_dir: PathBuf,
+    /// Process id of `kgmesh up`.
+    pub pid: u32,
+}
+
+impl MeshInfo {
+    /// Reads the mesh file of a data dir.
+    pub fn load(data_dir: &Path) -> anyhow::Result<Self> {
+        let path = data_dir.join(MESH_FILE);
+        let text = std::fs::read_to_string(&path).with_context(|| {
+            format!(
+                "no running mesh found: cannot read {} (start one with `kgmesh up`)",
+                path.display()
+            )
+        })?;
+        serde_json::from_str(&text)
+            .with_context(|| format!("{} is not a mesh file", path.display()))
+    }
+}
+
+/// A running mesh. Dropping it without [`Mesh::shutdown`] still stops the
+/// child stores (they are killed on drop).
+pub struct Mesh {
+    /// Where it listens.
+    pub info: MeshInfo,
+    /// The first admin token, when this start created the admin.
+    pub admin_token: Option<String>,
+    auth: kg_auth::AuthService,
+    files: kg_files::FilesService,
+    shutdown: CancellationToken,
+    tasks: JoinSet<(&'static str, anyhow::Result<()>)>,
+    _falkordb: Option<EmbeddedFalkor>,
+    _nats: Option<EmbeddedNats>,
+}
+
+/// Reads a secret file or creates it with `len` random bytes (mode 0600).
+fn load_or_create_secret(path: &Path, len: usize) -> anyhow::Result<Vec<u8>> {
+    if path.exists() {
+        let bytes =
+            std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+        if bytes.len() != len {
+            bail!(
+                "{} should hold {len} bytes; remove it to generate a new one",
+                path.display()
+            );
+        }
+        return Ok(bytes);
+    }
+    use rand::RngCore as _;
+    let mut bytes = vec![0u8; len];
+    rand::rngs::OsRng.fill_bytes(&mut bytes);
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    write_private(path, &bytes)?;
+    Ok(bytes)
+}
+
+fn write_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    file.write_all(bytes)?;
+    Ok(())
+}
+
+async fn bind_loopback() -> anyhow::Result<(TcpListener, String)> {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .context("cannot bind a loopback port")?;
+    let addr = format!("http://{}", listener.local_addr()?);
+    Ok((listener, addr))
+}
+
+impl Mesh {
+    /// Starts stores, services and gateway; returns once every gRPC service
+    /// reports SERVING and the gateway answers.
+    pub async fn start(options: MeshOptions) -> anyhow::Result<Mesh> {
+        // Boxed: the composed future is deep enough to overflow the compiler's
+        // layout recursion in every caller otherwise.
+        Box::pin(Self::start_inner(options)).await
+    }
+
+    async fn start_inner(options: MeshOptions) -> anyhow::Result<Mesh> {
+        let data_dir = &options.data_dir;
+        std::fs::create_dir_all(data_dir)
+            .with_context(|| format!("cannot create {}", data_dir.display()))?;
+        let data_dir = data_dir.canonicalize()?;
+
+        let secrets = data_dir.join("secrets");
+        let signing_secret = load_or_create_secret(&secrets.join("caller-signing.key"), 32)?;
+        let signing_secret: [u8; 32] = signing_secret
+            .as_slice()
+            .try_into()
+            .context("signing key must be 32 bytes")?;
+        let pat_key = load_or_create_secret(&secrets.join("pat-hmac.key"), 32)?;
+        let deployment_id = {
+            let path = data_dir.join("deployment-id");
+            if path.exists() {
+                std::fs::read_to_string(&path)?.trim().to_owned()
+            } else {
+                let id = uuid::Uuid::new_v4().to_string();
+                std::fs::write(&path, &id)?;
+                id
+            }
+        };
+        let signer = ContextSigner::from_secret_bytes(&signing_secret);
+        let verifier = ContextVerifier::new(vec![signer.public_key()]);
+
+        let needs_venv = options.falkordb_url.is_none() || options.nats_url.is_none();
+        let venv = if needs_venv {
+            Some(kg_stores::embedded::find_venv()?)
+        } else {
+            None
+        };
+        let (falkordb, falkordb_url) = match (&options.falkordb_url, &venv) {
+            (Some(url), _) => (None, url.clone()),
+            (None, Some(venv)) => {
+                let server = EmbeddedFalkor::start(venv, &data_dir.join("falkordb")).await?;
+                let url = server.url.clone();
+                (Some(server), url)
+            }
+            (None, None) => bail!("no FalkorDB URL and no virtualenv"),
+        };
+        let (nats, nats_url) = match (&options.nats_url, &venv) {
+            (Some(url), _) => (None, url.clone()),
+            (None, Some(venv)) => {
+                let server = EmbeddedNats::start(venv, &data_dir.join("nats")).await?;
+                let url = server.url.clone();
+                (Some(server), url)
+            }
+            (None, None) => bail!("no NATS URL and no virtualenv"),
+        };
+        let database_url = options
+            .database_url
+            .clone()
+            .unwrap_or_else(|| format!("sqlite://{}", data_dir.join("kgmesh.db").display()));
+
+        let sql = SqlStore::connect(&database_url).await?;
+        let graph = GraphStore::connect(&falkordb_url).await?;
+        let jetstream = kg_stores::events::connect(&nats_url).await?;
+        let blobs = BlobStore::new(data_dir.join("blobs"));
+
+        let auth = kg_auth::AuthService::new(sql.clone(), signer, pat_key, deployment_id).await?;
+        let files = kg_files::FilesService::new(
+            sql.clone(),
+            blobs.clone(),
+            jetstream.clone(),
+            64 * 1024 * 1024,
+        )
+        .await?;
+
+        let (auth_listener, auth_addr) = bind_loopback().await?;
+        let (files_listener, files_addr) = bind_loopback().await?;
+        let (retrieval_listener, retrieval_addr) = bind_loopback().await?;
+        let (graph_listener, graph_addr) = bind_loopback().await?;
+        let http_listener = TcpListener::bind(options.http_addr)
+            .await
+            .with_context(|| format!("cannot bind the gateway to {}", options.http_addr))?;
+        let http_addr = http_listener.local_addr()?;
+
+        let backends = BackendAddrs {
+            auth: auth_addr,
+            files: files_addr,
+            retrieval: retrieval_addr,
+            graph: graph_addr,
+        };
+        let shutdown = CancellationToken::new();
+        let mut tasks: JoinSet<(&'static str, anyhow::Result<()>)> = JoinSet::new();
+
+        // Stores first, then the services, the gateway last (GreptimeDB's order).
+        {
+            let auth = auth.clone();
+            let token = shutdown.clone();
+            tasks.spawn(async move {
+                (
+                    "auth",
+                    kg_auth::serve(auth, auth_listener, token)
+                        .await
+                        .map_err(Into::into),
+                )
+            });
+        }
+        {
+            let files = files.clone();
+            let verifier = verifier.clone();
+            let token = shutdown.clone();
+            tasks.spawn(async move {
+                (
+                    "files",
+                    kg_files::serve(files, verifier, files_listener, token)
+                        .await
+                        .map_err(Into::into),
+                )
+            });
+        }
+        {
+            let files = files.clone();
+            let js = jetstream.clone();
+            let token = shutdown.clone();
+            tasks.spawn(async move {
+                (
+                    "files-status",
+                    kg_files::run_status_consumer(files, js, token)
+                        .await
+                        .map_err(Into::into),
+                )
+            });
+        }
+        {
+            let graph = graph.clone();
+            let js = jetstream.clone();
+            let token = shutdown.clone();
+            tasks.spawn(async move {
+                (
+                    "indexer",
+                    kg_indexer::run(
+                        kg_indexer::IndexerConfig::default(),
+                        graph,
+                        blobs,
+                        js,
+                        token,
+                    )
+                    .await
+                    .map_err(Into::into),
+                )
+            });
+        }
+        {
+            let config = kg_retrieval::RetrievalConfig {
+                falkordb_url: falkordb_url.clone(),
+            };
+            let verifier = verifier.clone();
+            let token = shutdown.clone();
+            tasks.spawn(async move {
+                (
+                    "retrieval",
+                    kg_retrieval::serve(config, verifier, retrieval_listener, token)
+                        .await
+                        .map_err(Into::into),
+                )
+            });
+        }
+        {
+            let config = kg_graph::GraphConfig {
+                falkordb_url: falkordb_url.clone(),
+            };
+            let verifier = verifier.clone();
+            let token = shutdown.clone();
+            tasks.spawn(async move {
+                (
+                    "graph",
+                    kg_graph::serve(config, verifier, graph_listener, token)
+                        .await
+                        .map_err(Into::into),
+                )
+            });
+        }
+        for (name, addr) in [
+            ("kg.v1.Auth", &backends.auth),
+            ("kg.v1.Files", &backends.files),
+            ("kg.v1.Retrieval", &backends.retrieval),
+            ("kg.v1.Graph", &backends.graph),
+        ] {
+            wait_serving(addr, name, Duration::from_secs(30)).await?;
+        }
+
+        let mut gateway_config = GatewayConfig::new(backends.clone());
+        gateway_config
+            .allowed_hosts
+            .extend(options.allowed_hosts.iter().cloned());
+        gateway_config.validate()?;
+        {
+            let token = shutdown.clone();
+            tasks.spawn(async move {
+                (
+                    "gateway",
+                    kg_gateway::serve(gateway_config, http_listener, token)
+                        .await
+                        .map_err(Into::into),
+                )
+            });
+        }
+
+        let admin_token = auth.bootstrap_admin().await?;
+        let base_url = format!("http://{http_addr}");
+        let info = MeshInfo {
+            mcp_url: format!("{base_url}/mcp"),
+            base_url,
+            grpc: backends,
+            data_dir: data_dir.clone(),
+            pid: std::process::id(),
+        };
+        write_private(
+            &data_dir.join(MESH_FILE),
+            serde_json::to_string_pretty(&info)?.as_bytes(),
+        )?;
+        Ok(Mesh {
+            info,
+            admin_token,
+            auth,
+            files,
+            shutdown,
+            tasks,
+            _falkordb: falkordb,
+            _nats: nats,
+        })
+    }
+
+    /// Loads a folder into `namespace` (created if missing) as the local
+    /// operator, without a token: `kgmesh up --seed examples:demo`. Waits until
+    /// every file is indexed or failed; returns (indexed, failed with reasons).
+    pub async fn seed(
+        &self,
+        dir: &Path,
+        namespace: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<(usize, Vec<(String, String)>)> {
+        use kg_proto::v1::{AccessFilter, CallerContext, FileStatus, Permission};
+        let now = kg_common::caller::now_ms();
+        let operator = CallerContext {
+            principal_id: "system:seed".to_owned(),
+            is_admin: true,
+            access: vec![AccessFilter {
+                namespace: namespace.to_owned(),
+                allow_prefixes: vec![String::new()],
+                enabled_only: false,
+                permission: Permission::Admin as i32,
+                ..Default::default()
+            }],
+            issued_at_ms: now,
+            expires_at_ms: now + timeout.as_millis() as i64,
+            ..Default::default()
+        };
+        match self.auth.create_namespace(&operator, namespace, "").await {
+            Ok(_) => {}
+            Err(err) if kg_common::ErrorExt::code(&err) == kg_common::ErrorCode::AlreadyExists => {}
+            Err(err) => return Err(err.into()),
+        }
+        let mut waiting = std::collections::HashMap::new();
+        for (local, relative) in crate::ingest::collect_files(dir)? {
+            let bytes = tokio::fs::read(&local)
+                .await
+                .with_context(|| format!("cannot read {}", local.display()))?;
+            let uploaded = self
+                .files
+                .upload(&operator, namespace, &relative, &bytes, "")
+                .await?;
+            if let Some(file) = uploaded.file {
+                waiting.insert(file.path.clone(), file.version_id.clone());
+            }
+        }
+        let deadline = Instant::now() + timeout;
+        let (mut indexed, mut failed) = (0usize, Vec::new());
+        while !waiting.is_empty() {
+            let mut cursor = String::new();
+            loop {
+                let page = self
+                    .files
+                    .list_files(&operator, namespace, "", 1000, &cursor, true)
+                    .await?;
+                for file in &page.files {
+                    if waiting.get(&file.path) != Some(&file.version_id) {
+                        continue;
+                    }
+                    match file.status() {
+                        FileStatus::Indexed => indexed += 1,
+                        FileStatus::Failed => {
+                            failed.push((file.path.clone(), file.status_reason.clone()))
+                        }
+                        _ => continue,
+                    }
+                    waiting.remove(&file.path);
+                }
+                if page.next_cursor.is_empty() {
+                    break;
+                }
+                cursor = page.next_cursor;
+            }
+            if waiting.is_empty() {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "{} file(s) of {} not indexed within {timeout:?}",
+                    waiting.len(),
+                    dir.display()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok((indexed, failed))
+    }
+
+    /// Waits until a task fails or `stop` fires, then shuts everything down.
+    pub async fn run_until(
+        mut self,
+        stop: impl std::future::Future<Output = ()>,
+    ) -> anyhow::Result<()> {
+        let failure = tokio::select! {
+            _ = stop => None,
+            Some(joined) = self.tasks.join_next() => Some(joined),
+        };
+        let result = match failure {
+            None => Ok(()),
+            Some(Ok((name, Ok(())))) => Err(anyhow::anyhow!("{name} stopped unexpectedly")),
+            Some(Ok((name, Err(err)))) => Err(err.context(format!("{name} failed"))),
+            Some(Err(join)) => Err(anyhow::anyhow!("a service task panicked: {join}")),
+        };
+        self.shutdown().await;
+        result
+    }
+
+    /// Stops the gateway and services (in-flight calls get a grace period),
+    /// then the child stores.
+    pub async fn shutdown(mut self) {
+        self.shutdown.cancel();
+        let grace = tokio::time::sleep(Duration::from_secs(10));
+        tokio::pin!(grace);
+        loop {
+            tokio::select! {
+                _ = &mut grace => {
+                    self.tasks.abort_all();
+                    break;
+                }
+                next = self.tasks.join_next() => {
+                    if next.is_none() {
+                        break;
+                    }
+                }
+            }
+        }
+        let _ = std::fs::remove_file(self.info.data_dir.join(MESH_FILE));
+    }
+}
+
+/// Polls the standard gRPC health service until `service` is SERVING.
+pub async fn wait_serving(addr: &str, service: &str, timeout: Duration) -> anyhow::Result<()> {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
+    let deadline = Instant::now() + timeout;
+    let channel = kg_common::grpc::channel(addr)?;
+    let mut client = HealthClient::new(channel);
+    loop {
+        let reply = client
+            .check(HealthCheckRequest {
+                service: service.to_owned(),
+            })
+            .await;
+        if let Ok(reply) = reply
+            && reply.get_ref().status == ServingStatus::Serving as i32
+        {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("{service} at {addr} did not become ready within {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -1,0 +1,256 @@
+"""Authentication and authorisation at the gateway: PATs on /mcp (401 with WWW-Authenticate),
+revocation, and grants that decide what a valid token may read, checked on every call."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+
+from kgmesh_support import (
+    DEMO_NAMESPACE,
+    RUNBOOK,
+    TARGETS,
+    Mesh,
+    Principal,
+    assert_no_content_leak,
+    call_ok,
+    call_tool,
+    check_search_open,
+    health,
+    mcp_http,
+    search_target,
+)
+
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 1,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "kgmesh-auth-test", "version": "0"},
+    },
+}
+MCP_HEADERS = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+
+
+def post_mcp(mesh: Mesh, body: dict[str, Any], authorization: str | None, **headers: str) -> httpx2.Response:
+    sent = dict(MCP_HEADERS, **headers)
+    if authorization is not None:
+        sent["Authorization"] = authorization
+    with httpx2.Client(timeout=30.0) as http:
+        return http.post(mesh.mcp_url, content=json.dumps(body), headers=sent)
+
+
+def assert_unauthorized(response: httpx2.Response) -> None:
+    assert response.status_code == 401, f"expected 401, got {response.status_code}: {response.text[:300]}"
+    challenge = response.headers.get("WWW-Authenticate", "")
+    assert challenge.lower().startswith("bearer"), f"401 without a Bearer challenge: {challenge!r}"
+
+
+def test_health_needs_no_auth(mesh: Mesh) -> None:
+    status, body = health(mesh.base_url)
+    assert status == 200
+    assert json.loads(body).get("ok") is True, body
+
+
+def test_mcp_without_token_is_401(mesh: Mesh) -> None:
+    assert_unauthorized(post_mcp(mesh, INITIALIZE, None))
+
+
+@pytest.mark.parametrize(
+    "authorization",
+    [
+        "Bearer kg_pat_" + secrets.token_urlsafe(32),
+        "Bearer not-a-kgmesh-token",
+        "Bearer",
+        "Basic YWRtaW46YWRtaW4=",
+    ],
+    ids=["unknown-pat", "malformed", "empty", "basic-scheme"],
+)
+def test_mcp_with_bad_token_is_401(mesh: Mesh, authorization: str) -> None:
+    assert_unauthorized(post_mcp(mesh, INITIALIZE, authorization))
+
+
+def test_admin_pat_is_accepted(mesh: Mesh) -> None:
+    response = post_mcp(mesh, INITIALIZE, f"Bearer {mesh.admin_token}")
+    assert response.status_code == 200, response.text[:300]
+
+
+def test_revoked_pat_is_401_even_inside_an_open_session(mesh: Mesh, make_principal: Callable[..., Principal]) -> None:
+    bot = make_principal("revoked-bot", kind="service")
+    bearer = f"Bearer {bot.token}"
+    # The token works before revocation, so the 401 afterwards is the revocation's doing.
+    opened = post_mcp(mesh, INITIALIZE, bearer)
+    assert opened.status_code == 200, opened.text[:300]
+    session = {"Mcp-Session-Id": opened.headers["mcp-session-id"]} if "mcp-session-id" in opened.headers else {}
+    version = {"MCP-Protocol-Version": "2025-06-18"}
+    initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+    assert post_mcp(mesh, initialized, bearer, **session, **version).status_code in (200, 202)
+    tools_list = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+    assert post_mcp(mesh, tools_list, bearer, **session, **version).status_code == 200
+
+    listed = mesh.cli("pat", "list")
+    listed_text = json.dumps(listed)
+    assert bot.pat_id in listed_text, "pat list does not show the new PAT"
+    assert bot.token not in listed_text, "pat list must never print a token's secret"
+
+    mesh.cli("pat", "revoke", bot.pat_id)
+
+    assert_unauthorized(post_mcp(mesh, INITIALIZE, bearer))
+    # No session or cache outlives the revocation.
+    assert_unauthorized(post_mcp(mesh, tools_list, bearer, **session, **version))
+
+
+def test_cli_rejects_a_revoked_token(mesh: Mesh, make_principal: Callable[..., Principal]) -> None:
+    # The admin CLI goes through the same PAT check as /mcp.
+    operator = make_principal("operator", admin=True)
+    assert mesh.run("ns", "list", token=operator.token).returncode == 0, "an admin PAT could not list namespaces"
+    mesh.cli("pat", "revoke", operator.pat_id)
+    done = mesh.run("ns", "list", token=operator.token)
+    assert done.returncode != 0, f"ns list with a revoked token succeeded: {done.stdout[:300]}"
+
+
+def test_non_admin_cannot_administer(mesh: Mesh, make_principal: Callable[..., Principal]) -> None:
+    user = make_principal("plain-user")
+    done = mesh.run(
+        "principal", "create", f"sneaky-{secrets.token_hex(4)}", "--kind", "user", "--admin", token=user.token
+    )
+    assert done.returncode != 0, f"a non-admin PAT created an admin principal: {done.stdout[:300]}"
+
+
+async def _demo_chunk(mesh: Mesh) -> dict[str, Any]:
+    async with mcp_http(mesh.mcp_url, mesh.admin_token) as admin:
+        return await search_target(admin, RUNBOOK, namespaces=[DEMO_NAMESPACE])
+
+
+@pytest.mark.anyio
+async def test_grants_decide_and_apply_on_the_next_call(
+    mesh: Mesh, demo: str, make_principal: Callable[..., Principal]
+) -> None:
+    chunk = await _demo_chunk(mesh)
+    user = make_principal("reader")
+    secrets_of_demo = (RUNBOOK.phrase, chunk["text"][:80])
+    async with mcp_http(mesh.mcp_url, user.token) as client:
+        # A valid token without a grant: an explicit error and no content.
+        denied = await call_tool(client, "kg_search", {"query": RUNBOOK.query, "namespaces": [demo]})
+        assert denied.error()["code"] == "permission_denied", denied.data
+        assert_no_content_leak(denied, *secrets_of_demo)
+
+        denied = await call_tool(client, "kg_open", {"namespace": demo, "chunkKey": chunk["chunkKey"]})
+        assert denied.error()["code"] == "permission_denied", denied.data
+        assert_no_content_leak(denied, *secrets_of_demo)
+
+        denied = await call_tool(client, "kg_outline", {"namespace": demo, "fileId": chunk["fileId"]})
+        assert denied.error()["code"] == "permission_denied", denied.data
+        assert_no_content_leak(denied, "Blue-green cutover", "Freeze periods")
+
+        listed = await call_ok(client, "kg_namespaces", {})
+        assert demo not in [entry["name"] for entry in listed["namespaces"]], listed
+
+        # Searching "everything readable" must not reach demo either.
+        everywhere = await call_tool(client, "kg_search", {"query": RUNBOOK.query})
+        if not everywhere.is_error:
+            assert all(hit["namespace"] != demo for hit in everywhere.data["results"]), everywhere.data
+        assert_no_content_leak(everywhere, *secrets_of_demo)
+
+        # A grant takes effect on the next call of the same session.
+        grant_id = mesh.grant(user.id, demo, "read")
+        await check_search_open(client, RUNBOOK)
+        listed = await call_ok(client, "kg_namespaces", {})
+        assert demo in [entry["name"] for entry in listed["namespaces"]], listed
+
+        # And so does taking it away.
+        mesh.cli("grant", "delete", grant_id)
+        denied = await call_tool(client, "kg_search", {"query": RUNBOOK.query, "namespaces": [demo]})
+        assert denied.error()["code"] == "permission_denied", denied.data
+        assert_no_content_leak(denied, *secrets_of_demo)
+
+
+@pytest.mark.anyio
+async def test_prefix_grant_reads_only_that_folder(
+    mesh: Mesh, demo: str, make_principal: Callable[..., Principal]
+) -> None:
+    runbook_chunk = await _demo_chunk(mesh)
+    user = make_principal("handbook-reader")
+    mesh.grant(user.id, demo, "read", prefix="handbook/")
+    offices = TARGETS[1]
+    async with mcp_http(mesh.mcp_url, user.token) as client:
+        # Inside the prefix: the normal slice works.
+        await check_search_open(client, offices)
+
+        # Outside it: the runbook is invisible to search and refused by open and outline.
+        found = await call_ok(client, "kg_search", {"query": RUNBOOK.query, "namespaces": [demo]})
+        assert all(hit["path"].startswith("handbook/") for hit in found["results"]), found["results"]
+        assert RUNBOOK.phrase not in json.dumps(found)
+
+        for name, arguments in (
+            ("kg_open", {"namespace": demo, "chunkKey": runbook_chunk["chunkKey"]}),
+            ("kg_outline", {"namespace": demo, "fileId": runbook_chunk["fileId"]}),
+        ):
+            refused = await call_tool(client, name, arguments)
+            assert refused.error()["code"] in {"permission_denied", "not_found"}, refused.data
+            assert_no_content_leak(refused, RUNBOOK.phrase, runbook_chunk["text"][:80], "Blue-green cutover")
+
+
+@pytest.mark.anyio
+async def test_agent_reads_only_what_its_user_may_read(
+    mesh: Mesh, demo: str, make_principal: Callable[..., Principal]
+) -> None:
+    owner = make_principal("agent-owner")
+    agent = make_principal("assistant", kind="agent", acts_for=owner.id)
+    mesh.grant(agent.id, demo, "read")
+    async with mcp_http(mesh.mcp_url, agent.token) as client:
+        # The agent's own grant is not enough while its user has none.
+        denied = await call_tool(client, "kg_search", {"query": RUNBOOK.query, "namespaces": [demo]})
+        assert denied.error()["code"] == "permission_denied", denied.data
+        assert_no_content_leak(denied, RUNBOOK.phrase)
+
+        mesh.grant(owner.id, demo, "read")
+        await check_search_open(client, RUNBOOK)
+
+
+@pytest.mark.anyio
+async def test_reader_of_one_namespace_sees_only_that_one(
+    mesh: Mesh, demo: str, make_principal: Callable[..., Principal]
+) -> None:
+    namespace = f"notes-{secrets.token_hex(4)}"
+    mesh.cli("ns", "create", namespace)
+    assert namespace in json.dumps(mesh.cli("ns", "list")), "ns list does not show the new namespace"
+    with tempfile.TemporaryDirectory(prefix="kgmesh-notes-") as folder:
+        note = Path(folder) / "kitchen" / "pantry.md"
+        note.parent.mkdir()
+        note.write_text(
+            "# Pantry\n\nThe quince marmalade ledger lists every jar, its date and who made it.\n"
+            "The crew on the Friday shift restocks the shelves.\n",
+            encoding="utf-8",
+        )
+        mesh.ingest(Path(folder), namespace)
+
+    user = make_principal("notes-reader")
+    mesh.grant(user.id, namespace, "read")
+    async with mcp_http(mesh.mcp_url, user.token) as client:
+        listed = await call_ok(client, "kg_namespaces", {})
+        names = [entry["name"] for entry in listed["namespaces"]]
+        assert namespace in names and demo not in names, names
+
+        # Without a namespace list, search covers what the caller may read, and nothing else.
+        found = await call_ok(client, "kg_search", {"query": "quince marmalade ledger"})
+        assert found["results"] and found["results"][0]["path"] == "kitchen/pantry.md", found["results"]
+        assert found["results"][0]["citation"].startswith(f"{namespace}/kitchen/pantry.md")
+        # "crew" is all over demo as well; only the note may come back.
+        mixed = await call_ok(client, "kg_search", {"query": "crew"})
+        assert mixed["results"], "the note mentions the crew, so the search must find it"
+        assert all(hit["namespace"] == namespace for hit in mixed["results"]), mixed["results"]
+
+        # Naming a namespace the caller may not read is an error, not a quietly smaller answer.
+        denied = await call_tool(client, "kg_search", {"query": RUNBOOK.query, "namespaces": [namespace, demo]})
+        assert denied.error()["code"] == "permission_denied", denied.data
+        assert_no_content_leak(denied, "The blue-green cutover window is 20 minutes")

@@ -1,0 +1,24 @@
+//! kg-e2e: end-to-end tests of kgmesh. The tests in `tests/` start the whole
+//! mesh in-process on real stores (FalkorDB, NATS JetStream, SQLite or
+//! PostgreSQL from the dev-deps virtualenv) through the same composition as
+//! `kgmesh up`; the MCP-client tests live in `tests/python`.
+
+use std::net::SocketAddr;
+
+use kgmesh::{Mesh, MeshOptions};
+
+/// Starts a mesh in a fresh temp dir on a free port. Keep the returned dir
+/// alive for as long as the mesh runs.
+pub async fn start_mesh() -> anyhow::Result<(Mesh, tempfile::TempDir)> {
+    let dir = tempfile::tempdir()?;
+    let mesh = Mesh::start(MeshOptions {
+        data_dir: dir.path().join("data"),
+        http_addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        database_url: None,
+        falkordb_url: None,
+        nats_url: None,
+        allowed_hosts: Vec::new(),
+    })
+    .await?;
+    Ok((mesh, dir))
+}
