@@ -44,6 +44,10 @@ pub fn cypher_predicate(
     if filter.enabled_only {
         clauses.push(format!("{var}.enabled = true"));
     }
+    if filter.visible_only {
+        // Hidden is opt-in: a node written without the flag is visible.
+        clauses.push(format!("coalesce({var}.hidden, false) = false"));
+    }
     if !filter.allow_prefixes.iter().any(String::is_empty) {
         let alternatives: Vec<String> = filter
             .allow_prefixes
@@ -85,16 +89,32 @@ pub struct SqlPredicate {
     pub params: Vec<String>,
 }
 
-/// Compiles `filter` into a SQL predicate over the columns `path_col`,
-/// `file_id_col` and `enabled_col` (an integer 0/1). Prefix tests use
+/// The columns a SQL access predicate reads (flags are integers 0/1).
+#[derive(Debug, Clone, Copy)]
+pub struct SqlColumns<'a> {
+    /// The file path.
+    pub path: &'a str,
+    /// The file id.
+    pub file_id: &'a str,
+    /// The enabled flag.
+    pub enabled: &'a str,
+    /// The hidden flag.
+    pub hidden: &'a str,
+}
+
+/// Compiles `filter` into a SQL predicate over `columns`. Prefix tests use
 /// `substr(...) = $n`, so `%` and `_` in paths need no escaping.
 pub fn sql_predicate(
     filter: &AccessFilter,
-    path_col: &str,
-    file_id_col: &str,
-    enabled_col: &str,
+    columns: SqlColumns<'_>,
     first_param: usize,
 ) -> SqlPredicate {
+    let SqlColumns {
+        path: path_col,
+        file_id: file_id_col,
+        enabled: enabled_col,
+        hidden: hidden_col,
+    } = columns;
     if filter.allow_prefixes.is_empty() {
         return SqlPredicate {
             text: "(1 = 0)".to_owned(),
@@ -112,6 +132,9 @@ pub fn sql_predicate(
     };
     if filter.enabled_only {
         clauses.push(format!("{enabled_col} = 1"));
+    }
+    if filter.visible_only {
+        clauses.push(format!("{hidden_col} = 0"));
     }
     if !filter.allow_prefixes.iter().any(String::is_empty) {
         let alternatives: Vec<String> = filter
@@ -228,10 +251,17 @@ pub fn folder_of(path: &str) -> &str {
     }
 }
 
-/// Whether `path` of a file with `file_id` and `enabled` passes `filter`; the
-/// in-memory twin of the store predicates, used where a single known row is checked.
-pub fn allows(filter: &AccessFilter, path: &str, file_id: &str, enabled: bool) -> bool {
+/// Whether a file passes `filter`; the in-memory twin of the store
+/// predicates, used where a single known row is checked.
+pub fn allows(
+    filter: &AccessFilter,
+    path: &str,
+    file_id: &str,
+    enabled: bool,
+    hidden: bool,
+) -> bool {
     (!filter.enabled_only || enabled)
+        && (!filter.visible_only || !hidden)
         && filter
             .allow_prefixes
             .iter()
@@ -251,7 +281,7 @@ mod tests {
     fn empty_grants_match_nothing() {
         let p = cypher_predicate(&AccessFilter::default(), "c", "path", "acl_");
         assert_eq!(p.text, "false");
-        assert!(!allows(&AccessFilter::default(), "a.md", "f", true));
+        assert!(!allows(&AccessFilter::default(), "a.md", "f", true, false));
     }
 
     #[test]
@@ -264,8 +294,8 @@ mod tests {
         let p = cypher_predicate(&filter, "c", "path", "acl_");
         assert_eq!(p.text, "(c.enabled = true)");
         assert!(p.params.is_empty());
-        assert!(allows(&filter, "x/y.md", "f", true));
-        assert!(!allows(&filter, "x/y.md", "f", false));
+        assert!(allows(&filter, "x/y.md", "f", true, true));
+        assert!(!allows(&filter, "x/y.md", "f", false, false));
     }
 
     #[test]
@@ -283,10 +313,17 @@ mod tests {
             "(f.enabled = true AND (f.vfsPath STARTS WITH $a_allow_0) AND NOT (f.vfsPath STARTS WITH $a_deny_0) AND f.fileId <> $a_deny_file_0)"
         );
         assert_eq!(p.params.len(), 3);
-        assert!(allows(&filter, "guides/a.md", "f1", true));
-        assert!(!allows(&filter, "guides/secret/a.md", "f1", true));
-        assert!(!allows(&filter, "guides/a.md", "f9", true));
-        assert!(!allows(&filter, "other/a.md", "f1", true));
+        assert!(allows(&filter, "guides/a.md", "f1", true, false));
+        assert!(!allows(&filter, "guides/secret/a.md", "f1", true, false));
+        assert!(!allows(&filter, "guides/a.md", "f9", true, false));
+        assert!(!allows(&filter, "other/a.md", "f1", true, false));
+        let readers = AccessFilter {
+            visible_only: true,
+            ..filter.clone()
+        };
+        assert!(!allows(&readers, "guides/a.md", "f1", true, true));
+        let p = cypher_predicate(&readers, "c", "path", "r_");
+        assert!(p.text.contains("coalesce(c.hidden, false) = false"));
     }
 
     #[test]
@@ -298,15 +335,30 @@ mod tests {
             enabled_only: true,
             ..Default::default()
         };
-        let p = sql_predicate(&filter, "path", "file_id", "enabled", 3);
+        let columns = SqlColumns {
+            path: "path",
+            file_id: "file_id",
+            enabled: "enabled",
+            hidden: "hidden",
+        };
+        let p = sql_predicate(&filter, columns, 3);
         assert_eq!(
             p.text,
             "(enabled = 1 AND (substr(path, 1, length($3)) = $3 OR substr(path, 1, length($4)) = $4) AND substr(path, 1, length($5)) <> $5 AND file_id <> $6)"
         );
         assert_eq!(p.params, vec!["a/", "b/", "a/x/", "f1"]);
         assert_eq!(
-            sql_predicate(&AccessFilter::default(), "p", "f", "e", 1).text,
+            sql_predicate(&AccessFilter::default(), columns, 1).text,
             "(1 = 0)"
+        );
+        let readers = AccessFilter {
+            visible_only: true,
+            ..filter
+        };
+        assert!(
+            sql_predicate(&readers, columns, 1)
+                .text
+                .contains("hidden = 0")
         );
     }
 

@@ -94,7 +94,7 @@ impl FilesService {
     ) -> Result<&'a AccessFilter> {
         let access = access_for(caller, namespace)?;
         if access.permission < Permission::Write as i32
-            || !allows(&read_filter(access), path, "", true)
+            || !allows(&read_filter(access), path, "", true, false)
         {
             return Err(FilesError::WriteDenied(namespace.to_owned()));
         }

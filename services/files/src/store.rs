@@ -1,7 +1,7 @@
 //! SQL access for the file registry. Every read takes the caller's access
 //! filter and applies it in the `WHERE` clause.
 
-use kg_common::access::sql_predicate;
+use kg_common::access::{SqlColumns, sql_predicate};
 use kg_proto::v1::{AccessFilter, FileInfo, FileStatus};
 use kg_stores::sql::SqlStore;
 use sqlx::any::AnyRow;
@@ -10,6 +10,14 @@ use sqlx::{AssertSqlSafe, Row as _};
 use crate::error::Result;
 
 pub(crate) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// The registry columns the access predicate reads.
+const COLUMNS: SqlColumns<'static> = SqlColumns {
+    path: "path",
+    file_id: "file_id",
+    enabled: "enabled",
+    hidden: "hidden",
+};
 
 const FILE_COLUMNS: &str = "file_id, namespace, path, version_id, content_sha256, size, mime, status, status_reason, enabled, hidden, chunk_count, created_at_ms, updated_at_ms";
 
@@ -82,7 +90,7 @@ impl FilesStore {
         selector: FileSelector<'_>,
         filter: &AccessFilter,
     ) -> Result<Option<FileInfo>> {
-        let predicate = sql_predicate(filter, "path", "file_id", "enabled", 3);
+        let predicate = sql_predicate(filter, COLUMNS, 3);
         let key_column = match selector {
             FileSelector::Path(_) => "path",
             FileSelector::Id(_) => "file_id",
@@ -127,7 +135,7 @@ impl FilesStore {
         include_hidden: bool,
         filter: &AccessFilter,
     ) -> Result<Page> {
-        let predicate = sql_predicate(filter, "path", "file_id", "enabled", 3);
+        let predicate = sql_predicate(filter, COLUMNS, 3);
         let hidden = if include_hidden {
             ""
         } else {

@@ -214,8 +214,7 @@ pub async fn delete_file(
     Ok(existed)
 }
 
-/// Sets `enabled` on the file's FileRef, Chunk and OutlineNode nodes and `hidden`
-/// on the FileRef, in one query so readers never see a mix. Returns whether the file exists.
+/// Sets `enabled` and `hidden` on the file's FileRef, Chunk and OutlineNode nodes, in one query so readers never see a mix. Returns whether the file exists.
 pub async fn set_flags(
     graph: &GraphStore,
     ns: &str,
@@ -231,9 +230,9 @@ pub async fn set_flags(
         .query(
             ns,
             "MATCH (f:FileRef {fileId: $fileId}) SET f.enabled = $enabled, f.hidden = $hidden \
-             WITH f OPTIONAL MATCH (c:Chunk {fileId: $fileId}) SET c.enabled = $enabled \
+             WITH f OPTIONAL MATCH (c:Chunk {fileId: $fileId}) SET c.enabled = $enabled, c.hidden = $hidden \
              WITH f, count(c) AS chunks \
-             OPTIONAL MATCH (o:OutlineNode {fileId: $fileId}) SET o.enabled = $enabled \
+             OPTIONAL MATCH (o:OutlineNode {fileId: $fileId}) SET o.enabled = $enabled, o.hidden = $hidden \
              RETURN count(DISTINCT f)",
             &params,
         )
@@ -520,13 +519,14 @@ async fn create_chunks(
         let mut params = file_params(&file.file_id);
         params.insert("path".into(), json!(file.path));
         params.insert("enabled".into(), json!(file.enabled));
+        params.insert("hidden".into(), json!(file.hidden));
         params.insert("chunks".into(), Value::Array(rows));
         graph
             .query(
                 &file.namespace,
                 "MATCH (f:FileRef {fileId: $fileId}) \
                  UNWIND $chunks AS ch \
-                 CREATE (:Chunk {chunkKey: ch.chunkKey, fileId: $fileId, path: $path, enabled: $enabled, \
+                 CREATE (:Chunk {chunkKey: ch.chunkKey, fileId: $fileId, path: $path, enabled: $enabled, hidden: $hidden, \
                      chunkIndex: ch.chunkIndex, text: ch.text, contextHeader: ch.contextHeader, \
                      charStart: ch.charStart, charEnd: ch.charEnd, lineStart: ch.lineStart, lineEnd: ch.lineEnd, \
                      pageStart: ch.pageStart, pageEnd: ch.pageEnd, tokenCount: ch.tokenCount, \
@@ -585,12 +585,13 @@ async fn create_outline(
         let mut params = file_params(&file.file_id);
         params.insert("path".into(), json!(file.path));
         params.insert("enabled".into(), json!(file.enabled));
+        params.insert("hidden".into(), json!(file.hidden));
         params.insert("sections".into(), Value::Array(rows));
         graph
             .query(
                 &file.namespace,
                 "UNWIND $sections AS s \
-                 CREATE (:OutlineNode {outlineKey: s.outlineKey, fileId: $fileId, path: $path, enabled: $enabled, \
+                 CREATE (:OutlineNode {outlineKey: s.outlineKey, fileId: $fileId, path: $path, enabled: $enabled, hidden: $hidden, \
                      title: s.title, depth: s.depth, order: s.order, parentKey: s.parentKey, \
                      lineStart: s.lineStart, lineEnd: s.lineEnd, charStart: s.charStart, charEnd: s.charEnd, \
                      pageStart: s.pageStart, pageEnd: s.pageEnd})",
