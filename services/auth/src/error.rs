@@ -19,6 +19,12 @@ pub enum AuthError {
     /// Already exists.
     #[error("{0} already exists")]
     AlreadyExists(String),
+    /// The thing exists but is in a state that forbids the call (e.g. rotating a revoked PAT).
+    #[error("{0}")]
+    FailedPrecondition(String),
+    /// Stored data could not be decoded.
+    #[error("corrupt row: {0}")]
+    Corrupt(String),
     /// Caller context problems (missing, not admin).
     #[error(transparent)]
     Caller(#[from] kg_common::caller::CallerError),
@@ -44,13 +50,14 @@ impl ErrorExt for AuthError {
             AuthError::Invalid(_) => ErrorCode::InvalidArgument,
             AuthError::NotFound(_) => ErrorCode::NotFound,
             AuthError::AlreadyExists(_) => ErrorCode::AlreadyExists,
+            AuthError::FailedPrecondition(_) => ErrorCode::FailedPrecondition,
             AuthError::Caller(e) => e.code(),
             AuthError::Name(e) => e.code(),
             AuthError::Store(e) => e.code(),
             AuthError::Sql(sqlx::Error::PoolTimedOut | sqlx::Error::Io(_)) => {
                 ErrorCode::Unavailable
             }
-            AuthError::Sql(_) | AuthError::Key(_) => ErrorCode::Internal,
+            AuthError::Sql(_) | AuthError::Key(_) | AuthError::Corrupt(_) => ErrorCode::Internal,
         }
     }
 }

@@ -5,7 +5,7 @@ use kg_proto::v1::auth_server::Auth;
 use kg_proto::v1::*;
 use tonic::{Request, Response, Status};
 
-use crate::service::AuthService;
+use crate::service::{AuthService, DenyTarget, Subject};
 
 #[tonic::async_trait]
 impl Auth for AuthService {
@@ -84,15 +84,10 @@ impl Auth for AuthService {
         let caller = require_caller(&request)?;
         let r = request.into_inner();
         let permission = r.permission();
+        let subject = Subject::from_ids(&r.principal_id, &r.group_id)?;
         Ok(Response::new(
-            self.put_grant(
-                &caller,
-                &r.principal_id,
-                &r.namespace,
-                permission,
-                &r.path_prefix,
-            )
-            .await?,
+            self.put_grant(&caller, &subject, &r.namespace, permission, &r.path_prefix)
+                .await?,
         ))
     }
 
@@ -113,8 +108,9 @@ impl Auth for AuthService {
     ) -> Result<Response<ListGrantsResponse>, Status> {
         let caller = require_caller(&request)?;
         let r = request.into_inner();
+        let subject = Subject::from_ids(&r.principal_id, &r.group_id)?;
         Ok(Response::new(ListGrantsResponse {
-            grants: self.list_grants(&caller, &r.principal_id).await?,
+            grants: self.list_grants(&caller, &subject).await?,
         }))
     }
 
@@ -153,5 +149,117 @@ impl Auth for AuthService {
         Ok(Response::new(RevokePatResponse {
             revoked: self.revoke_pat(&caller, &r.pat_id).await?,
         }))
+    }
+
+    async fn rotate_pat(
+        &self,
+        request: Request<RotatePatRequest>,
+    ) -> Result<Response<CreatePatResponse>, Status> {
+        let caller = require_caller(&request)?;
+        let r = request.into_inner();
+        let (token, pat) = self.rotate_pat(&caller, &r.pat_id).await?;
+        Ok(Response::new(CreatePatResponse {
+            pat: Some(pat),
+            token,
+        }))
+    }
+
+    async fn create_group(
+        &self,
+        request: Request<CreateGroupRequest>,
+    ) -> Result<Response<Group>, Status> {
+        let caller = require_caller(&request)?;
+        let r = request.into_inner();
+        Ok(Response::new(self.create_group(&caller, &r.name).await?))
+    }
+
+    async fn list_groups(
+        &self,
+        request: Request<ListGroupsRequest>,
+    ) -> Result<Response<ListGroupsResponse>, Status> {
+        let caller = require_caller(&request)?;
+        Ok(Response::new(ListGroupsResponse {
+            groups: self.list_groups(&caller).await?,
+        }))
+    }
+
+    async fn add_group_member(
+        &self,
+        request: Request<GroupMemberRequest>,
+    ) -> Result<Response<Group>, Status> {
+        let caller = require_caller(&request)?;
+        let r = request.into_inner();
+        Ok(Response::new(
+            self.add_group_member(&caller, &r.group_id, &r.principal_id)
+                .await?,
+        ))
+    }
+
+    async fn remove_group_member(
+        &self,
+        request: Request<GroupMemberRequest>,
+    ) -> Result<Response<Group>, Status> {
+        let caller = require_caller(&request)?;
+        let r = request.into_inner();
+        Ok(Response::new(
+            self.remove_group_member(&caller, &r.group_id, &r.principal_id)
+                .await?,
+        ))
+    }
+
+    async fn put_deny(&self, request: Request<PutDenyRequest>) -> Result<Response<Deny>, Status> {
+        let caller = require_caller(&request)?;
+        let r = request.into_inner();
+        let subject = Subject::from_ids(&r.principal_id, &r.group_id)?;
+        let target = DenyTarget::from_fields(&r.path_prefix, &r.file_id)?;
+        Ok(Response::new(
+            self.put_deny(&caller, &r.namespace, &subject, &target)
+                .await?,
+        ))
+    }
+
+    async fn delete_deny(
+        &self,
+        request: Request<DeleteDenyRequest>,
+    ) -> Result<Response<DeleteDenyResponse>, Status> {
+        let caller = require_caller(&request)?;
+        let r = request.into_inner();
+        Ok(Response::new(DeleteDenyResponse {
+            deleted: self.delete_deny(&caller, &r.deny_id).await?,
+        }))
+    }
+
+    async fn list_denies(
+        &self,
+        request: Request<ListDeniesRequest>,
+    ) -> Result<Response<ListDeniesResponse>, Status> {
+        let caller = require_caller(&request)?;
+        let r = request.into_inner();
+        Ok(Response::new(ListDeniesResponse {
+            denies: self.list_denies(&caller, &r.namespace).await?,
+        }))
+    }
+
+    async fn record_audit(
+        &self,
+        request: Request<RecordAuditRequest>,
+    ) -> Result<Response<RecordAuditResponse>, Status> {
+        let caller = require_caller(&request)?;
+        let event = request
+            .into_inner()
+            .event
+            .ok_or_else(|| crate::AuthError::Invalid("event is required".to_owned()))?;
+        self.record_audit(&caller, event).await?;
+        Ok(Response::new(RecordAuditResponse {}))
+    }
+
+    async fn list_audit(
+        &self,
+        request: Request<ListAuditRequest>,
+    ) -> Result<Response<ListAuditResponse>, Status> {
+        let caller = require_caller(&request)?;
+        Ok(Response::new(
+            self.list_audit(&caller, request.get_ref()).await?,
+        ))
     }
 }

@@ -1,4 +1,5 @@
-//! kg-auth: principals, namespaces, grants and personal access tokens.
+//! kg-auth: principals, namespaces, groups, grants, denies, personal access
+//! tokens and the audit log.
 //!
 //! Owns the auth tables in SQL (SQLite or PostgreSQL) and the ed25519 key that
 //! signs caller contexts. `Authorize` turns a PAT into a signed
@@ -17,8 +18,8 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub use error::{AuthError, Result};
-pub use pat::PAT_PREFIX;
-pub use service::AuthService;
+pub use pat::{PAT_PREFIX, looks_valid};
+pub use service::{AuthService, DenyTarget, Subject};
 
 /// gRPC paths callable without a caller context: the token is the credential.
 pub const UNAUTHENTICATED_PATHS: &[&str] = &["/kg.v1.Auth/Authorize", "/kg.v1.Auth/SigningKey"];

@@ -1,5 +1,13 @@
-//! Turning grants into per-namespace access filters, and intersecting an
-//! agent's access with its user's. Pure functions: the store loads the rows.
+//! Turning grants and denies into per-namespace access filters, and
+//! intersecting an agent's access with its user's. Pure functions: the store
+//! loads the rows (a principal's own and its groups' grants, and the denies
+//! that name it, its groups or everyone).
+//!
+//! Rules: grants union; a deny wins over every grant; a namespace left with
+//! no readable prefix is absent (so asking for it is an explicit error).
+//! Hidden files are readable only where the caller may write: `visible_only`
+//! is false only when every readable prefix is covered by a write or admin
+//! grant, so a mixed reader/writer never sees hidden files it only reads.
 
 use std::collections::BTreeMap;
 
@@ -13,12 +21,46 @@ pub(crate) struct GrantRow {
     pub path_prefix: String,
 }
 
-/// Access filters per namespace from a principal's grants. Narrower prefixes
-/// covered by a wider one of the same namespace are dropped.
-pub(crate) fn filters_from_grants(grants: &[GrantRow]) -> BTreeMap<String, AccessFilter> {
+/// One deny row as the resolver needs it: exactly one of `path_prefix` and
+/// `file_id` is non-empty.
+#[derive(Debug, Clone)]
+pub(crate) struct DenyRow {
+    pub namespace: String,
+    pub path_prefix: String,
+    pub file_id: String,
+}
+
+/// Access filters per namespace from a principal's effective grants and the
+/// denies that apply to it.
+pub(crate) fn resolve(grants: &[GrantRow], denies: &[DenyRow]) -> BTreeMap<String, AccessFilter> {
+    let mut deny_prefixes: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    let mut deny_files: BTreeMap<&str, Vec<String>> = BTreeMap::new();
+    for deny in denies {
+        if !deny.path_prefix.is_empty() {
+            deny_prefixes
+                .entry(deny.namespace.as_str())
+                .or_default()
+                .push(deny.path_prefix.clone());
+        } else if !deny.file_id.is_empty() {
+            deny_files
+                .entry(deny.namespace.as_str())
+                .or_default()
+                .push(deny.file_id.clone());
+        }
+    }
+
     let mut by_namespace: BTreeMap<String, AccessFilter> = BTreeMap::new();
+    let mut writable: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for grant in grants {
         if grant.permission == Permission::Unspecified {
+            continue;
+        }
+        // A grant wholly inside a denied folder contributes nothing, not even
+        // its permission level.
+        let denied = deny_prefixes
+            .get(grant.namespace.as_str())
+            .is_some_and(|d| covered(&grant.path_prefix, d));
+        if denied {
             continue;
         }
         let filter = by_namespace
@@ -32,14 +74,31 @@ pub(crate) fn filters_from_grants(grants: &[GrantRow]) -> BTreeMap<String, Acces
         if grant.permission as i32 > filter.permission {
             filter.permission = grant.permission as i32;
         }
+        if grant.permission >= Permission::Write {
+            writable
+                .entry(grant.namespace.clone())
+                .or_default()
+                .push(grant.path_prefix.clone());
+        }
     }
-    for filter in by_namespace.values_mut() {
+    for (namespace, filter) in &mut by_namespace {
         filter.allow_prefixes = minimal_prefixes(std::mem::take(&mut filter.allow_prefixes));
+        let writable = writable.get(namespace).map(Vec::as_slice).unwrap_or(&[]);
+        filter.visible_only = !filter.allow_prefixes.iter().all(|p| covered(p, writable));
+        filter.deny_prefixes = deny_prefixes
+            .get(namespace.as_str())
+            .cloned()
+            .unwrap_or_default();
+        filter.deny_file_ids = deny_files
+            .get(namespace.as_str())
+            .cloned()
+            .unwrap_or_default();
     }
-    by_namespace
+    finish(by_namespace)
 }
 
-/// Every namespace with full admin access.
+/// Every namespace with full admin access. Admins are exempt from denies:
+/// they administer the whole deployment, hidden and denied files included.
 pub(crate) fn admin_filters(namespaces: &[String]) -> BTreeMap<String, AccessFilter> {
     namespaces
         .iter()
@@ -51,6 +110,7 @@ pub(crate) fn admin_filters(namespaces: &[String]) -> BTreeMap<String, AccessFil
                     allow_prefixes: vec![String::new()],
                     enabled_only: true,
                     permission: Permission::Admin as i32,
+                    visible_only: false,
                     ..Default::default()
                 },
             )
@@ -58,7 +118,8 @@ pub(crate) fn admin_filters(namespaces: &[String]) -> BTreeMap<String, AccessFil
         .collect()
 }
 
-/// What both may read: namespaces in both, prefixes in both, the lower permission.
+/// What both may read: namespaces in both, prefixes in both, the denies of
+/// both, the lower permission, and hidden files only if both may see them.
 pub(crate) fn intersect(
     agent: &BTreeMap<String, AccessFilter>,
     user: &BTreeMap<String, AccessFilter>,
@@ -80,39 +141,60 @@ pub(crate) fn intersect(
                 }
             }
         }
-        let prefixes = minimal_prefixes(prefixes);
-        if prefixes.is_empty() {
-            continue;
-        }
-        let mut deny_prefixes: Vec<String> = a
-            .deny_prefixes
-            .iter()
-            .chain(&u.deny_prefixes)
-            .cloned()
-            .collect();
-        deny_prefixes.sort();
-        deny_prefixes.dedup();
-        let mut deny_file_ids: Vec<String> = a
-            .deny_file_ids
-            .iter()
-            .chain(&u.deny_file_ids)
-            .cloned()
-            .collect();
-        deny_file_ids.sort();
-        deny_file_ids.dedup();
         out.insert(
             namespace.clone(),
             AccessFilter {
                 namespace: namespace.clone(),
-                allow_prefixes: prefixes,
-                deny_prefixes,
-                deny_file_ids,
+                allow_prefixes: minimal_prefixes(prefixes),
+                deny_prefixes: a
+                    .deny_prefixes
+                    .iter()
+                    .chain(&u.deny_prefixes)
+                    .cloned()
+                    .collect(),
+                deny_file_ids: a
+                    .deny_file_ids
+                    .iter()
+                    .chain(&u.deny_file_ids)
+                    .cloned()
+                    .collect(),
                 enabled_only: a.enabled_only || u.enabled_only,
                 permission: a.permission.min(u.permission),
+                visible_only: a.visible_only || u.visible_only,
             },
         );
     }
-    out
+    finish(out)
+}
+
+/// Normal form: allow prefixes inside a denied folder are dropped, deny
+/// prefixes that cannot match a readable path are dropped, lists are sorted
+/// and deduplicated, and namespaces with nothing readable are removed.
+fn finish(filters: BTreeMap<String, AccessFilter>) -> BTreeMap<String, AccessFilter> {
+    filters
+        .into_iter()
+        .filter_map(|(namespace, mut f)| {
+            let deny = minimal_prefixes(std::mem::take(&mut f.deny_prefixes));
+            let allow: Vec<String> = minimal_prefixes(std::mem::take(&mut f.allow_prefixes))
+                .into_iter()
+                .filter(|p| !covered(p, &deny))
+                .collect();
+            if allow.is_empty() {
+                return None;
+            }
+            // A deny outside every remaining allow prefix never matches.
+            f.deny_prefixes = deny.into_iter().filter(|d| covered(d, &allow)).collect();
+            f.allow_prefixes = allow;
+            f.deny_file_ids.sort();
+            f.deny_file_ids.dedup();
+            Some((namespace, f))
+        })
+        .collect()
+}
+
+/// Whether folder prefix `p` lies inside one of `folders`.
+fn covered(p: &str, folders: &[String]) -> bool {
+    folders.iter().any(|f| p.starts_with(f.as_str()))
 }
 
 /// Sorted, deduplicated, without prefixes already covered by a shorter one.
@@ -121,7 +203,7 @@ fn minimal_prefixes(mut prefixes: Vec<String>) -> Vec<String> {
     prefixes.dedup();
     let mut kept: Vec<String> = Vec::new();
     for p in prefixes {
-        if !kept.iter().any(|k| p.starts_with(k.as_str())) {
+        if !covered(&p, &kept) {
             kept.push(p);
         }
     }
@@ -140,41 +222,173 @@ mod tests {
         }
     }
 
+    fn deny_folder(ns: &str, prefix: &str) -> DenyRow {
+        DenyRow {
+            namespace: ns.into(),
+            path_prefix: prefix.into(),
+            file_id: String::new(),
+        }
+    }
+
+    fn deny_file(ns: &str, file_id: &str) -> DenyRow {
+        DenyRow {
+            namespace: ns.into(),
+            path_prefix: String::new(),
+            file_id: file_id.into(),
+        }
+    }
+
+    fn strings(items: &[&str]) -> Vec<String> {
+        items.iter().map(|s| (*s).to_owned()).collect()
+    }
+
     #[test]
     fn grants_merge_per_namespace() {
-        let f = filters_from_grants(&[
-            grant("a", Permission::Read, "docs/"),
-            grant("a", Permission::Write, "docs/team/"),
-            grant("a", Permission::Read, "notes/"),
-            grant("b", Permission::Read, ""),
-        ]);
-        assert_eq!(
-            f["a"].allow_prefixes,
-            vec!["docs/".to_owned(), "notes/".to_owned()]
+        let f = resolve(
+            &[
+                grant("a", Permission::Read, "docs/"),
+                grant("a", Permission::Write, "docs/team/"),
+                grant("a", Permission::Read, "notes/"),
+                grant("b", Permission::Read, ""),
+                grant("c", Permission::Unspecified, ""),
+            ],
+            &[],
         );
+        assert_eq!(f.keys().collect::<Vec<_>>(), vec!["a", "b"]);
+        assert_eq!(f["a"].allow_prefixes, strings(&["docs/", "notes/"]));
         assert_eq!(f["a"].permission, Permission::Write as i32);
         assert_eq!(f["b"].allow_prefixes, vec![String::new()]);
         assert!(f["a"].enabled_only);
+        assert!(f["a"].deny_prefixes.is_empty() && f["a"].deny_file_ids.is_empty());
+    }
+
+    #[test]
+    fn hidden_files_are_visible_only_where_every_prefix_is_writable() {
+        let f = resolve(
+            &[
+                grant("read", Permission::Read, ""),
+                grant("write", Permission::Write, ""),
+                grant("admin", Permission::Admin, "x/"),
+                // Write on a subfolder of a read grant: the read part stays visible-only.
+                grant("mixed", Permission::Read, ""),
+                grant("mixed", Permission::Write, "team/"),
+                // Read inside a write grant: covered, hidden files visible.
+                grant("covered", Permission::Write, ""),
+                grant("covered", Permission::Read, "sub/"),
+            ],
+            &[],
+        );
+        assert!(f["read"].visible_only);
+        assert!(!f["write"].visible_only);
+        assert!(!f["admin"].visible_only);
+        assert!(f["mixed"].visible_only);
+        assert_eq!(f["mixed"].permission, Permission::Write as i32);
+        assert!(!f["covered"].visible_only);
+        let admin = admin_filters(&strings(&["a", "b"]));
+        assert!(
+            admin
+                .values()
+                .all(|f| !f.visible_only && f.deny_prefixes.is_empty())
+        );
+    }
+
+    #[test]
+    fn denies_win_over_grants() {
+        let f = resolve(
+            &[
+                grant("a", Permission::Read, ""),
+                grant("b", Permission::Write, "secret/"),
+                grant("b", Permission::Read, "public/"),
+                grant("c", Permission::Read, "only/"),
+                grant("d", Permission::Read, "docs/"),
+            ],
+            &[
+                // Inside an allow prefix: compiled as a deny prefix.
+                deny_folder("a", "private/"),
+                deny_folder("a", "private/deeper/"),
+                deny_file("a", "file-9"),
+                deny_file("a", "file-9"),
+                // Covers a whole grant: the grant (and its write level) is gone.
+                deny_folder("b", "secret/"),
+                // Covers everything granted: the namespace disappears.
+                deny_folder("c", "only/"),
+                // Outside every allow prefix: irrelevant, dropped.
+                deny_folder("d", "other/"),
+                // A namespace without grants gains nothing from a deny.
+                deny_folder("z", "x/"),
+            ],
+        );
+        assert_eq!(f.keys().collect::<Vec<_>>(), vec!["a", "b", "d"]);
+        assert_eq!(f["a"].allow_prefixes, vec![String::new()]);
+        assert_eq!(f["a"].deny_prefixes, strings(&["private/"]));
+        assert_eq!(f["a"].deny_file_ids, strings(&["file-9"]));
+        assert_eq!(f["b"].allow_prefixes, strings(&["public/"]));
+        assert_eq!(f["b"].permission, Permission::Read as i32);
+        assert!(f["b"].visible_only);
+        assert!(f["b"].deny_prefixes.is_empty());
+        assert!(f["d"].deny_prefixes.is_empty());
     }
 
     #[test]
     fn agent_reads_only_what_both_read() {
-        let agent = filters_from_grants(&[
-            grant("a", Permission::Admin, ""),
-            grant("b", Permission::Read, "x/"),
-            grant("c", Permission::Read, "p/"),
-        ]);
-        let user = filters_from_grants(&[
-            grant("a", Permission::Read, "docs/"),
-            grant("b", Permission::Read, "y/"),
-            grant("c", Permission::Read, ""),
-            grant("d", Permission::Read, ""),
-        ]);
+        let agent = resolve(
+            &[
+                grant("a", Permission::Admin, ""),
+                grant("b", Permission::Read, "x/"),
+                grant("c", Permission::Read, "p/"),
+            ],
+            &[],
+        );
+        let user = resolve(
+            &[
+                grant("a", Permission::Read, "docs/"),
+                grant("b", Permission::Read, "y/"),
+                grant("c", Permission::Read, ""),
+                grant("d", Permission::Read, ""),
+            ],
+            &[],
+        );
         let both = intersect(&agent, &user);
         assert_eq!(both.keys().collect::<Vec<_>>(), vec!["a", "c"]);
-        assert_eq!(both["a"].allow_prefixes, vec!["docs/".to_owned()]);
+        assert_eq!(both["a"].allow_prefixes, strings(&["docs/"]));
         assert_eq!(both["a"].permission, Permission::Read as i32);
-        assert_eq!(both["c"].allow_prefixes, vec!["p/".to_owned()]);
+        assert_eq!(both["c"].allow_prefixes, strings(&["p/"]));
         assert!(intersect(&agent, &BTreeMap::new()).is_empty());
+    }
+
+    #[test]
+    fn agent_and_user_denies_both_apply() {
+        // The agent writes everywhere but is denied `drafts/`; the user reads
+        // `docs/` (its own and its group's grants, merged by the store) but is
+        // denied `docs/hr/` and one file.
+        let agent = resolve(
+            &[grant("a", Permission::Write, "")],
+            &[deny_folder("a", "drafts/"), deny_file("a", "f-agent")],
+        );
+        let user = resolve(
+            &[
+                grant("a", Permission::Read, "docs/"),
+                grant("a", Permission::Read, "drafts/own/"),
+            ],
+            &[deny_folder("a", "docs/hr/"), deny_file("a", "f-user")],
+        );
+        assert!(!agent["a"].visible_only);
+        assert!(user["a"].visible_only);
+        let both = intersect(&agent, &user);
+        let a = &both["a"];
+        // `drafts/own/` is readable by the user but inside the agent's denied folder.
+        assert_eq!(a.allow_prefixes, strings(&["docs/"]));
+        assert_eq!(a.deny_prefixes, strings(&["docs/hr/"]));
+        assert_eq!(a.deny_file_ids, strings(&["f-agent", "f-user"]));
+        assert_eq!(a.permission, Permission::Read as i32);
+        assert!(a.visible_only, "visible_only holds if either side has it");
+
+        // Two writers: hidden files stay visible.
+        let writer = resolve(&[grant("a", Permission::Write, "")], &[]);
+        assert!(!intersect(&agent, &writer)["a"].visible_only);
+
+        // A deny on one side covering all the other side may read removes the namespace.
+        let narrow_user = resolve(&[grant("a", Permission::Read, "drafts/x/")], &[]);
+        assert!(intersect(&agent, &narrow_user).is_empty());
     }
 }

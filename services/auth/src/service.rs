@@ -1,23 +1,96 @@
-//! The auth domain: authorize tokens into signed caller contexts, and the
-//! admin operations on namespaces, principals, grants and PATs.
+//! The auth domain: authorize tokens into signed caller contexts, the admin
+//! operations on namespaces, principals, groups, grants, denies and PATs, and
+//! the audit log.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use kg_common::access::{normalize_folder_prefix, validate_namespace};
 use kg_common::caller::{CONTEXT_TTL_MS, ContextSigner, PublicKey, now_ms, require_admin};
 use kg_proto::v1::{
-    AccessFilter, AuthorizeResponse, CallerContext, Grant, Namespace, Pat, Permission, Principal,
-    PrincipalKind,
+    AccessFilter, AuditEvent, AuthorizeResponse, CallerContext, Deny, Grant, Group,
+    ListAuditRequest, ListAuditResponse, Namespace, Pat, Permission, Principal, PrincipalKind,
 };
+use subtle::ConstantTimeEq as _;
 
 use crate::error::{AuthError, Result};
-use crate::pat::{self, PatHasher};
-use crate::resolve::{admin_filters, filters_from_grants, intersect};
-use crate::store::AuthStore;
+use crate::pat::{self, DeploymentTag, PatHasher};
+use crate::resolve::{admin_filters, intersect, resolve};
+use crate::store::{AuditQuery, AuthStore};
 
 /// Longest accepted display name.
 const MAX_NAME_LEN: usize = 200;
+/// Longest accepted file id in a deny.
+const MAX_FILE_ID_LEN: usize = 200;
+/// Audit field limits: an event is metadata, never payload.
+const MAX_AUDIT_TOOL_LEN: usize = 128;
+const MAX_AUDIT_OUTCOME_LEN: usize = 64;
+const MAX_AUDIT_NAMESPACES: usize = 64;
+const MAX_AUDIT_NAMESPACE_LEN: usize = 128;
+const MAX_AUDIT_REQUEST_ID_LEN: usize = 128;
+const MAX_AUDIT_TRANSPORT_LEN: usize = 32;
+/// Audit page sizes.
+const DEFAULT_AUDIT_LIMIT: u32 = 100;
+const MAX_AUDIT_LIMIT: u32 = 1000;
+
+/// Who a grant or deny applies to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Subject {
+    /// One principal.
+    Principal(String),
+    /// Every member of a group.
+    Group(String),
+    /// Every principal (denies only; as a listing filter: no filter).
+    Everyone,
+}
+
+impl Subject {
+    /// From the wire pair: a principal id, a group id, or everyone when both
+    /// are empty. Both set is refused.
+    pub fn from_ids(principal_id: &str, group_id: &str) -> Result<Self> {
+        match (principal_id.is_empty(), group_id.is_empty()) {
+            (true, true) => Ok(Subject::Everyone),
+            (false, true) => Ok(Subject::Principal(principal_id.to_owned())),
+            (true, false) => Ok(Subject::Group(group_id.to_owned())),
+            (false, false) => Err(AuthError::Invalid(
+                "set principalId or groupId, not both".to_owned(),
+            )),
+        }
+    }
+
+    /// The non-NULL key of the subject in `kg_denies.subject_key`.
+    fn key(&self) -> String {
+        match self {
+            Subject::Principal(id) => format!("p:{id}"),
+            Subject::Group(id) => format!("g:{id}"),
+            Subject::Everyone => "*".to_owned(),
+        }
+    }
+}
+
+/// What a deny hides: a folder (and everything under it) or one file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DenyTarget {
+    /// A folder prefix; normalised to `a/b/` when the deny is stored.
+    Folder(String),
+    /// One file id.
+    File(String),
+}
+
+impl DenyTarget {
+    /// From the wire pair: exactly one of them must be set.
+    pub fn from_fields(path_prefix: &str, file_id: &str) -> Result<Self> {
+        match (path_prefix.trim().is_empty(), file_id.is_empty()) {
+            (false, true) => Ok(DenyTarget::Folder(path_prefix.to_owned())),
+            (true, false) => Ok(DenyTarget::File(file_id.to_owned())),
+            _ => Err(AuthError::Invalid(
+                "a deny names exactly one of pathPrefix (a folder) and fileId".to_owned(),
+            )),
+        }
+    }
+}
 
 /// The auth service's state.
 #[derive(Clone)]
@@ -26,6 +99,7 @@ pub struct AuthService {
     signer: Arc<ContextSigner>,
     hasher: PatHasher,
     deployment_id: String,
+    tag: DeploymentTag,
 }
 
 fn new_id(prefix: &str) -> String {
@@ -53,6 +127,7 @@ impl AuthService {
             store: AuthStore::open(sql).await?,
             signer: Arc::new(signer),
             hasher: PatHasher::new(pat_key),
+            tag: DeploymentTag::of(&deployment_id),
             deployment_id,
         })
     }
@@ -76,14 +151,23 @@ impl AuthService {
         namespaces: &[String],
         request_id: &str,
     ) -> Result<AuthorizeResponse> {
-        if !pat::looks_valid(token) {
+        let Some(tag) = pat::parse(token) else {
+            return Err(AuthError::InvalidToken);
+        };
+        if tag != self.tag {
+            // Same error as any bad token; only the log says why.
+            tracing::debug!("token refused: minted by other deployment");
             return Err(AuthError::InvalidToken);
         }
+        let hash = self.hasher.hash(token);
         let owner = self
             .store
-            .pat_owner(&self.hasher.hash(token))
+            .pat_owner(&hash)
             .await?
             .ok_or(AuthError::InvalidToken)?;
+        if !bool::from(owner.token_hash.as_bytes().ct_eq(hash.as_bytes())) {
+            return Err(AuthError::InvalidToken);
+        }
         let now = now_ms();
         if owner.revoked_at_ms.is_some() || owner.expires_at_ms.is_some_and(|e| e <= now) {
             return Err(AuthError::InvalidToken);
@@ -145,9 +229,8 @@ impl AuthService {
         if principal.is_admin {
             return Ok(admin_filters(&self.store.namespace_names().await?));
         }
-        Ok(filters_from_grants(
-            &self.store.grant_rows(&principal.id).await?,
-        ))
+        let (grants, denies) = self.store.access_rows(&principal.id).await?;
+        Ok(resolve(&grants, &denies))
     }
 
     /// Creates the first admin principal and a PAT for it when no admin exists
@@ -185,7 +268,7 @@ impl AuthService {
                 "expiresAtMs must be in the future".to_owned(),
             ));
         }
-        let (token, prefix) = pat::generate();
+        let (token, prefix) = pat::generate(self.tag);
         let pat = Pat {
             id: new_id("pat"),
             principal_id: principal_id.to_owned(),
@@ -284,11 +367,12 @@ impl AuthService {
         self.store.list_principals().await
     }
 
-    /// Admin: grant (or change) a permission on a namespace, optionally on a folder.
+    /// Admin: grant (or change) a permission on a namespace, optionally on a
+    /// folder, to a principal or a group.
     pub async fn put_grant(
         &self,
         caller: &CallerContext,
-        principal_id: &str,
+        subject: &Subject,
         namespace: &str,
         permission: Permission,
         path_prefix: &str,
@@ -300,12 +384,25 @@ impl AuthService {
                 "permission must be read, write or admin".to_owned(),
             ));
         }
+        let (principal_id, group_id) = match subject {
+            Subject::Principal(id) => (id.clone(), String::new()),
+            Subject::Group(id) => (String::new(), id.clone()),
+            Subject::Everyone => {
+                return Err(AuthError::Invalid(
+                    "a grant names exactly one of principalId and groupId".to_owned(),
+                ));
+            }
+        };
+        let path_prefix = normalize_folder_prefix(path_prefix)?;
+        self.require_namespace(namespace).await?;
+        self.require_subject(subject).await?;
         let grant = Grant {
             id: new_id("grt"),
-            principal_id: principal_id.to_owned(),
+            principal_id,
+            group_id,
             namespace: namespace.to_owned(),
             permission: permission as i32,
-            path_prefix: normalize_folder_prefix(path_prefix)?,
+            path_prefix,
             created_at_ms: now_ms(),
         };
         self.store.put_grant(&grant).await
@@ -317,20 +414,175 @@ impl AuthService {
         self.store.delete_grant(grant_id).await
     }
 
-    /// Admin: grants, of one principal or all.
+    /// Admin: the direct grants of one principal or one group, or every grant
+    /// for [`Subject::Everyone`]. A principal's listing does not include its
+    /// groups' grants.
     pub async fn list_grants(
         &self,
         caller: &CallerContext,
-        principal_id: &str,
+        subject: &Subject,
     ) -> Result<Vec<Grant>> {
         require_admin(caller)?;
+        self.store.list_grants(subject).await
+    }
+
+    async fn require_namespace(&self, namespace: &str) -> Result<()> {
+        if self.store.namespace_exists(namespace).await? {
+            Ok(())
+        } else {
+            Err(AuthError::NotFound(format!("namespace `{namespace}`")))
+        }
+    }
+
+    async fn require_subject(&self, subject: &Subject) -> Result<()> {
+        match subject {
+            Subject::Principal(id) => {
+                self.require_principal(id).await?;
+            }
+            Subject::Group(id) => {
+                if !self.store.group_exists(id).await? {
+                    return Err(AuthError::NotFound(format!("group `{id}`")));
+                }
+            }
+            Subject::Everyone => {}
+        }
+        Ok(())
+    }
+
+    async fn require_principal(&self, id: &str) -> Result<Principal> {
         self.store
-            .list_grants(if principal_id.is_empty() {
-                None
-            } else {
-                Some(principal_id)
-            })
-            .await
+            .get_principal(id)
+            .await?
+            .ok_or_else(|| AuthError::NotFound(format!("principal `{id}`")))
+    }
+
+    async fn require_group(&self, id: &str) -> Result<Group> {
+        self.store
+            .get_group(id)
+            .await?
+            .ok_or_else(|| AuthError::NotFound(format!("group `{id}`")))
+    }
+
+    /// Admin: create a group (names are unique).
+    pub async fn create_group(&self, caller: &CallerContext, name: &str) -> Result<Group> {
+        require_admin(caller)?;
+        check_name("group name", name)?;
+        let group = Group {
+            id: new_id("grp"),
+            name: name.to_owned(),
+            member_ids: Vec::new(),
+            created_at_ms: now_ms(),
+        };
+        self.store.create_group(&group).await?;
+        Ok(group)
+    }
+
+    /// Admin: every group with its member ids.
+    pub async fn list_groups(&self, caller: &CallerContext) -> Result<Vec<Group>> {
+        require_admin(caller)?;
+        self.store.list_groups().await
+    }
+
+    /// Admin: add a principal to a group (groups do not nest). Adding a member
+    /// twice changes nothing. Takes effect on the member's next call.
+    pub async fn add_group_member(
+        &self,
+        caller: &CallerContext,
+        group_id: &str,
+        principal_id: &str,
+    ) -> Result<Group> {
+        require_admin(caller)?;
+        self.require_group(group_id).await?;
+        self.require_principal(principal_id).await?;
+        self.store
+            .add_group_member(group_id, principal_id, now_ms())
+            .await?;
+        self.require_group(group_id).await
+    }
+
+    /// Admin: remove a principal from a group; removing a non-member changes nothing.
+    pub async fn remove_group_member(
+        &self,
+        caller: &CallerContext,
+        group_id: &str,
+        principal_id: &str,
+    ) -> Result<Group> {
+        require_admin(caller)?;
+        self.require_group(group_id).await?;
+        self.require_principal(principal_id).await?;
+        self.store
+            .remove_group_member(group_id, principal_id)
+            .await?;
+        self.require_group(group_id).await
+    }
+
+    /// Admin: deny a folder or a file of a namespace to a principal, a group or
+    /// everyone. A deny wins over every grant; admins are exempt. Putting the
+    /// same deny twice returns the stored one.
+    pub async fn put_deny(
+        &self,
+        caller: &CallerContext,
+        namespace: &str,
+        subject: &Subject,
+        target: &DenyTarget,
+    ) -> Result<Deny> {
+        require_admin(caller)?;
+        validate_namespace(namespace)?;
+        let (path_prefix, file_id) = match target {
+            DenyTarget::Folder(prefix) => {
+                let prefix = normalize_folder_prefix(prefix)?;
+                if prefix.is_empty() {
+                    return Err(AuthError::Invalid(
+                        "a deny needs a folder below the namespace root; to hide a whole namespace remove its grants".to_owned(),
+                    ));
+                }
+                (prefix, String::new())
+            }
+            DenyTarget::File(id) => {
+                if id.is_empty()
+                    || id.len() > MAX_FILE_ID_LEN
+                    || id.chars().any(|c| c.is_control() || c.is_whitespace())
+                {
+                    return Err(AuthError::Invalid(format!(
+                        "fileId must be 1-{MAX_FILE_ID_LEN} characters without spaces or control characters"
+                    )));
+                }
+                (String::new(), id.clone())
+            }
+        };
+        self.require_namespace(namespace).await?;
+        self.require_subject(subject).await?;
+        let (principal_id, group_id) = match subject {
+            Subject::Principal(id) => (id.clone(), String::new()),
+            Subject::Group(id) => (String::new(), id.clone()),
+            Subject::Everyone => (String::new(), String::new()),
+        };
+        let deny = Deny {
+            id: new_id("dny"),
+            namespace: namespace.to_owned(),
+            principal_id,
+            group_id,
+            path_prefix,
+            file_id,
+            created_at_ms: now_ms(),
+        };
+        self.store.put_deny(&deny, &subject.key()).await
+    }
+
+    /// Admin: remove a deny.
+    pub async fn delete_deny(&self, caller: &CallerContext, deny_id: &str) -> Result<bool> {
+        require_admin(caller)?;
+        self.store.delete_deny(deny_id).await
+    }
+
+    /// Admin: the denies of one namespace, or all of them for "".
+    pub async fn list_denies(&self, caller: &CallerContext, namespace: &str) -> Result<Vec<Deny>> {
+        require_admin(caller)?;
+        if namespace.is_empty() {
+            return self.store.list_denies(None).await;
+        }
+        validate_namespace(namespace)?;
+        self.store.list_denies(Some(namespace)).await
     }
 
     /// Admin: mint a PAT for a principal. The token is returned once.
@@ -357,9 +609,178 @@ impl AuthService {
             .await
     }
 
+    /// Admin: give a PAT a new secret, keeping its id, principal, name and
+    /// expiry. The old token fails on its next call. Revoked and expired PATs
+    /// cannot be rotated.
+    pub async fn rotate_pat(&self, caller: &CallerContext, pat_id: &str) -> Result<(String, Pat)> {
+        require_admin(caller)?;
+        let pat = self
+            .store
+            .get_pat(pat_id)
+            .await?
+            .ok_or_else(|| AuthError::NotFound(format!("PAT `{pat_id}`")))?;
+        let revoked = || {
+            AuthError::FailedPrecondition(format!(
+                "PAT `{pat_id}` is revoked; create a new one instead"
+            ))
+        };
+        if pat.revoked_at_ms.is_some() {
+            return Err(revoked());
+        }
+        if pat.expires_at_ms.is_some_and(|e| e <= now_ms()) {
+            return Err(AuthError::FailedPrecondition(format!(
+                "PAT `{pat_id}` has expired; create a new one instead"
+            )));
+        }
+        let (token, prefix) = pat::generate(self.tag);
+        // Conditional on not being revoked, so a concurrent revoke wins.
+        if !self
+            .store
+            .rotate_pat(pat_id, &self.hasher.hash(&token), &prefix)
+            .await?
+        {
+            return Err(revoked());
+        }
+        Ok((
+            token,
+            Pat {
+                prefix,
+                last_used_at_ms: None,
+                ..pat
+            },
+        ))
+    }
+
     /// Admin: revoke a PAT; it fails on the very next call.
     pub async fn revoke_pat(&self, caller: &CallerContext, pat_id: &str) -> Result<bool> {
         require_admin(caller)?;
         self.store.revoke_pat(pat_id, now_ms()).await
     }
+
+    /// Records one tool call of `caller`. Any verified caller may record, but
+    /// only for itself: principal and on-behalf-of come from the context, the
+    /// id and time from this service; the event's own values for them are
+    /// ignored. Only the listed metadata fields are stored, within limits.
+    pub async fn record_audit(
+        &self,
+        caller: &CallerContext,
+        event: AuditEvent,
+    ) -> Result<AuditEvent> {
+        if caller.principal_id.is_empty() {
+            return Err(kg_common::caller::CallerError::Missing.into());
+        }
+        check_audit_text("tool", &event.tool, 1, MAX_AUDIT_TOOL_LEN)?;
+        check_audit_text("outcome", &event.outcome, 1, MAX_AUDIT_OUTCOME_LEN)?;
+        check_audit_text("requestId", &event.request_id, 0, MAX_AUDIT_REQUEST_ID_LEN)?;
+        check_audit_text("transport", &event.transport, 0, MAX_AUDIT_TRANSPORT_LEN)?;
+        if event.namespaces.len() > MAX_AUDIT_NAMESPACES {
+            return Err(AuthError::Invalid(format!(
+                "at most {MAX_AUDIT_NAMESPACES} namespaces per audit event"
+            )));
+        }
+        for ns in &event.namespaces {
+            check_audit_text("namespace", ns, 1, MAX_AUDIT_NAMESPACE_LEN)?;
+        }
+        if event.latency_us < 0 || event.result_bytes < 0 {
+            return Err(AuthError::Invalid(
+                "latencyUs and resultBytes must not be negative".to_owned(),
+            ));
+        }
+        let stored = AuditEvent {
+            id: new_id("aud"),
+            at_ms: now_ms(),
+            principal_id: caller.principal_id.clone(),
+            on_behalf_of: caller.on_behalf_of.clone(),
+            tool: event.tool,
+            namespaces: event.namespaces,
+            outcome: event.outcome,
+            latency_us: event.latency_us,
+            result_bytes: event.result_bytes,
+            request_id: event.request_id,
+            transport: event.transport,
+        };
+        self.store.insert_audit(&stored).await?;
+        Ok(stored)
+    }
+
+    /// Admin: audit events, newest first. `limit` 0 means 100, at most 1000;
+    /// `since_ms` is inclusive, `until_ms` exclusive; `cursor` continues a
+    /// previous page (empty `next_cursor` = no more events).
+    pub async fn list_audit(
+        &self,
+        caller: &CallerContext,
+        request: &ListAuditRequest,
+    ) -> Result<ListAuditResponse> {
+        require_admin(caller)?;
+        let limit = match request.limit {
+            0 => DEFAULT_AUDIT_LIMIT,
+            n if n <= MAX_AUDIT_LIMIT => n,
+            _ => {
+                return Err(AuthError::Invalid(format!(
+                    "limit must be 1-{MAX_AUDIT_LIMIT} (0 = {DEFAULT_AUDIT_LIMIT})"
+                )));
+            }
+        };
+        if let (Some(since), Some(until)) = (request.since_ms, request.until_ms)
+            && since >= until
+        {
+            return Err(AuthError::Invalid(
+                "sinceMs must be before untilMs".to_owned(),
+            ));
+        }
+        let query = AuditQuery {
+            principal_id: non_empty(&request.principal_id),
+            tool: non_empty(&request.tool),
+            since_ms: request.since_ms,
+            until_ms: request.until_ms,
+            after: if request.cursor.is_empty() {
+                None
+            } else {
+                Some(decode_cursor(&request.cursor)?)
+            },
+        };
+        // One extra row says whether another page exists.
+        let mut events = self.store.list_audit(&query, i64::from(limit) + 1).await?;
+        let more = events.len() > limit as usize;
+        events.truncate(limit as usize);
+        let next_cursor = match events.last() {
+            Some(last) if more => encode_cursor(last.at_ms, &last.id),
+            _ => String::new(),
+        };
+        Ok(ListAuditResponse {
+            events,
+            next_cursor,
+        })
+    }
+}
+
+fn non_empty(s: &str) -> Option<String> {
+    (!s.is_empty()).then(|| s.to_owned())
+}
+
+fn check_audit_text(field: &str, value: &str, min: usize, max: usize) -> Result<()> {
+    let len = value.chars().count();
+    if len < min || len > max || value.chars().any(char::is_control) {
+        return Err(AuthError::Invalid(format!(
+            "audit {field} must be {min}-{max} characters without control characters"
+        )));
+    }
+    Ok(())
+}
+
+/// Opaque keyset cursor: base64url of `<at_ms>:<id>` of the last event returned.
+fn encode_cursor(at_ms: i64, id: &str) -> String {
+    URL_SAFE_NO_PAD.encode(format!("{at_ms}:{id}"))
+}
+
+fn decode_cursor(cursor: &str) -> Result<(i64, String)> {
+    let bad = || AuthError::Invalid("cursor is not one this service returned".to_owned());
+    let bytes = URL_SAFE_NO_PAD.decode(cursor).map_err(|_| bad())?;
+    let text = String::from_utf8(bytes).map_err(|_| bad())?;
+    let (at, id) = text.split_once(':').ok_or_else(bad)?;
+    let at: i64 = at.parse().map_err(|_| bad())?;
+    if id.is_empty() || id.len() > 64 {
+        return Err(bad());
+    }
+    Ok((at, id.to_owned()))
 }

@@ -1,12 +1,15 @@
 //! SQL access for the auth service (SQLite or PostgreSQL through one pool).
 
-use kg_proto::v1::{Grant, Namespace, Pat, Permission, Principal, PrincipalKind};
+use kg_proto::v1::{
+    AuditEvent, Deny, Grant, Group, Namespace, Pat, Permission, Principal, PrincipalKind,
+};
 use kg_stores::sql::SqlStore;
-use sqlx::Row as _;
 use sqlx::any::AnyRow;
+use sqlx::{AssertSqlSafe, Row as _};
 
 use crate::error::{AuthError, Result};
-use crate::resolve::GrantRow;
+use crate::resolve::{DenyRow, GrantRow};
+use crate::service::Subject;
 
 pub(crate) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
@@ -59,14 +62,61 @@ fn principal_from(row: &AnyRow) -> Result<Principal> {
     })
 }
 
+const GRANT_COLUMNS: &str =
+    "id, principal_id, group_id, namespace, permission, path_prefix, created_at_ms";
+
 fn grant_from(row: &AnyRow) -> Result<Grant> {
     Ok(Grant {
         id: row.try_get("id")?,
-        principal_id: row.try_get("principal_id")?,
+        principal_id: row
+            .try_get::<Option<String>, _>("principal_id")?
+            .unwrap_or_default(),
+        group_id: row
+            .try_get::<Option<String>, _>("group_id")?
+            .unwrap_or_default(),
         namespace: row.try_get("namespace")?,
         permission: permission_from(&row.try_get::<String, _>("permission")?) as i32,
         path_prefix: row.try_get("path_prefix")?,
         created_at_ms: row.try_get("created_at_ms")?,
+    })
+}
+
+const DENY_COLUMNS: &str =
+    "id, namespace, principal_id, group_id, path_prefix, file_id, created_at_ms";
+
+fn deny_from(row: &AnyRow) -> Result<Deny> {
+    Ok(Deny {
+        id: row.try_get("id")?,
+        namespace: row.try_get("namespace")?,
+        principal_id: row
+            .try_get::<Option<String>, _>("principal_id")?
+            .unwrap_or_default(),
+        group_id: row
+            .try_get::<Option<String>, _>("group_id")?
+            .unwrap_or_default(),
+        path_prefix: row.try_get("path_prefix")?,
+        file_id: row.try_get("file_id")?,
+        created_at_ms: row.try_get("created_at_ms")?,
+    })
+}
+
+const AUDIT_COLUMNS: &str = "id, at_ms, principal_id, on_behalf_of, tool, namespaces, outcome, latency_us, result_bytes, request_id, transport";
+
+fn audit_from(row: &AnyRow) -> Result<AuditEvent> {
+    let namespaces: String = row.try_get("namespaces")?;
+    Ok(AuditEvent {
+        id: row.try_get("id")?,
+        at_ms: row.try_get("at_ms")?,
+        principal_id: row.try_get("principal_id")?,
+        on_behalf_of: row.try_get("on_behalf_of")?,
+        tool: row.try_get("tool")?,
+        namespaces: serde_json::from_str(&namespaces)
+            .map_err(|e| AuthError::Corrupt(format!("audit namespaces: {e}")))?,
+        outcome: row.try_get("outcome")?,
+        latency_us: row.try_get("latency_us")?,
+        result_bytes: row.try_get("result_bytes")?,
+        request_id: row.try_get("request_id")?,
+        transport: row.try_get("transport")?,
     })
 }
 
@@ -81,6 +131,11 @@ fn pat_from(row: &AnyRow) -> Result<Pat> {
         expires_at_ms: row.try_get("expires_at_ms")?,
         revoked_at_ms: row.try_get("revoked_at_ms")?,
     })
+}
+
+/// `None` for "", so optional ids are stored as NULL.
+fn non_empty(s: &str) -> Option<String> {
+    (!s.is_empty()).then(|| s.to_owned())
 }
 
 /// Whether an error is a unique-constraint violation (both backends).
@@ -108,6 +163,8 @@ pub(crate) struct AuthStore {
 /// A PAT joined with its principal, as `Authorize` needs it.
 pub(crate) struct PatOwner {
     pub pat_id: String,
+    /// The stored hash, compared in constant time with the computed one.
+    pub token_hash: String,
     pub expires_at_ms: Option<i64>,
     pub revoked_at_ms: Option<i64>,
     pub principal: Principal,
@@ -209,45 +266,79 @@ impl AuthStore {
         Ok(row.try_get::<i64, _>("n")? > 0)
     }
 
+    pub(crate) async fn namespace_exists(&self, name: &str) -> Result<bool> {
+        let row = sqlx::query("SELECT COUNT(*) AS n FROM kg_namespaces WHERE name = $1")
+            .bind(name)
+            .fetch_one(self.sql.pool())
+            .await?;
+        Ok(row.try_get::<i64, _>("n")? > 0)
+    }
+
+    pub(crate) async fn group_exists(&self, id: &str) -> Result<bool> {
+        let row = sqlx::query("SELECT COUNT(*) AS n FROM kg_groups WHERE id = $1")
+            .bind(id)
+            .fetch_one(self.sql.pool())
+            .await?;
+        Ok(row.try_get::<i64, _>("n")? > 0)
+    }
+
+    /// Upserts a grant of `g.principal_id` or `g.group_id` (exactly one is set).
     pub(crate) async fn put_grant(&self, g: &Grant) -> Result<Grant> {
-        // Re-granting the same (principal, namespace, prefix) updates the permission.
-        let updated = sqlx::query(
-            "UPDATE kg_grants SET permission = $1 WHERE principal_id = $2 AND namespace = $3 AND path_prefix = $4",
-        )
-        .bind(permission_str(g.permission()))
-        .bind(&g.principal_id)
-        .bind(&g.namespace)
-        .bind(&g.path_prefix)
-        .execute(self.sql.pool())
-        .await?;
-        if updated.rows_affected() == 0 {
-            sqlx::query(
-                "INSERT INTO kg_grants (id, principal_id, namespace, permission, path_prefix, created_at_ms) VALUES ($1, $2, $3, $4, $5, $6)",
+        // Column names come from this fixed pair, never from input.
+        let (column, subject_id) = if g.group_id.is_empty() {
+            ("principal_id", g.principal_id.as_str())
+        } else {
+            ("group_id", g.group_id.as_str())
+        };
+        // Re-granting the same (subject, namespace, prefix) updates the permission.
+        let update = format!(
+            "UPDATE kg_grants SET permission = $1 WHERE {column} = $2 AND namespace = $3 AND path_prefix = $4"
+        );
+        let run_update = || {
+            sqlx::query(AssertSqlSafe(update.clone()))
+                .bind(permission_str(g.permission()))
+                .bind(subject_id)
+                .bind(&g.namespace)
+                .bind(&g.path_prefix)
+                .execute(self.sql.pool())
+        };
+        if run_update().await?.rows_affected() == 0 {
+            let inserted = sqlx::query(
+                "INSERT INTO kg_grants (id, principal_id, group_id, namespace, permission, path_prefix, created_at_ms) VALUES ($1, $2, $3, $4, $5, $6, $7)",
             )
             .bind(&g.id)
-            .bind(&g.principal_id)
+            .bind(non_empty(&g.principal_id))
+            .bind(non_empty(&g.group_id))
             .bind(&g.namespace)
             .bind(permission_str(g.permission()))
             .bind(&g.path_prefix)
             .bind(g.created_at_ms)
             .execute(self.sql.pool())
-            .await
-            .map_err(|e| {
-                if is_fk_violation(&e) {
-                    AuthError::NotFound(format!("principal `{}` or namespace `{}`", g.principal_id, g.namespace))
-                } else {
-                    e.into()
+            .await;
+            match inserted {
+                Ok(_) => {}
+                // A concurrent put inserted the same grant first: update it.
+                Err(e) if is_unique_violation(&e) => {
+                    run_update().await?;
                 }
-            })?;
+                Err(e) if is_fk_violation(&e) => {
+                    return Err(AuthError::NotFound(format!(
+                        "subject `{subject_id}` or namespace `{}`",
+                        g.namespace
+                    )));
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
-        let row = sqlx::query(
-            "SELECT id, principal_id, namespace, permission, path_prefix, created_at_ms FROM kg_grants WHERE principal_id = $1 AND namespace = $2 AND path_prefix = $3",
-        )
-        .bind(&g.principal_id)
-        .bind(&g.namespace)
-        .bind(&g.path_prefix)
-        .fetch_one(self.sql.pool())
-        .await?;
+        let select = format!(
+            "SELECT {GRANT_COLUMNS} FROM kg_grants WHERE {column} = $1 AND namespace = $2 AND path_prefix = $3"
+        );
+        let row = sqlx::query(AssertSqlSafe(select))
+            .bind(subject_id)
+            .bind(&g.namespace)
+            .bind(&g.path_prefix)
+            .fetch_one(self.sql.pool())
+            .await?;
         grant_from(&row)
     }
 
@@ -259,38 +350,234 @@ impl AuthStore {
         Ok(done.rows_affected() > 0)
     }
 
-    pub(crate) async fn list_grants(&self, principal_id: Option<&str>) -> Result<Vec<Grant>> {
-        let rows = match principal_id {
-            Some(p) => {
-                sqlx::query(
-                    "SELECT id, principal_id, namespace, permission, path_prefix, created_at_ms FROM kg_grants WHERE principal_id = $1 ORDER BY namespace, path_prefix",
-                )
-                .bind(p)
-                .fetch_all(self.sql.pool())
-                .await?
-            }
-            None => {
-                sqlx::query(
-                    "SELECT id, principal_id, namespace, permission, path_prefix, created_at_ms FROM kg_grants ORDER BY principal_id, namespace, path_prefix",
-                )
-                .fetch_all(self.sql.pool())
-                .await?
-            }
+    /// Direct grants of one subject, or every grant for [`Subject::Everyone`].
+    pub(crate) async fn list_grants(&self, subject: &Subject) -> Result<Vec<Grant>> {
+        let (filter, id) = match subject {
+            Subject::Principal(id) => ("WHERE principal_id = $1", Some(id)),
+            Subject::Group(id) => ("WHERE group_id = $1", Some(id)),
+            Subject::Everyone => ("", None),
         };
+        let sql = format!(
+            "SELECT {GRANT_COLUMNS} FROM kg_grants {filter} ORDER BY namespace, path_prefix, principal_id, group_id"
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        if let Some(id) = id {
+            query = query.bind(id.clone());
+        }
+        let rows = query.fetch_all(self.sql.pool()).await?;
         rows.iter().map(grant_from).collect()
     }
 
-    pub(crate) async fn grant_rows(&self, principal_id: &str) -> Result<Vec<GrantRow>> {
-        Ok(self
-            .list_grants(Some(principal_id))
+    /// A principal's effective grants (its own and its groups') and the denies
+    /// naming it, its groups or everyone. One statement, so one snapshot on
+    /// both backends: a concurrent change is seen whole or not at all.
+    pub(crate) async fn access_rows(
+        &self,
+        principal_id: &str,
+    ) -> Result<(Vec<GrantRow>, Vec<DenyRow>)> {
+        let rows = sqlx::query(
+            "SELECT 'grant' AS kind, namespace, permission, path_prefix, '' AS file_id FROM kg_grants \
+               WHERE principal_id = $1 OR group_id IN (SELECT group_id FROM kg_group_members WHERE principal_id = $1) \
+             UNION ALL \
+             SELECT 'deny' AS kind, namespace, '' AS permission, path_prefix, file_id FROM kg_denies \
+               WHERE principal_id = $1 OR group_id IN (SELECT group_id FROM kg_group_members WHERE principal_id = $1) OR subject_key = '*'",
+        )
+        .bind(principal_id)
+        .fetch_all(self.sql.pool())
+        .await?;
+        let mut grants = Vec::new();
+        let mut denies = Vec::new();
+        for row in &rows {
+            let namespace: String = row.try_get("namespace")?;
+            let path_prefix: String = row.try_get("path_prefix")?;
+            if row.try_get::<String, _>("kind")? == "grant" {
+                grants.push(GrantRow {
+                    namespace,
+                    permission: permission_from(&row.try_get::<String, _>("permission")?),
+                    path_prefix,
+                });
+            } else {
+                denies.push(DenyRow {
+                    namespace,
+                    path_prefix,
+                    file_id: row.try_get("file_id")?,
+                });
+            }
+        }
+        Ok((grants, denies))
+    }
+
+    pub(crate) async fn create_group(&self, group: &Group) -> Result<()> {
+        sqlx::query("INSERT INTO kg_groups (id, name, created_at_ms) VALUES ($1, $2, $3)")
+            .bind(&group.id)
+            .bind(&group.name)
+            .bind(group.created_at_ms)
+            .execute(self.sql.pool())
+            .await
+            .map_err(|e| {
+                if is_unique_violation(&e) {
+                    AuthError::AlreadyExists(format!("group `{}`", group.name))
+                } else {
+                    e.into()
+                }
+            })?;
+        Ok(())
+    }
+
+    pub(crate) async fn get_group(&self, id: &str) -> Result<Option<Group>> {
+        let Some(row) = sqlx::query("SELECT id, name, created_at_ms FROM kg_groups WHERE id = $1")
+            .bind(id)
+            .fetch_optional(self.sql.pool())
             .await?
-            .into_iter()
-            .map(|g| GrantRow {
-                permission: g.permission(),
-                namespace: g.namespace,
-                path_prefix: g.path_prefix,
+        else {
+            return Ok(None);
+        };
+        let members = sqlx::query(
+            "SELECT principal_id FROM kg_group_members WHERE group_id = $1 ORDER BY principal_id",
+        )
+        .bind(id)
+        .fetch_all(self.sql.pool())
+        .await?;
+        Ok(Some(Group {
+            id: row.try_get("id")?,
+            name: row.try_get("name")?,
+            created_at_ms: row.try_get("created_at_ms")?,
+            member_ids: members
+                .iter()
+                .map(|m| m.try_get("principal_id"))
+                .collect::<Result<_, _>>()?,
+        }))
+    }
+
+    pub(crate) async fn list_groups(&self) -> Result<Vec<Group>> {
+        let rows = sqlx::query("SELECT id, name, created_at_ms FROM kg_groups ORDER BY name")
+            .fetch_all(self.sql.pool())
+            .await?;
+        let members = sqlx::query(
+            "SELECT group_id, principal_id FROM kg_group_members ORDER BY group_id, principal_id",
+        )
+        .fetch_all(self.sql.pool())
+        .await?;
+        let mut by_group: std::collections::HashMap<String, Vec<String>> =
+            std::collections::HashMap::new();
+        for m in &members {
+            by_group
+                .entry(m.try_get("group_id")?)
+                .or_default()
+                .push(m.try_get("principal_id")?);
+        }
+        rows.iter()
+            .map(|r| {
+                let id: String = r.try_get("id")?;
+                Ok(Group {
+                    member_ids: by_group.remove(&id).unwrap_or_default(),
+                    id,
+                    name: r.try_get("name")?,
+                    created_at_ms: r.try_get("created_at_ms")?,
+                })
             })
-            .collect())
+            .collect()
+    }
+
+    /// Adds a member; adding an existing member changes nothing.
+    pub(crate) async fn add_group_member(
+        &self,
+        group_id: &str,
+        principal_id: &str,
+        now_ms: i64,
+    ) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO kg_group_members (group_id, principal_id, added_at_ms) VALUES ($1, $2, $3) \
+             ON CONFLICT (group_id, principal_id) DO NOTHING",
+        )
+        .bind(group_id)
+        .bind(principal_id)
+        .bind(now_ms)
+        .execute(self.sql.pool())
+        .await
+        .map_err(|e| {
+            if is_fk_violation(&e) {
+                AuthError::NotFound(format!("group `{group_id}` or principal `{principal_id}`"))
+            } else {
+                e.into()
+            }
+        })?;
+        Ok(())
+    }
+
+    pub(crate) async fn remove_group_member(
+        &self,
+        group_id: &str,
+        principal_id: &str,
+    ) -> Result<()> {
+        sqlx::query("DELETE FROM kg_group_members WHERE group_id = $1 AND principal_id = $2")
+            .bind(group_id)
+            .bind(principal_id)
+            .execute(self.sql.pool())
+            .await?;
+        Ok(())
+    }
+
+    /// Stores a deny, or returns the identical one already stored.
+    pub(crate) async fn put_deny(&self, deny: &Deny, subject_key: &str) -> Result<Deny> {
+        sqlx::query(
+            "INSERT INTO kg_denies (id, namespace, principal_id, group_id, subject_key, path_prefix, file_id, created_at_ms) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+             ON CONFLICT (namespace, subject_key, path_prefix, file_id) DO NOTHING",
+        )
+        .bind(&deny.id)
+        .bind(&deny.namespace)
+        .bind(non_empty(&deny.principal_id))
+        .bind(non_empty(&deny.group_id))
+        .bind(subject_key)
+        .bind(&deny.path_prefix)
+        .bind(&deny.file_id)
+        .bind(deny.created_at_ms)
+        .execute(self.sql.pool())
+        .await
+        .map_err(|e| {
+            if is_fk_violation(&e) {
+                AuthError::NotFound(format!("subject or namespace `{}`", deny.namespace))
+            } else {
+                e.into()
+            }
+        })?;
+        let sql = format!(
+            "SELECT {DENY_COLUMNS} FROM kg_denies WHERE namespace = $1 AND subject_key = $2 AND path_prefix = $3 AND file_id = $4"
+        );
+        let row = sqlx::query(AssertSqlSafe(sql))
+            .bind(&deny.namespace)
+            .bind(subject_key)
+            .bind(&deny.path_prefix)
+            .bind(&deny.file_id)
+            .fetch_one(self.sql.pool())
+            .await?;
+        deny_from(&row)
+    }
+
+    pub(crate) async fn delete_deny(&self, id: &str) -> Result<bool> {
+        let done = sqlx::query("DELETE FROM kg_denies WHERE id = $1")
+            .bind(id)
+            .execute(self.sql.pool())
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    pub(crate) async fn list_denies(&self, namespace: Option<&str>) -> Result<Vec<Deny>> {
+        let filter = if namespace.is_some() {
+            "WHERE namespace = $1"
+        } else {
+            ""
+        };
+        let sql = format!(
+            "SELECT {DENY_COLUMNS} FROM kg_denies {filter} ORDER BY namespace, created_at_ms, id"
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        if let Some(ns) = namespace {
+            query = query.bind(ns.to_owned());
+        }
+        let rows = query.fetch_all(self.sql.pool()).await?;
+        rows.iter().map(deny_from).collect()
     }
 
     pub(crate) async fn create_pat(&self, pat: &Pat, token_hash: &str) -> Result<()> {
@@ -337,6 +624,35 @@ impl AuthStore {
         rows.iter().map(pat_from).collect()
     }
 
+    pub(crate) async fn get_pat(&self, id: &str) -> Result<Option<Pat>> {
+        let row = sqlx::query(
+            "SELECT id, principal_id, name, prefix, created_at_ms, last_used_at_ms, expires_at_ms, revoked_at_ms FROM kg_pats WHERE id = $1",
+        )
+        .bind(id)
+        .fetch_optional(self.sql.pool())
+        .await?;
+        row.as_ref().map(pat_from).transpose()
+    }
+
+    /// Replaces the secret of a live PAT; false when it is revoked (or gone).
+    /// The old hash is overwritten, so the old token matches nothing.
+    pub(crate) async fn rotate_pat(
+        &self,
+        id: &str,
+        token_hash: &str,
+        prefix: &str,
+    ) -> Result<bool> {
+        let done = sqlx::query(
+            "UPDATE kg_pats SET token_hash = $1, prefix = $2, last_used_at_ms = NULL WHERE id = $3 AND revoked_at_ms IS NULL",
+        )
+        .bind(token_hash)
+        .bind(prefix)
+        .bind(id)
+        .execute(self.sql.pool())
+        .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
     pub(crate) async fn revoke_pat(&self, id: &str, now_ms: i64) -> Result<bool> {
         let done = sqlx::query(
             "UPDATE kg_pats SET revoked_at_ms = $1 WHERE id = $2 AND revoked_at_ms IS NULL",
@@ -350,7 +666,7 @@ impl AuthStore {
 
     pub(crate) async fn pat_owner(&self, token_hash: &str) -> Result<Option<PatOwner>> {
         let row = sqlx::query(
-            "SELECT t.id AS pat_id, t.expires_at_ms, t.revoked_at_ms, p.id, p.name, p.kind, p.acts_for, p.is_admin, p.created_at_ms \
+            "SELECT t.id AS pat_id, t.token_hash, t.expires_at_ms, t.revoked_at_ms, p.id, p.name, p.kind, p.acts_for, p.is_admin, p.created_at_ms \
              FROM kg_pats t JOIN kg_principals p ON p.id = t.principal_id WHERE t.token_hash = $1",
         )
         .bind(token_hash)
@@ -359,6 +675,7 @@ impl AuthStore {
         row.map(|r| {
             Ok(PatOwner {
                 pat_id: r.try_get("pat_id")?,
+                token_hash: r.try_get("token_hash")?,
                 expires_at_ms: r.try_get("expires_at_ms")?,
                 revoked_at_ms: r.try_get("revoked_at_ms")?,
                 principal: principal_from(&r)?,
@@ -380,4 +697,95 @@ impl AuthStore {
         .await?;
         Ok(())
     }
+
+    pub(crate) async fn insert_audit(&self, e: &AuditEvent) -> Result<()> {
+        let namespaces = serde_json::to_string(&e.namespaces)
+            .map_err(|err| AuthError::Corrupt(format!("audit namespaces: {err}")))?;
+        let sql = format!(
+            "INSERT INTO kg_audit ({AUDIT_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)"
+        );
+        sqlx::query(AssertSqlSafe(sql))
+            .bind(&e.id)
+            .bind(e.at_ms)
+            .bind(&e.principal_id)
+            .bind(&e.on_behalf_of)
+            .bind(&e.tool)
+            .bind(namespaces)
+            .bind(&e.outcome)
+            .bind(e.latency_us)
+            .bind(e.result_bytes)
+            .bind(&e.request_id)
+            .bind(&e.transport)
+            .execute(self.sql.pool())
+            .await?;
+        Ok(())
+    }
+
+    /// Audit events, newest first, at most `fetch` of them.
+    pub(crate) async fn list_audit(&self, q: &AuditQuery, fetch: i64) -> Result<Vec<AuditEvent>> {
+        let mut clauses: Vec<String> = Vec::new();
+        let mut binds: Vec<Bind> = Vec::new();
+        // Pushes a value and returns its `$N` number.
+        let param = |value: Bind, binds: &mut Vec<Bind>| {
+            binds.push(value);
+            binds.len()
+        };
+        if let Some(p) = &q.principal_id {
+            let n = param(Bind::Text(p.clone()), &mut binds);
+            clauses.push(format!("principal_id = ${n}"));
+        }
+        if let Some(t) = &q.tool {
+            let n = param(Bind::Text(t.clone()), &mut binds);
+            clauses.push(format!("tool = ${n}"));
+        }
+        if let Some(since) = q.since_ms {
+            let n = param(Bind::Int(since), &mut binds);
+            clauses.push(format!("at_ms >= ${n}"));
+        }
+        if let Some(until) = q.until_ms {
+            let n = param(Bind::Int(until), &mut binds);
+            clauses.push(format!("at_ms < ${n}"));
+        }
+        if let Some((at, id)) = &q.after {
+            // Keyset: strictly older than the last row already returned.
+            let a = param(Bind::Int(*at), &mut binds);
+            let i = param(Bind::Text(id.clone()), &mut binds);
+            clauses.push(format!("(at_ms < ${a} OR (at_ms = ${a} AND id < ${i}))"));
+        }
+        let limit = param(Bind::Int(fetch), &mut binds);
+        let filter = if clauses.is_empty() {
+            String::new()
+        } else {
+            format!("WHERE {}", clauses.join(" AND "))
+        };
+        let sql = format!(
+            "SELECT {AUDIT_COLUMNS} FROM kg_audit {filter} ORDER BY at_ms DESC, id DESC LIMIT ${limit}"
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for b in binds {
+            query = match b {
+                Bind::Text(s) => query.bind(s),
+                Bind::Int(i) => query.bind(i),
+            };
+        }
+        let rows = query.fetch_all(self.sql.pool()).await?;
+        rows.iter().map(audit_from).collect()
+    }
+}
+
+/// A value bound to a dynamically built query.
+enum Bind {
+    Text(String),
+    Int(i64),
+}
+
+/// Filters of an audit query, validated by the service.
+#[derive(Debug, Default)]
+pub(crate) struct AuditQuery {
+    pub principal_id: Option<String>,
+    pub tool: Option<String>,
+    pub since_ms: Option<i64>,
+    pub until_ms: Option<i64>,
+    /// Keyset position: only events strictly older than this (at_ms, id).
+    pub after: Option<(i64, String)>,
 }
