@@ -111,6 +111,13 @@ impl AdminClient {
             .await
     }
 
+    /// PATCH a JSON body.
+    pub async fn patch(&self, segments: &[&str], body: Value) -> anyhow::Result<Value> {
+        let url = self.url(segments)?;
+        self.send(Method::PATCH, url, Some(RequestBody::Json(body)))
+            .await
+    }
+
     /// DELETE.
     pub async fn delete(&self, segments: &[&str]) -> anyhow::Result<Value> {
         let url = self.url(segments)?;

@@ -1,6 +1,9 @@
-//! `kgmesh`: run the mesh, ingest files, administer namespaces, principals,
-//! grants and tokens, and serve MCP over stdio.
+//! `kgmesh`: run the mesh, ingest files, serve MCP over stdio, and administer
+//! namespaces, principals, groups, grants, denies, tokens, files and the audit
+//! log (those live in [`commands`]).
 #![allow(clippy::print_stdout)]
+
+mod commands;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -8,10 +11,14 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use clap::{Args, Parser, Subcommand, ValueEnum};
-use kgmesh::client::AdminClient;
+use clap::{Args, Parser, Subcommand};
+use commands::Remote;
+use commands::access::{DenyCommand, GrantCommand, GroupCommand, NsCommand, PrincipalCommand};
+use commands::audit::AuditArgs;
+use commands::files::FileCommand;
+use commands::pats::PatCommand;
 use kgmesh::{Mesh, MeshInfo, MeshOptions};
-use serde_json::{Value, json};
+use serde_json::json;
 
 #[derive(Parser)]
 #[command(
@@ -42,16 +49,33 @@ enum Command {
         #[command(subcommand)]
         command: PrincipalCommand,
     },
+    /// Groups of principals (grants and denies may name a group).
+    Group {
+        #[command(subcommand)]
+        command: GroupCommand,
+    },
     /// Grants of read, write or admin on a namespace or folder.
     Grant {
         #[command(subcommand)]
         command: GrantCommand,
+    },
+    /// Denies of a folder or file; they win over every grant.
+    Deny {
+        #[command(subcommand)]
+        command: DenyCommand,
     },
     /// Personal access tokens.
     Pat {
         #[command(subcommand)]
         command: PatCommand,
     },
+    /// Files of a namespace: list, enable/disable, hide/show, delete.
+    File {
+        #[command(subcommand)]
+        command: FileCommand,
+    },
+    /// Query the audit log of tool calls.
+    Audit(AuditArgs),
 }
 
 #[derive(Args)]
@@ -85,34 +109,6 @@ struct UpArgs {
     seed: Vec<String>,
 }
 
-#[derive(Args, Clone)]
-struct Remote {
-    /// Gateway base URL.
-    #[arg(long, env = "KGMESH_URL", default_value = "http://127.0.0.1:8080")]
-    url: String,
-    /// An admin PAT.
-    #[arg(long, env = "KGMESH_TOKEN", hide_env_values = true, default_value = "")]
-    token: String,
-    /// Print compact JSON (for scripts).
-    #[arg(long)]
-    json: bool,
-}
-
-impl Remote {
-    fn client(&self) -> anyhow::Result<AdminClient> {
-        AdminClient::new(&self.url, &self.token)
-    }
-
-    fn print(&self, value: &Value) -> anyhow::Result<()> {
-        if self.json {
-            println!("{}", serde_json::to_string(value)?);
-        } else {
-            println!("{}", serde_json::to_string_pretty(value)?);
-        }
-        Ok(())
-    }
-}
-
 #[derive(Args)]
 struct IngestArgs {
     /// File or folder to upload.
@@ -138,120 +134,6 @@ struct McpArgs {
     /// The PAT every tool call runs as.
     #[arg(long, env = "KGMESH_TOKEN", hide_env_values = true, default_value = "")]
     token: String,
-}
-
-#[derive(Subcommand)]
-enum NsCommand {
-    /// Create a namespace.
-    Create {
-        name: String,
-        #[arg(long, default_value = "")]
-        description: String,
-        #[command(flatten)]
-        remote: Remote,
-    },
-    /// List namespaces.
-    List {
-        #[command(flatten)]
-        remote: Remote,
-    },
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum Kind {
-    User,
-    Agent,
-    Service,
-}
-
-#[derive(Subcommand)]
-enum PrincipalCommand {
-    /// Create a principal.
-    Create {
-        name: String,
-        #[arg(long, value_enum, default_value = "user")]
-        kind: Kind,
-        /// For an agent: the user it acts for (it reads only what both may read).
-        #[arg(long)]
-        acts_for: Option<String>,
-        /// Make the principal an administrator.
-        #[arg(long)]
-        admin: bool,
-        #[command(flatten)]
-        remote: Remote,
-    },
-    /// List principals.
-    List {
-        #[command(flatten)]
-        remote: Remote,
-    },
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum PermissionArg {
-    Read,
-    Write,
-    Admin,
-}
-
-#[derive(Subcommand)]
-enum GrantCommand {
-    /// Grant (or change) a permission.
-    Put {
-        #[arg(long)]
-        principal: String,
-        #[arg(long)]
-        namespace: String,
-        #[arg(long, value_enum, default_value = "read")]
-        permission: PermissionArg,
-        /// Narrow the grant to a folder, e.g. `handbook/`.
-        #[arg(long, default_value = "")]
-        prefix: String,
-        #[command(flatten)]
-        remote: Remote,
-    },
-    /// Remove a grant.
-    Delete {
-        grant_id: String,
-        #[command(flatten)]
-        remote: Remote,
-    },
-    /// List grants.
-    List {
-        #[arg(long, default_value = "")]
-        principal: String,
-        #[command(flatten)]
-        remote: Remote,
-    },
-}
-
-#[derive(Subcommand)]
-enum PatCommand {
-    /// Mint a token (shown once).
-    Create {
-        #[arg(long)]
-        principal: String,
-        #[arg(long)]
-        name: String,
-        /// Expire after this many days.
-        #[arg(long)]
-        expires_in_days: Option<u32>,
-        #[command(flatten)]
-        remote: Remote,
-    },
-    /// List tokens (never their secrets).
-    List {
-        #[arg(long, default_value = "")]
-        principal: String,
-        #[command(flatten)]
-        remote: Remote,
-    },
-    /// Revoke a token; it fails on its next call.
-    Revoke {
-        pat_id: String,
-        #[command(flatten)]
-        remote: Remote,
-    },
 }
 
 fn main() -> ExitCode {
@@ -280,11 +162,19 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Up(args) => up(args).await,
         Command::Ingest(args) => ingest(args).await,
         Command::Mcp(args) => mcp(args).await,
-        Command::Ns { command } => ns(command).await,
-        Command::Principal { command } => principal(command).await,
-        Command::Grant { command } => grant(command).await,
-        Command::Pat { command } => pat(command).await,
+        Command::Ns { command } => commands::access::ns(command).await.map(success),
+        Command::Principal { command } => commands::access::principal(command).await.map(success),
+        Command::Group { command } => commands::access::group(command).await.map(success),
+        Command::Grant { command } => commands::access::grant(command).await.map(success),
+        Command::Deny { command } => commands::access::deny(command).await.map(success),
+        Command::Pat { command } => commands::pats::pat(command).await.map(success),
+        Command::File { command } => commands::files::file(command).await.map(success),
+        Command::Audit(args) => commands::audit::audit(args).await.map(success),
     }
+}
+
+fn success(_: ()) -> ExitCode {
+    ExitCode::SUCCESS
 }
 
 async fn shutdown_signal() {
@@ -466,129 +356,155 @@ async fn mcp(args: McpArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-async fn ns(command: NsCommand) -> anyhow::Result<ExitCode> {
-    match command {
-        NsCommand::Create {
-            name,
-            description,
-            remote,
-        } => {
-            let v = remote
-                .client()?
-                .post(
-                    &["namespaces"],
-                    json!({"name": name, "description": description}),
-                )
-                .await?;
-            remote.print(&v)?;
-        }
-        NsCommand::List { remote } => {
-            let v = remote.client()?.get(&["namespaces"], &[]).await?;
-            remote.print(&v)?;
-        }
-    }
-    Ok(ExitCode::SUCCESS)
-}
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory as _;
 
-async fn principal(command: PrincipalCommand) -> anyhow::Result<ExitCode> {
-    match command {
-        PrincipalCommand::Create {
-            name,
-            kind,
-            acts_for,
-            admin,
-            remote,
-        } => {
-            let kind = match kind {
-                Kind::User => "user",
-                Kind::Agent => "agent",
-                Kind::Service => "service",
-            };
-            let v = remote
-                .client()?
-                .post(
-                    &["principals"],
-                    json!({"name": name, "kind": kind, "actsFor": acts_for, "isAdmin": admin}),
-                )
-                .await?;
-            remote.print(&v)?;
-        }
-        PrincipalCommand::List { remote } => {
-            let v = remote.client()?.get(&["principals"], &[]).await?;
-            remote.print(&v)?;
-        }
+    fn parses(args: &[&str]) -> bool {
+        Cli::try_parse_from(std::iter::once("kgmesh").chain(args.iter().copied())).is_ok()
     }
-    Ok(ExitCode::SUCCESS)
-}
 
-async fn grant(command: GrantCommand) -> anyhow::Result<ExitCode> {
-    match command {
-        GrantCommand::Put {
-            principal,
-            namespace,
-            permission,
-            prefix,
-            remote,
-        } => {
-            let permission = match permission {
-                PermissionArg::Read => "read",
-                PermissionArg::Write => "write",
-                PermissionArg::Admin => "admin",
-            };
-            let v = remote
-                .client()?
-                .post(
-                    &["grants"],
-                    json!({"principalId": principal, "namespace": namespace, "permission": permission, "pathPrefix": prefix}),
-                )
-                .await?;
-            remote.print(&v)?;
-        }
-        GrantCommand::Delete { grant_id, remote } => {
-            let v = remote.client()?.delete(&["grants", &grant_id]).await?;
-            remote.print(&v)?;
-        }
-        GrantCommand::List { principal, remote } => {
-            let v = remote
-                .client()?
-                .get(&["grants"], &[("principal", principal)])
-                .await?;
-            remote.print(&v)?;
-        }
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
     }
-    Ok(ExitCode::SUCCESS)
-}
 
-async fn pat(command: PatCommand) -> anyhow::Result<ExitCode> {
-    match command {
-        PatCommand::Create {
-            principal,
-            name,
-            expires_in_days,
-            remote,
-        } => {
-            let expires = expires_in_days
-                .map(|days| kg_common::caller::now_ms() + i64::from(days) * 86_400_000);
-            let v = remote
-                .client()?
-                .post(
-                    &["pats"],
-                    json!({"principalId": principal, "name": name, "expiresAtMs": expires}),
-                )
-                .await?;
-            remote.print(&v)?;
-        }
-        PatCommand::List { principal, remote } => {
-            let v = remote
-                .client()?
-                .get(&["pats"], &[("principal", principal)])
-                .await?;
-            remote.print(&v)?;
-        }
-        PatCommand::Revoke { pat_id, remote } => {
-            let v = remote.client()?.delete(&["pats", &pat_id]).await?;
-            remote.print(&v)?;
-        }
+    #[test]
+    fn subjects_and_targets_are_exclusive() {
+        assert!(parses(&[
+            "grant",
+            "put",
+            "--principal",
+            "u",
+            "--namespace",
+            "demo"
+        ]));
+        assert!(parses(&[
+            "grant",
+            "put",
+            "--group",
+            "g",
+            "--namespace",
+            "demo"
+        ]));
+        assert!(!parses(&[
+            "grant",
+            "put",
+            "--principal",
+            "u",
+            "--group",
+            "g",
+            "--namespace",
+            "demo"
+        ]));
+        assert!(!parses(&["grant", "put", "--namespace", "demo"]));
+        assert!(parses(&["grant", "list"]));
+        assert!(!parses(&[
+            "grant",
+            "list",
+            "--principal",
+            "u",
+            "--group",
+            "g"
+        ]));
+
+        assert!(parses(&[
+            "deny",
+            "put",
+            "--namespace",
+            "demo",
+            "--prefix",
+            "hr/"
+        ]));
+        assert!(parses(&[
+            "deny",
+            "put",
+            "--namespace",
+            "demo",
+            "--group",
+            "g",
+            "--file-id",
+            "f"
+        ]));
+        assert!(!parses(&["deny", "put", "--namespace", "demo"]));
+        assert!(!parses(&[
+            "deny",
+            "put",
+            "--namespace",
+            "demo",
+            "--prefix",
+            "a/",
+            "--file-id",
+            "f"
+        ]));
+        assert!(!parses(&[
+            "deny",
+            "put",
+            "--namespace",
+            "demo",
+            "--principal",
+            "u",
+            "--group",
+            "g",
+            "--prefix",
+            "a/"
+        ]));
+        assert!(!parses(&["deny", "list"]));
+
+        assert!(parses(&[
+            "file",
+            "set",
+            "--namespace",
+            "demo",
+            "--path",
+            "a.md",
+            "--hidden",
+            "true"
+        ]));
+        assert!(parses(&[
+            "file",
+            "set",
+            "--namespace",
+            "demo",
+            "--path",
+            "a.md",
+            "--enabled",
+            "false",
+            "--hidden",
+            "false"
+        ]));
+        assert!(!parses(&[
+            "file",
+            "set",
+            "--namespace",
+            "demo",
+            "--path",
+            "a.md"
+        ]));
+        assert!(!parses(&[
+            "file",
+            "set",
+            "--namespace",
+            "demo",
+            "--path",
+            "a.md",
+            "--hidden",
+            "maybe"
+        ]));
+
+        assert!(parses(&[
+            "audit",
+            "--tool",
+            "kg_search",
+            "--since-ms",
+            "1",
+            "--limit",
+            "5"
+        ]));
+        assert!(parses(&["pat", "rotate", "pat_1"]));
+        assert!(parses(&["group", "add-member", "grp_1", "usr_1"]));
+        assert!(!parses(&["group", "add-member", "grp_1"]));
     }
-    Ok(ExitCode::SUCCESS)
 }

@@ -1,14 +1,17 @@
 //! kg-gateway: the only door agents and admins use. It owns the MCP server
 //! (Streamable HTTP at `/mcp`, and stdio), the tool registry and the fan-out
 //! behind each tool, `/health`, `/metrics`, protected-resource metadata and the
-//! admin REST API. It authorizes every request with auth and talks gRPC to
-//! auth, files, retrieval and graph with the signed caller context; it never
-//! touches a store. Entry points: [`serve`], [`serve_stdio`], [`router`].
+//! admin REST API, and the audit trail of every tool call. It authorizes every
+//! request with auth and talks gRPC to auth, files, retrieval and graph with
+//! the signed caller context; it never touches a store.
+//! Entry points: [`serve`], [`serve_stdio`], [`router`].
 
+mod audit;
 mod config;
 mod error;
 mod http;
 mod mcp;
+mod metrics;
 mod state;
 
 use rmcp::ServiceExt as _;

@@ -14,6 +14,7 @@ use kg_proto::v1::{AuthorizeRequest, CallerContext, SignedCallerContext};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
+use crate::audit::{AUDIT_QUEUE_CAPACITY, AuditSink};
 use crate::config::GatewayConfig;
 use crate::error::{ClientError, GatewayError};
 
@@ -60,6 +61,8 @@ pub struct GatewayState {
     pub(crate) config: Arc<GatewayConfig>,
     pub(crate) backends: Backends,
     pub(crate) shutdown: CancellationToken,
+    /// Where every tool call's audit event goes (to auth, off the call path).
+    pub(crate) audit: AuditSink,
 }
 
 impl GatewayState {
@@ -68,10 +71,12 @@ impl GatewayState {
     pub fn new(config: GatewayConfig, shutdown: CancellationToken) -> Result<Self, GatewayError> {
         config.validate()?;
         let backends = Backends::connect(&config)?;
+        let audit = AuditSink::new(backends.auth.clone(), AUDIT_QUEUE_CAPACITY);
         Ok(Self {
             config: Arc::new(config),
             backends,
             shutdown,
+            audit,
         })
     }
 
@@ -120,8 +125,23 @@ struct CallerInner {
 }
 
 impl Caller {
+    /// A caller built directly, for unit tests that need no auth round trip.
+    #[cfg(test)]
+    pub(crate) fn for_test(signed: SignedCallerContext, decoded: CallerContext) -> Self {
+        Self(Arc::new(CallerInner {
+            signed,
+            decoded,
+            request_id: "req_test".to_owned(),
+        }))
+    }
+
     pub(crate) fn context(&self) -> &CallerContext {
         &self.0.decoded
+    }
+
+    /// The signed form, forwarded to services (and with audit events).
+    pub(crate) fn signed(&self) -> &SignedCallerContext {
+        &self.0.signed
     }
 
     pub(crate) fn principal_id(&self) -> &str {

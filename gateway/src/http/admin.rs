@@ -9,19 +9,23 @@ use axum::extract::rejection::{BytesRejection, JsonRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Extension, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get};
+use axum::routing::{delete, get, post};
 use kg_common::ErrorCode;
 use kg_common::access::{normalize_folder_prefix, normalize_path, validate_namespace};
 use kg_proto::v1::{
-    CreateNamespaceRequest, CreatePatRequest, CreatePrincipalRequest, DeleteGrantRequest,
-    GetFileRequest, ListFilesRequest, ListGrantsRequest, ListNamespacesRequest, ListPatsRequest,
-    ListPrincipalsRequest, PutGrantRequest, RevokePatRequest, UploadRequest, get_file_request,
+    CreateGroupRequest, CreateNamespaceRequest, CreatePatRequest, CreatePrincipalRequest,
+    DeleteDenyRequest, DeleteFileRequest, DeleteGrantRequest, FileInfo, GetFileRequest,
+    GroupMemberRequest, ListAuditRequest, ListDeniesRequest, ListFilesRequest, ListGrantsRequest,
+    ListGroupsRequest, ListNamespacesRequest, ListPatsRequest, ListPrincipalsRequest,
+    PutDenyRequest, PutGrantRequest, RevokePatRequest, RotatePatRequest, SetFileFlagsRequest,
+    UploadRequest, get_file_request,
 };
 use serde::Deserialize;
 use serde_json::json;
 
 use super::dto::{
-    FileJson, GrantJson, NamespaceJson, PatJson, PrincipalJson, parse_kind, parse_permission,
+    AuditEventJson, DenyJson, FileJson, GrantJson, GroupJson, NamespaceJson, PatJson,
+    PrincipalJson, parse_kind, parse_permission,
 };
 use super::guard::error_response;
 use crate::error::ClientError;
@@ -39,15 +43,27 @@ pub(crate) fn routes(state: GatewayState) -> Router {
             "/api/v1/principals",
             get(list_principals).post(create_principal),
         )
+        .route("/api/v1/groups", get(list_groups).post(create_group))
+        .route("/api/v1/groups/{id}/members", post(add_group_member))
+        .route(
+            "/api/v1/groups/{id}/members/{principal}",
+            delete(remove_group_member),
+        )
         .route("/api/v1/grants", get(list_grants).post(put_grant))
         .route("/api/v1/grants/{id}", delete(delete_grant))
+        .route("/api/v1/denies", get(list_denies).post(put_deny))
+        .route("/api/v1/denies/{id}", delete(delete_deny))
         .route("/api/v1/pats", get(list_pats).post(create_pat))
         .route("/api/v1/pats/{id}", delete(revoke_pat))
+        .route("/api/v1/pats/{id}/rotate", post(rotate_pat))
+        .route("/api/v1/audit", get(list_audit))
         .route("/api/v1/namespaces/{ns}/files", get(list_files))
         .route(
             "/api/v1/namespaces/{ns}/files/{*path}",
             get(get_file)
                 .put(upload)
+                .patch(set_file_flags)
+                .delete(delete_file)
                 .layer(DefaultBodyLimit::max(upload_limit)),
         )
         .with_state(state)
@@ -207,22 +223,38 @@ struct PrincipalQuery {
     principal: Option<String>,
 }
 
-/// The `?principal=ID` filter; absent or empty lists every principal's entries.
-fn principal_param(q: PrincipalQuery) -> Result<String, ApiError> {
-    Ok(q.principal.map(|p| p.trim().to_owned()).unwrap_or_default())
+/// An optional id from a query or body: absent, empty and blank mean unset.
+fn id_param(value: Option<String>) -> String {
+    value.map(|p| p.trim().to_owned()).unwrap_or_default()
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GrantsQuery {
+    principal: Option<String>,
+    group: Option<String>,
 }
 
 async fn list_grants(
     State(state): State<GatewayState>,
     Extension(caller): Extension<Caller>,
-    q: Result<Query<PrincipalQuery>, QueryRejection>,
+    q: Result<Query<GrantsQuery>, QueryRejection>,
 ) -> ApiResult {
-    let principal_id = principal_param(query(q)?)?;
+    let q = query(q)?;
+    let (principal_id, group_id) = (id_param(q.principal), id_param(q.group));
+    if !principal_id.is_empty() && !group_id.is_empty() {
+        return Err(ApiError(ClientError::invalid(
+            "pass at most one of `principal` and `group`",
+        )));
+    }
     let response = state
         .backends
         .auth
         .clone()
-        .list_grants(caller.request(ListGrantsRequest { principal_id }))
+        .list_grants(caller.request(ListGrantsRequest {
+            principal_id,
+            group_id,
+        }))
         .await
         .map_err(backend("auth"))?
         .into_inner();
@@ -233,7 +265,10 @@ async fn list_grants(
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 struct PutGrantBody {
-    principal_id: String,
+    #[serde(default)]
+    principal_id: Option<String>,
+    #[serde(default)]
+    group_id: Option<String>,
     namespace: String,
     permission: String,
     #[serde(default)]
@@ -246,16 +281,23 @@ async fn put_grant(
     body: Result<Json<PutGrantBody>, JsonRejection>,
 ) -> ApiResult {
     let body = json_body(body)?;
+    let (principal_id, group_id) = (id_param(body.principal_id), id_param(body.group_id));
+    if principal_id.is_empty() == group_id.is_empty() {
+        return Err(ApiError(ClientError::invalid(
+            "pass exactly one of `principalId` and `groupId`: a grant is to one principal or one group",
+        )));
+    }
     let permission = parse_permission(&body.permission)?;
     let grant = state
         .backends
         .auth
         .clone()
         .put_grant(caller.request(PutGrantRequest {
-            principal_id: body.principal_id,
+            principal_id,
             namespace: body.namespace,
             permission: permission as i32,
             path_prefix: body.path_prefix,
+            group_id,
         }))
         .await
         .map_err(backend("auth"))?
@@ -292,7 +334,7 @@ async fn list_pats(
     Extension(caller): Extension<Caller>,
     q: Result<Query<PrincipalQuery>, QueryRejection>,
 ) -> ApiResult {
-    let principal_id = principal_param(query(q)?)?;
+    let principal_id = id_param(query(q)?.principal);
     let response = state
         .backends
         .auth
@@ -361,6 +403,273 @@ async fn revoke_pat(
         )));
     }
     Ok(ok(json!({ "revoked": true })))
+}
+
+async fn rotate_pat(
+    State(state): State<GatewayState>,
+    Extension(caller): Extension<Caller>,
+    Path(pat_id): Path<String>,
+) -> ApiResult {
+    let response = state
+        .backends
+        .auth
+        .clone()
+        .rotate_pat(caller.request(RotatePatRequest { pat_id }))
+        .await
+        .map_err(backend("auth"))?
+        .into_inner();
+    let pat = response.pat.map(PatJson::from);
+    // The new token is shown once, here; it is never logged.
+    Ok(ok(json!({ "token": response.token, "pat": to_value(pat) })))
+}
+
+async fn list_groups(
+    State(state): State<GatewayState>,
+    Extension(caller): Extension<Caller>,
+) -> ApiResult {
+    let response = state
+        .backends
+        .auth
+        .clone()
+        .list_groups(caller.request(ListGroupsRequest {}))
+        .await
+        .map_err(backend("auth"))?
+        .into_inner();
+    let list: Vec<GroupJson> = response.groups.into_iter().map(Into::into).collect();
+    Ok(ok(json!({ "groups": list })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct CreateGroupBody {
+    name: String,
+}
+
+async fn create_group(
+    State(state): State<GatewayState>,
+    Extension(caller): Extension<Caller>,
+    body: Result<Json<CreateGroupBody>, JsonRejection>,
+) -> ApiResult {
+    let body = json_body(body)?;
+    let group = state
+        .backends
+        .auth
+        .clone()
+        .create_group(caller.request(CreateGroupRequest { name: body.name }))
+        .await
+        .map_err(backend("auth"))?
+        .into_inner();
+    Ok(created(to_value(GroupJson::from(group))))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct GroupMemberBody {
+    principal_id: String,
+}
+
+async fn add_group_member(
+    State(state): State<GatewayState>,
+    Extension(caller): Extension<Caller>,
+    Path(group_id): Path<String>,
+    body: Result<Json<GroupMemberBody>, JsonRejection>,
+) -> ApiResult {
+    let body = json_body(body)?;
+    let group = state
+        .backends
+        .auth
+        .clone()
+        .add_group_member(caller.request(GroupMemberRequest {
+            group_id,
+            principal_id: body.principal_id,
+        }))
+        .await
+        .map_err(backend("auth"))?
+        .into_inner();
+    Ok(ok(to_value(GroupJson::from(group))))
+}
+
+async fn remove_group_member(
+    State(state): State<GatewayState>,
+    Extension(caller): Extension<Caller>,
+    Path((group_id, principal_id)): Path<(String, String)>,
+) -> ApiResult {
+    let group = state
+        .backends
+        .auth
+        .clone()
+        .remove_group_member(caller.request(GroupMemberRequest {
+            group_id,
+            principal_id,
+        }))
+        .await
+        .map_err(backend("auth"))?
+        .into_inner();
+    Ok(ok(to_value(GroupJson::from(group))))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeniesQuery {
+    namespace: Option<String>,
+}
+
+async fn list_denies(
+    State(state): State<GatewayState>,
+    Extension(caller): Extension<Caller>,
+    q: Result<Query<DeniesQuery>, QueryRejection>,
+) -> ApiResult {
+    let namespace = id_param(query(q)?.namespace);
+    if !namespace.is_empty() {
+        valid_namespace(&namespace)?;
+    }
+    let response = state
+        .backends
+        .auth
+        .clone()
+        .list_denies(caller.request(ListDeniesRequest { namespace }))
+        .await
+        .map_err(backend("auth"))?
+        .into_inner();
+    let list: Vec<DenyJson> = response.denies.into_iter().map(Into::into).collect();
+    Ok(ok(json!({ "denies": list })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct PutDenyBody {
+    namespace: String,
+    #[serde(default)]
+    principal_id: Option<String>,
+    #[serde(default)]
+    group_id: Option<String>,
+    #[serde(default)]
+    path_prefix: Option<String>,
+    #[serde(default)]
+    file_id: Option<String>,
+}
+
+/// Checks a deny's shape: at most one subject, exactly one target.
+fn deny_request(body: PutDenyBody) -> Result<PutDenyRequest, ApiError> {
+    valid_namespace(&body.namespace)?;
+    let principal_id = id_param(body.principal_id);
+    let group_id = id_param(body.group_id);
+    let path_prefix = id_param(body.path_prefix);
+    let file_id = id_param(body.file_id);
+    if !principal_id.is_empty() && !group_id.is_empty() {
+        return Err(ApiError(ClientError::invalid(
+            "pass at most one of `principalId` and `groupId` (neither denies everyone)",
+        )));
+    }
+    if path_prefix.is_empty() == file_id.is_empty() {
+        return Err(ApiError(ClientError::invalid(
+            "pass exactly one of `pathPrefix` (a folder, e.g. `hr/`) and `fileId`",
+        )));
+    }
+    let path_prefix = if path_prefix.is_empty() {
+        path_prefix
+    } else {
+        let folder = normalize_folder_prefix(&path_prefix)
+            .map_err(|err| ApiError(ClientError::invalid(err.to_string())))?;
+        if folder.is_empty() {
+            return Err(ApiError(ClientError::invalid(
+                "pathPrefix must name a folder such as `hr/`; to shut a principal out of a whole namespace, delete its grants",
+            )));
+        }
+        folder
+    };
+    Ok(PutDenyRequest {
+        namespace: body.namespace,
+        principal_id,
+        group_id,
+        path_prefix,
+        file_id,
+    })
+}
+
+async fn put_deny(
+    State(state): State<GatewayState>,
+    Extension(caller): Extension<Caller>,
+    body: Result<Json<PutDenyBody>, JsonRejection>,
+) -> ApiResult {
+    let request = deny_request(json_body(body)?)?;
+    let deny = state
+        .backends
+        .auth
+        .clone()
+        .put_deny(caller.request(request))
+        .await
+        .map_err(backend("auth"))?
+        .into_inner();
+    Ok(created(to_value(DenyJson::from(deny))))
+}
+
+async fn delete_deny(
+    State(state): State<GatewayState>,
+    Extension(caller): Extension<Caller>,
+    Path(deny_id): Path<String>,
+) -> ApiResult {
+    let response = state
+        .backends
+        .auth
+        .clone()
+        .delete_deny(caller.request(DeleteDenyRequest {
+            deny_id: deny_id.clone(),
+        }))
+        .await
+        .map_err(backend("auth"))?
+        .into_inner();
+    if !response.deleted {
+        return Err(ApiError(ClientError::new(
+            ErrorCode::NotFound,
+            format!("deny `{deny_id}` not found"),
+        )));
+    }
+    Ok(ok(json!({ "deleted": true })))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct AuditQuery {
+    principal: Option<String>,
+    tool: Option<String>,
+    since_ms: Option<i64>,
+    until_ms: Option<i64>,
+    limit: Option<u32>,
+    cursor: Option<String>,
+}
+
+async fn list_audit(
+    State(state): State<GatewayState>,
+    Extension(caller): Extension<Caller>,
+    q: Result<Query<AuditQuery>, QueryRejection>,
+) -> ApiResult {
+    let q = query(q)?;
+    if let (Some(since), Some(until)) = (q.since_ms, q.until_ms)
+        && since > until
+    {
+        return Err(ApiError(ClientError::invalid(
+            "sinceMs must not be after untilMs",
+        )));
+    }
+    let response = state
+        .backends
+        .auth
+        .clone()
+        .list_audit(caller.request(ListAuditRequest {
+            principal_id: id_param(q.principal),
+            tool: id_param(q.tool),
+            since_ms: q.since_ms,
+            until_ms: q.until_ms,
+            limit: q.limit.unwrap_or(0),
+            cursor: q.cursor.unwrap_or_default(),
+        }))
+        .await
+        .map_err(backend("auth"))?
+        .into_inner();
+    let events: Vec<AuditEventJson> = response.events.into_iter().map(Into::into).collect();
+    let next_cursor = Some(response.next_cursor).filter(|c| !c.is_empty());
+    Ok(ok(json!({ "events": events, "nextCursor": next_cursor })))
 }
 
 /// The upload's mime type from `Content-Type`, ignoring the generic values
@@ -478,21 +787,95 @@ async fn get_file(
     Extension(caller): Extension<Caller>,
     Path((ns, path)): Path<(String, String)>,
 ) -> ApiResult {
-    valid_namespace(&ns)?;
+    let file = file_by_path(&state, &caller, &ns, &path).await?;
+    Ok(ok(json!({ "file": to_value(FileJson::from(file)) })))
+}
+
+/// The file at `path` in `ns` (for its id), as the caller sees it.
+async fn file_by_path(
+    state: &GatewayState,
+    caller: &Caller,
+    ns: &str,
+    path: &str,
+) -> Result<FileInfo, ApiError> {
+    valid_namespace(ns)?;
     let path =
-        normalize_path(&path).map_err(|err| ApiError(ClientError::invalid(err.to_string())))?;
-    let file = state
+        normalize_path(path).map_err(|err| ApiError(ClientError::invalid(err.to_string())))?;
+    Ok(state
         .backends
         .files
         .clone()
         .get_file(caller.request(GetFileRequest {
-            namespace: ns,
+            namespace: ns.to_owned(),
             selector: Some(get_file_request::Selector::Path(path)),
+        }))
+        .await
+        .map_err(backend("files"))?
+        .into_inner())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct FileFlagsBody {
+    #[serde(default)]
+    enabled: Option<bool>,
+    #[serde(default)]
+    hidden: Option<bool>,
+}
+
+async fn set_file_flags(
+    State(state): State<GatewayState>,
+    Extension(caller): Extension<Caller>,
+    Path((ns, path)): Path<(String, String)>,
+    body: Result<Json<FileFlagsBody>, JsonRejection>,
+) -> ApiResult {
+    let body = json_body(body)?;
+    if body.enabled.is_none() && body.hidden.is_none() {
+        return Err(ApiError(ClientError::invalid(
+            "pass `enabled` and/or `hidden` (true or false)",
+        )));
+    }
+    let file = file_by_path(&state, &caller, &ns, &path).await?;
+    let file = state
+        .backends
+        .files
+        .clone()
+        .set_file_flags(caller.request(SetFileFlagsRequest {
+            namespace: ns,
+            file_id: file.file_id,
+            enabled: body.enabled,
+            hidden: body.hidden,
         }))
         .await
         .map_err(backend("files"))?
         .into_inner();
     Ok(ok(json!({ "file": to_value(FileJson::from(file)) })))
+}
+
+async fn delete_file(
+    State(state): State<GatewayState>,
+    Extension(caller): Extension<Caller>,
+    Path((ns, path)): Path<(String, String)>,
+) -> ApiResult {
+    let file = file_by_path(&state, &caller, &ns, &path).await?;
+    let response = state
+        .backends
+        .files
+        .clone()
+        .delete_file(caller.request(DeleteFileRequest {
+            namespace: ns,
+            file_id: file.file_id,
+        }))
+        .await
+        .map_err(backend("files"))?
+        .into_inner();
+    if !response.deleted {
+        return Err(ApiError(ClientError::new(
+            ErrorCode::NotFound,
+            format!("file `{}` not found", file.path),
+        )));
+    }
+    Ok(ok(json!({ "deleted": true })))
 }
 
 #[cfg(test)]

@@ -2,7 +2,8 @@
 //! Enums are lowercase strings.
 
 use kg_proto::v1::{
-    FileInfo, FileStatus, Grant, Namespace, Pat, Permission, Principal, PrincipalKind,
+    AuditEvent, Deny, FileInfo, FileStatus, Grant, Group, Namespace, Pat, Permission, Principal,
+    PrincipalKind,
 };
 use serde::Serialize;
 
@@ -101,11 +102,18 @@ impl From<Principal> for PrincipalJson {
     }
 }
 
+/// `None` for proto's "unset" empty string, so JSON says `null`.
+fn non_empty(value: String) -> Option<String> {
+    Some(value).filter(|v| !v.is_empty())
+}
+
+/// A grant to a principal or to a group: the other id is `null`.
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub(crate) struct GrantJson {
     id: String,
-    principal_id: String,
+    principal_id: Option<String>,
+    group_id: Option<String>,
     namespace: String,
     permission: &'static str,
     path_prefix: String,
@@ -117,10 +125,93 @@ impl From<Grant> for GrantJson {
         Self {
             permission: permission_name(g.permission()),
             id: g.id,
-            principal_id: g.principal_id,
+            principal_id: non_empty(g.principal_id),
+            group_id: non_empty(g.group_id),
             namespace: g.namespace,
             path_prefix: g.path_prefix,
             created_at_ms: g.created_at_ms,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct GroupJson {
+    id: String,
+    name: String,
+    member_ids: Vec<String>,
+    created_at_ms: i64,
+}
+
+impl From<Group> for GroupJson {
+    fn from(g: Group) -> Self {
+        Self {
+            id: g.id,
+            name: g.name,
+            member_ids: g.member_ids,
+            created_at_ms: g.created_at_ms,
+        }
+    }
+}
+
+/// A deny: subject `principalId`, `groupId` or neither (everyone); target
+/// `pathPrefix` or `fileId`. Unset fields are `null`.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct DenyJson {
+    id: String,
+    namespace: String,
+    principal_id: Option<String>,
+    group_id: Option<String>,
+    path_prefix: Option<String>,
+    file_id: Option<String>,
+    created_at_ms: i64,
+}
+
+impl From<Deny> for DenyJson {
+    fn from(d: Deny) -> Self {
+        Self {
+            id: d.id,
+            namespace: d.namespace,
+            principal_id: non_empty(d.principal_id),
+            group_id: non_empty(d.group_id),
+            path_prefix: non_empty(d.path_prefix),
+            file_id: non_empty(d.file_id),
+            created_at_ms: d.created_at_ms,
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct AuditEventJson {
+    id: String,
+    at_ms: i64,
+    principal_id: String,
+    on_behalf_of: Option<String>,
+    tool: String,
+    namespaces: Vec<String>,
+    outcome: String,
+    latency_us: i64,
+    result_bytes: i64,
+    request_id: String,
+    transport: String,
+}
+
+impl From<AuditEvent> for AuditEventJson {
+    fn from(e: AuditEvent) -> Self {
+        Self {
+            id: e.id,
+            at_ms: e.at_ms,
+            principal_id: e.principal_id,
+            on_behalf_of: non_empty(e.on_behalf_of),
+            tool: e.tool,
+            namespaces: e.namespaces,
+            outcome: e.outcome,
+            latency_us: e.latency_us,
+            result_bytes: e.result_bytes,
+            request_id: e.request_id,
+            transport: e.transport,
         }
     }
 }
@@ -237,5 +328,41 @@ mod tests {
                 .contains("read, write or admin")
         );
         assert!(parse_kind("robot").is_err());
+
+        let g = Grant {
+            id: "g1".into(),
+            group_id: "grp1".into(),
+            namespace: "demo".into(),
+            permission: Permission::Read as i32,
+            ..Default::default()
+        };
+        assert_eq!(
+            serde_json::to_value(GrantJson::from(g)).unwrap(),
+            json!({"id": "g1", "principalId": null, "groupId": "grp1", "namespace": "demo",
+                   "permission": "read", "pathPrefix": "", "createdAtMs": 0})
+        );
+        let d = Deny {
+            id: "d1".into(),
+            namespace: "demo".into(),
+            file_id: "f1".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            serde_json::to_value(DenyJson::from(d)).unwrap(),
+            json!({"id": "d1", "namespace": "demo", "principalId": null, "groupId": null,
+                   "pathPrefix": null, "fileId": "f1", "createdAtMs": 0})
+        );
+        let e = AuditEvent {
+            id: "a1".into(),
+            tool: "kg_search".into(),
+            namespaces: vec!["demo".into()],
+            outcome: "ok".into(),
+            transport: "http".into(),
+            ..Default::default()
+        };
+        let v = serde_json::to_value(AuditEventJson::from(e)).unwrap();
+        assert_eq!(v["onBehalfOf"], json!(null));
+        assert_eq!(v["latencyUs"], 0);
+        assert_eq!(v["namespaces"], json!(["demo"]));
     }
 }

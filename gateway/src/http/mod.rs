@@ -109,7 +109,7 @@ async fn metrics() -> Response {
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        kg_common::metrics::encode_text(),
+        crate::metrics::encode_text(),
     )
         .into_response()
 }

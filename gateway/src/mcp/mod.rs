@@ -1,5 +1,6 @@
 //! The MCP server: one `ServerHandler` over a data-driven tool registry, used
-//! by both the Streamable HTTP service and the stdio transport.
+//! by both the Streamable HTTP service and the stdio transport. Every tool call
+//! with an authorized caller is metered, logged and audited.
 
 mod args;
 mod package;
@@ -12,6 +13,7 @@ use std::time::Instant;
 
 use kg_common::ErrorCode;
 use kg_common::metrics::{ToolLabels, metrics};
+use kg_proto::v1::AuditEvent;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, ListToolsResult,
     PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
@@ -21,6 +23,7 @@ use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 
 pub(crate) use registry::ToolRegistry;
 
+use crate::audit::Transport;
 use crate::error::ClientError;
 use crate::state::{Caller, GatewayState};
 
@@ -62,6 +65,13 @@ impl McpServer {
             state,
             registry,
             credentials: Credentials::Token(token.into()),
+        }
+    }
+
+    fn transport(&self) -> Transport {
+        match self.credentials {
+            Credentials::Http => Transport::Http,
+            Credentials::Token(_) => Transport::Stdio,
         }
     }
 
@@ -131,55 +141,100 @@ impl ServerHandler for McpServer {
         };
         let tool = entry.tool.name.to_string();
         let started = Instant::now();
+        let at_ms = kg_common::caller::now_ms();
         let args = request.arguments.unwrap_or_default();
-        let (principal, outcome) = match self.caller(&tool, &context).await {
+        // A call without an authorized caller is refused before it is a tool
+        // call: there is no one to audit it for.
+        let (caller, outcome) = match self.caller(&tool, &context).await {
             Ok(caller) => {
                 let outcome = tools::run(&self.state, &caller, entry.kind, &args).await;
-                (caller.principal_id().to_owned(), outcome)
+                (Some(caller), outcome)
             }
-            Err(err) => (String::new(), Err(err)),
+            Err(err) => (
+                None,
+                tools::Outcome {
+                    result: Err(err),
+                    namespaces: Vec::new(),
+                },
+            ),
         };
-        let failure = outcome.as_ref().err().map(|e| e.code);
-        let result = match outcome {
+        let failure = outcome.result.as_ref().err().map(|e| e.code);
+        let result = match outcome.result {
             Ok(value) => CallToolResult::structured(value),
             Err(err) => error_result(&err),
         };
-        record(&tool, &principal, failure, started, &result);
+        let summary = CallSummary {
+            tool,
+            failure,
+            latency: started.elapsed(),
+            result_bytes: result_bytes(&result),
+        };
+        summary.log(caller.as_ref().map_or("", Caller::principal_id));
+        if let Some(caller) = &caller {
+            self.state.audit.record(
+                caller,
+                summary.audit_event(at_ms, outcome.namespaces, self.transport()),
+            );
+        }
         Ok(CallToolResponse::Complete(result))
     }
 }
 
-/// Metrics and one log line per call: never the text, the arguments or a token.
-fn record(
-    tool: &str,
-    principal: &str,
-    failure: Option<ErrorCode>,
-    started: Instant,
-    result: &CallToolResult,
-) {
-    let elapsed = started.elapsed();
-    let outcome_label = failure.map_or("ok", ErrorCode::as_str);
-    let labels = ToolLabels {
-        tool: tool.to_owned(),
-        outcome: outcome_label.to_owned(),
-    };
-    metrics().tool_calls.get_or_create(&labels).inc();
-    metrics()
-        .tool_latency
-        .get_or_create(&labels)
-        .observe(elapsed.as_secs_f64());
-    let result_bytes: usize = result
+/// Bytes of the result text the client receives.
+fn result_bytes(result: &CallToolResult) -> usize {
+    result
         .content
         .iter()
         .filter_map(|c| c.as_text())
         .map(|t| t.text.len())
-        .sum();
-    tracing::info!(
-        tool,
-        principal,
-        outcome = outcome_label,
-        latency_ms = elapsed.as_secs_f64() * 1000.0,
-        result_bytes,
-        "tool call"
-    );
+        .sum()
+}
+
+/// What is known of a finished call: never the text, the arguments or a token.
+struct CallSummary {
+    tool: String,
+    failure: Option<ErrorCode>,
+    latency: std::time::Duration,
+    result_bytes: usize,
+}
+
+impl CallSummary {
+    fn outcome(&self) -> &'static str {
+        self.failure.map_or("ok", ErrorCode::as_str)
+    }
+
+    /// Metrics and one log line.
+    fn log(&self, principal: &str) {
+        let labels = ToolLabels {
+            tool: self.tool.clone(),
+            outcome: self.outcome().to_owned(),
+        };
+        metrics().tool_calls.get_or_create(&labels).inc();
+        metrics()
+            .tool_latency
+            .get_or_create(&labels)
+            .observe(self.latency.as_secs_f64());
+        tracing::info!(
+            tool = %self.tool,
+            principal,
+            outcome = self.outcome(),
+            latency_ms = self.latency.as_secs_f64() * 1000.0,
+            result_bytes = self.result_bytes,
+            "tool call"
+        );
+    }
+
+    /// The audit event; who called and the request id are filled in by the sink.
+    fn audit_event(&self, at_ms: i64, namespaces: Vec<String>, transport: Transport) -> AuditEvent {
+        AuditEvent {
+            at_ms,
+            tool: self.tool.clone(),
+            namespaces,
+            outcome: self.outcome().to_owned(),
+            latency_us: i64::try_from(self.latency.as_micros()).unwrap_or(i64::MAX),
+            result_bytes: i64::try_from(self.result_bytes).unwrap_or(i64::MAX),
+            transport: transport.as_str().to_owned(),
+            ..Default::default()
+        }
+    }
 }

@@ -18,22 +18,71 @@ use super::search::{apply_token_budget, interleave};
 use crate::error::ClientError;
 use crate::state::{Caller, GatewayState};
 
+/// What one tool call produced, and the namespaces it touched or asked for
+/// (for the audit trail).
+#[derive(Debug)]
+pub(crate) struct Outcome {
+    pub(crate) result: Result<Value, ClientError>,
+    pub(crate) namespaces: Vec<String>,
+}
+
 /// Runs one tool for an authorized caller.
 pub(crate) async fn run(
     state: &GatewayState,
     caller: &Caller,
     kind: ToolKind,
     args: &Map<String, Value>,
-) -> Result<Value, ClientError> {
-    match kind {
+) -> Outcome {
+    let mut namespaces = requested_namespaces(args);
+    let result = match kind {
         ToolKind::Namespaces => {
-            args::namespaces_args(args)?;
-            Ok(namespaces(caller.context()))
+            args::namespaces_args(args).map(|()| self::namespaces(caller.context()))
         }
-        ToolKind::Search => search(state, caller, args::search_args(args)?).await,
-        ToolKind::Open => open(state, caller, args::open_args(args)?).await,
-        ToolKind::Outline => outline(state, caller, args::outline_args(args)?).await,
+        ToolKind::Search => match args::search_args(args) {
+            Ok(args) => {
+                // No namespaces asked for: the search covers every readable one.
+                if args.namespaces.is_empty()
+                    && let Ok(all) = resolve_namespaces(caller.context(), &[])
+                {
+                    namespaces = all;
+                }
+                search(state, caller, args).await
+            }
+            Err(err) => Err(err),
+        },
+        ToolKind::Open => match args::open_args(args) {
+            Ok(args) => open(state, caller, args).await,
+            Err(err) => Err(err),
+        },
+        ToolKind::Outline => match args::outline_args(args) {
+            Ok(args) => outline(state, caller, args).await,
+            Err(err) => Err(err),
+        },
+    };
+    Outcome { result, namespaces }
+}
+
+/// The namespaces named in raw arguments (`namespace`, `namespaces`), even
+/// when other arguments are invalid. Only well-formed names are kept, so no
+/// other argument text can reach the audit log.
+pub(crate) fn requested_namespaces(args: &Map<String, Value>) -> Vec<String> {
+    let single = args.get("namespace").and_then(Value::as_str);
+    let many = args
+        .get("namespaces")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str);
+    let mut out: Vec<String> = Vec::new();
+    for ns in single.into_iter().chain(many) {
+        if out.len() >= args::MAX_NAMESPACES {
+            break;
+        }
+        if kg_common::access::validate_namespace(ns).is_ok() && !out.iter().any(|o| o == ns) {
+            out.push(ns.to_owned());
+        }
     }
+    out
 }
 
 fn namespaces(context: &CallerContext) -> Value {
@@ -684,6 +733,27 @@ mod tests {
         assert_eq!(
             namespaces(&ctx),
             json!({"namespaces": [{"name": "demo", "permission": "read"}, {"name": "ops", "permission": "admin"}]})
+        );
+    }
+
+    #[test]
+    fn audited_namespaces_are_well_formed_names_only() {
+        let args = |v: Value| v.as_object().unwrap().clone();
+        assert_eq!(
+            requested_namespaces(&args(json!({"namespace": "demo", "query": "secret words"}))),
+            ["demo"]
+        );
+        assert_eq!(
+            requested_namespaces(&args(
+                json!({"namespaces": ["a", "a", "Not A Namespace", 7, "b"], "topK": 99})
+            )),
+            ["a", "b"]
+        );
+        assert!(requested_namespaces(&args(json!({"namespace": "../etc/passwd"}))).is_empty());
+        let many: Vec<String> = (0..100).map(|i| format!("ns{i}")).collect();
+        assert_eq!(
+            requested_namespaces(&args(json!({ "namespaces": many }))).len(),
+            args::MAX_NAMESPACES
         );
     }
 

@@ -1,169 +1,24 @@
 //! HTTP behaviour of the gateway, driven with `oneshot` on [`super::router`].
-//! Auth is a tiny in-test tonic server implementing our own Auth contract
-//! (Authorize, and ListNamespaces behind the real caller-context layer).
+//! Auth and files are in-test tonic servers implementing our own contracts
+//! behind the real caller-context layer (see [`doubles`]).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+mod admin_api;
+mod audit;
+mod doubles;
+
+use std::sync::atomic::Ordering;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode, header};
-use kg_common::ErrorCode;
-use kg_common::caller::{
-    CONTEXT_TTL_MS, CallerContextLayer, ContextSigner, ContextVerifier, now_ms, require_caller,
-};
-use kg_common::error::status_with_code;
-use kg_proto::v1::auth_server::{Auth, AuthServer};
-use kg_proto::v1::*;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
-use tonic::{Response, Status};
 use tower::ServiceExt as _;
 
 use crate::config::{BackendAddrs, GatewayConfig};
 use crate::state::GatewayState;
-
-const GOOD: &str = "kg_pat_good0000000000000000000000000000";
-const REVOKED: &str = "kg_pat_revoked000000000000000000000000";
-
-struct TestAuth {
-    signer: ContextSigner,
-    authorize_calls: Arc<AtomicUsize>,
-}
-
-type Res<T> = Result<Response<T>, Status>;
-
-#[tonic::async_trait]
-impl Auth for TestAuth {
-    async fn authorize(&self, request: tonic::Request<AuthorizeRequest>) -> Res<AuthorizeResponse> {
-        self.authorize_calls.fetch_add(1, Ordering::SeqCst);
-        let r = request.into_inner();
-        if r.token != GOOD {
-            return Err(status_with_code(
-                ErrorCode::Unauthenticated,
-                "invalid token: it is missing, malformed, revoked, expired or from another deployment",
-            ));
-        }
-        let now = now_ms();
-        let context = CallerContext {
-            principal_id: "usr_test".into(),
-            principal_kind: PrincipalKind::User as i32,
-            access: vec![AccessFilter {
-                namespace: "demo".into(),
-                allow_prefixes: vec![String::new()],
-                enabled_only: true,
-                permission: Permission::Read as i32,
-                ..Default::default()
-            }],
-            issued_at_ms: now,
-            expires_at_ms: now + CONTEXT_TTL_MS,
-            request_id: r.request_id,
-            tool: r.tool,
-            ..Default::default()
-        };
-        Ok(Response::new(AuthorizeResponse {
-            context: Some(self.signer.sign(&context)),
-            decoded: Some(context),
-        }))
-    }
-    async fn signing_key(&self, _: tonic::Request<SigningKeyRequest>) -> Res<SigningKeyResponse> {
-        Err(Status::unimplemented("test double"))
-    }
-    async fn create_namespace(&self, _: tonic::Request<CreateNamespaceRequest>) -> Res<Namespace> {
-        Err(Status::unimplemented("test double"))
-    }
-    async fn list_namespaces(
-        &self,
-        request: tonic::Request<ListNamespacesRequest>,
-    ) -> Res<ListNamespacesResponse> {
-        // Reached only with a context the layer verified.
-        let caller = require_caller(&request)?;
-        Ok(Response::new(ListNamespacesResponse {
-            namespaces: vec![Namespace {
-                name: format!("seen-by-{}", caller.principal_id),
-                description: String::new(),
-                created_at_ms: 1,
-            }],
-        }))
-    }
-    async fn create_principal(&self, _: tonic::Request<CreatePrincipalRequest>) -> Res<Principal> {
-        Err(Status::unimplemented("test double"))
-    }
-    async fn list_principals(
-        &self,
-        _: tonic::Request<ListPrincipalsRequest>,
-    ) -> Res<ListPrincipalsResponse> {
-        Err(Status::unimplemented("test double"))
-    }
-    async fn put_grant(&self, _: tonic::Request<PutGrantRequest>) -> Res<Grant> {
-        Err(Status::unimplemented("test double"))
-    }
-    async fn delete_grant(
-        &self,
-        _: tonic::Request<DeleteGrantRequest>,
-    ) -> Res<DeleteGrantResponse> {
-        Err(Status::unimplemented("test double"))
-    }
-    async fn list_grants(&self, _: tonic::Request<ListGrantsRequest>) -> Res<ListGrantsResponse> {
-        Err(Status::unimplemented("test double"))
-    }
-    async fn create_pat(&self, _: tonic::Request<CreatePatRequest>) -> Res<CreatePatResponse> {
-        Err(Status::unimplemented("test double"))
-    }
-    async fn list_pats(&self, _: tonic::Request<ListPatsRequest>) -> Res<ListPatsResponse> {
-        Err(Status::unimplemented("test double"))
-    }
-    async fn revoke_pat(&self, _: tonic::Request<RevokePatRequest>) -> Res<RevokePatResponse> {
-        Err(Status::unimplemented("test double"))
-    }
-}
-
-/// A running test auth server; stops when dropped.
-pub(crate) struct AuthFixture {
-    pub(crate) addr: String,
-    pub(crate) authorize_calls: Arc<AtomicUsize>,
-    stop: CancellationToken,
-}
-
-impl Drop for AuthFixture {
-    fn drop(&mut self) {
-        self.stop.cancel();
-    }
-}
-
-pub(crate) async fn start_auth() -> AuthFixture {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = format!("http://{}", listener.local_addr().unwrap());
-    let signer = ContextSigner::generate();
-    let verifier = ContextVerifier::new(vec![signer.public_key()]);
-    let authorize_calls = Arc::new(AtomicUsize::new(0));
-    let service = AuthServer::new(TestAuth {
-        signer,
-        authorize_calls: authorize_calls.clone(),
-    });
-    let stop = CancellationToken::new();
-    let shutdown = stop.clone();
-    tokio::spawn(async move {
-        tonic::transport::Server::builder()
-            .layer(CallerContextLayer::new(
-                verifier,
-                &["/kg.v1.Auth/Authorize"],
-            ))
-            .add_service(service)
-            .serve_with_incoming_shutdown(
-                tonic::transport::server::TcpIncoming::from(listener),
-                shutdown.cancelled_owned(),
-            )
-            .await
-            .unwrap();
-    });
-    AuthFixture {
-        addr,
-        authorize_calls,
-        stop,
-    }
-}
+use doubles::{AuthFixture, GOOD, REVOKED, start_auth};
 
 /// An address nothing listens on (bound, then released).
 async fn dead_addr() -> String {
@@ -180,6 +35,13 @@ pub(crate) async fn config(auth: &str) -> GatewayConfig {
         graph: dead,
     });
     config.allowed_origins = vec!["https://app.example".into()];
+    config
+}
+
+/// A config whose auth and files are the doubles of `fixture`.
+pub(crate) async fn full_config(fixture: &AuthFixture) -> GatewayConfig {
+    let mut config = config(&fixture.addr).await;
+    config.backends.files.clone_from(&fixture.addr);
     config
 }
 
@@ -247,6 +109,12 @@ async fn health_metrics_and_metadata_need_no_auth() {
         .await
         .unwrap();
     assert_eq!(response.status(), StatusCode::OK);
+    let text = body_json(response).await["raw"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(text.contains("kgmesh_audit_dropped_total"), "{text}");
+    assert!(text.trim_end().ends_with("# EOF"));
 
     let response = app
         .clone()
@@ -465,7 +333,7 @@ async fn mcp_session_lists_and_calls_tools() {
     assert_eq!(text, result["structuredContent"]);
 
     // Validation failures are tool errors with the stable shape.
-    let call = json!({"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {"name": "kg_search", "arguments": {"query": "x", "topK": 99}}});
+    let call = json!({"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {"name": "kg_search", "arguments": {"query": "canary zebra", "topK": 99}}});
     let response = app
         .clone()
         .oneshot(mcp_post(GOOD, Some(&session), call))
@@ -482,7 +350,7 @@ async fn mcp_session_lists_and_calls_tools() {
     );
 
     // An unreadable namespace is an explicit permission error.
-    let call = json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": "kg_outline", "arguments": {"namespace": "secret", "fileId": "f1"}}});
+    let call = json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": "kg_outline", "arguments": {"namespace": "secret", "fileId": "canary-file"}}});
     let response = app
         .clone()
         .oneshot(mcp_post(GOOD, Some(&session), call))
@@ -516,6 +384,32 @@ async fn mcp_session_lists_and_calls_tools() {
         .await
         .unwrap();
     assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+
+    // One audit event per tool call: the unknown tool and the 401 are not tool calls.
+    let audits = auth.recorded.wait_audits(3).await;
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let audits_now = auth.recorded.audits();
+    assert_eq!(audits_now.len(), 3, "{audits_now:?}");
+    let by_tool = |tool: &str| audits.iter().find(|e| e.tool == tool).unwrap().clone();
+    let ok = by_tool("kg_namespaces");
+    assert_eq!(
+        (
+            ok.outcome.as_str(),
+            ok.principal_id.as_str(),
+            ok.transport.as_str()
+        ),
+        ("ok", "usr_test", "http")
+    );
+    assert!(ok.result_bytes > 0 && !ok.request_id.is_empty() && ok.at_ms > 0);
+    let invalid = by_tool("kg_search");
+    assert_eq!(invalid.outcome, "invalid_argument");
+    assert!(invalid.namespaces.is_empty());
+    let denied = by_tool("kg_outline");
+    assert_eq!(denied.outcome, "permission_denied");
+    assert_eq!(denied.namespaces, ["secret"]);
+    // Neither argument text (query, fileId) nor the token is in any event.
+    let dump = format!("{audits:?}");
+    assert!(!dump.contains("canary") && !dump.contains(GOOD), "{dump}");
 }
 
 #[tokio::test]
@@ -661,10 +555,10 @@ async fn stdio_session(token: &str, auth: &AuthFixture) -> (Value, Value) {
 #[tokio::test]
 async fn stdio_authorizes_the_token_on_every_tool_call() {
     let auth = start_auth().await;
-    let (init, result) = stdio_session(GOOD, &auth).await;
+    let (init, first) = stdio_session(GOOD, &auth).await;
     assert_eq!(init["result"]["serverInfo"]["name"], "kgmesh");
     assert_eq!(
-        result["result"]["structuredContent"],
+        first["result"]["structuredContent"],
         json!({"namespaces": [{"name": "demo", "permission": "read"}]})
     );
     // Initialize needs no authorization; the tool call does.
@@ -677,6 +571,32 @@ async fn stdio_authorizes_the_token_on_every_tool_call() {
         "unauthenticated"
     );
     assert_eq!(auth.authorize_calls.load(Ordering::SeqCst), 2);
+
+    // Only the authorized call is audited, as a stdio call with its result size.
+    let audits = auth.recorded.wait_audits(1).await;
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert_eq!(auth.recorded.audits().len(), 1);
+    let text = result_text_len(&first);
+    assert_eq!(
+        (
+            audits[0].tool.as_str(),
+            audits[0].outcome.as_str(),
+            audits[0].transport.as_str()
+        ),
+        ("kg_namespaces", "ok", "stdio")
+    );
+    assert_eq!(audits[0].result_bytes, text);
+}
+
+/// Bytes of the text content of a tools/call response.
+fn result_text_len(response: &Value) -> i64 {
+    response["result"]["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|c| c["text"].as_str())
+        .map(|t| t.len() as i64)
+        .sum()
 }
 
 #[tokio::test]

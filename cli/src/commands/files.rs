@@ -1,0 +1,145 @@
+//! `kgmesh file`: list a namespace's files, flip `enabled`/`hidden`, delete.
+
+use anyhow::bail;
+use clap::{ArgAction, ArgGroup, Subcommand};
+use serde_json::{Value, json};
+
+use super::Remote;
+
+/// Most pages `file list` follows before it stops (a server bug guard).
+const MAX_PAGES: usize = 10_000;
+
+#[derive(Subcommand)]
+pub(crate) enum FileCommand {
+    /// List files, following every page.
+    List {
+        #[arg(long)]
+        namespace: String,
+        /// Only files under this folder, e.g. `handbook/`.
+        #[arg(long, default_value = "")]
+        prefix: String,
+        /// Include files flagged hidden.
+        #[arg(long)]
+        include_hidden: bool,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Set a file's flags: disabled or hidden files are unreadable to readers.
+    #[command(group(ArgGroup::new("flags").required(true).multiple(true).args(["enabled", "hidden"])))]
+    Set {
+        #[arg(long)]
+        namespace: String,
+        /// The file's path in the namespace, e.g. `handbook/leave.md`.
+        #[arg(long)]
+        path: String,
+        #[arg(long, action = ArgAction::Set, value_name = "true|false")]
+        enabled: Option<bool>,
+        #[arg(long, action = ArgAction::Set, value_name = "true|false")]
+        hidden: Option<bool>,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Delete a file and everything indexed from it.
+    Delete {
+        #[arg(long)]
+        namespace: String,
+        #[arg(long)]
+        path: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
+}
+
+/// `namespaces/<ns>/files/<path segments...>`: each segment of the path is its
+/// own URL segment, so `/` is not percent-encoded.
+fn file_segments<'a>(namespace: &'a str, path: &'a str) -> Vec<&'a str> {
+    let mut segments = vec!["namespaces", namespace, "files"];
+    segments.extend(path.trim_matches('/').split('/'));
+    segments
+}
+
+pub(crate) async fn file(command: FileCommand) -> anyhow::Result<()> {
+    match command {
+        FileCommand::List {
+            namespace,
+            prefix,
+            include_hidden,
+            remote,
+        } => {
+            let client = remote.client()?;
+            let mut files: Vec<Value> = Vec::new();
+            let mut cursor = String::new();
+            for _ in 0..MAX_PAGES {
+                let page = client
+                    .get(
+                        &["namespaces", &namespace, "files"],
+                        &[
+                            ("folderPrefix", prefix.clone()),
+                            ("cursor", cursor.clone()),
+                            ("includeHidden", include_hidden.to_string()),
+                        ],
+                    )
+                    .await?;
+                if let Some(list) = page.get("files").and_then(Value::as_array) {
+                    files.extend(list.iter().cloned());
+                }
+                let total = page.get("total").cloned().unwrap_or(Value::Null);
+                match page.get("nextCursor").and_then(Value::as_str) {
+                    Some(next) if !next.is_empty() && next != cursor => {
+                        next.clone_into(&mut cursor)
+                    }
+                    Some(next) if !next.is_empty() => {
+                        bail!("the server returned the same cursor twice; stopping")
+                    }
+                    _ => return remote.print(&json!({"files": files, "total": total})),
+                }
+            }
+            bail!("more than {MAX_PAGES} pages of files; narrow the listing with --prefix")
+        }
+        FileCommand::Set {
+            namespace,
+            path,
+            enabled,
+            hidden,
+            remote,
+        } => {
+            let mut body = serde_json::Map::new();
+            if let Some(enabled) = enabled {
+                body.insert("enabled".into(), json!(enabled));
+            }
+            if let Some(hidden) = hidden {
+                body.insert("hidden".into(), json!(hidden));
+            }
+            let v = remote
+                .client()?
+                .patch(&file_segments(&namespace, &path), Value::Object(body))
+                .await?;
+            remote.print(&v)
+        }
+        FileCommand::Delete {
+            namespace,
+            path,
+            remote,
+        } => {
+            let v = remote
+                .client()?
+                .delete(&file_segments(&namespace, &path))
+                .await?;
+            remote.print(&v)
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_paths_become_url_segments() {
+        assert_eq!(
+            file_segments("demo", "/handbook/leave.md"),
+            ["namespaces", "demo", "files", "handbook", "leave.md"]
+        );
+    }
+}
