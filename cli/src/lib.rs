@@ -5,6 +5,7 @@
 #![recursion_limit = "256"]
 
 pub mod client;
+pub mod config;
 pub mod ingest;
 pub mod mesh;
 

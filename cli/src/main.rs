@@ -5,7 +5,6 @@
 
 mod commands;
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -17,7 +16,7 @@ use commands::access::{DenyCommand, GrantCommand, GroupCommand, NsCommand, Princ
 use commands::audit::AuditArgs;
 use commands::files::FileCommand;
 use commands::pats::PatCommand;
-use kgmesh::{Mesh, MeshInfo, MeshOptions};
+use kgmesh::{Mesh, MeshInfo};
 use serde_json::json;
 
 #[derive(Parser)]
@@ -80,20 +79,23 @@ enum Command {
 
 #[derive(Args)]
 struct UpArgs {
-    /// Where state lives.
-    #[arg(long, default_value = ".kgmesh", env = "KGMESH_DATA_DIR")]
-    data_dir: PathBuf,
-    /// Gateway address (MCP, admin REST, health, metrics).
-    #[arg(long, default_value = "127.0.0.1:8080", env = "KGMESH_HTTP_ADDR")]
-    http_addr: SocketAddr,
+    /// TOML config file (see deploy/kgmesh.example.toml); flags win over it.
+    #[arg(long, env = "KGMESH_CONFIG")]
+    config: Option<PathBuf>,
+    /// Where state lives [default: .kgmesh].
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// Gateway address: MCP, admin REST, health, metrics [default: 127.0.0.1:8080].
+    #[arg(long)]
+    http_addr: Option<String>,
     /// SQL database URL (sqlite://... or postgres://...); default SQLite in the data dir.
-    #[arg(long, env = "KGMESH_DATABASE_URL")]
+    #[arg(long)]
     database_url: Option<String>,
     /// FalkorDB URL (redis://...); default an embedded FalkorDB.
-    #[arg(long, env = "KGMESH_FALKORDB_URL")]
+    #[arg(long)]
     falkordb_url: Option<String>,
     /// NATS URL; default an embedded nats-server with JetStream.
-    #[arg(long, env = "KGMESH_NATS_URL")]
+    #[arg(long)]
     nats_url: Option<String>,
     /// Extra Host header values to accept besides loopback (repeatable).
     #[arg(long = "allowed-host")]
@@ -201,23 +203,25 @@ async fn shutdown_signal() {
 }
 
 async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
-    let _telemetry = kg_common::telemetry::init(
-        "kgmesh",
-        &kg_common::telemetry::TelemetryConfig {
-            log_json: args.log_json,
-            otlp_endpoint: std::env::var("KGMESH_OTLP_ENDPOINT").ok(),
-            ..Default::default()
-        },
-    )?;
-    let mesh = Mesh::start(MeshOptions {
+    let flags = kgmesh::config::UpFlags {
         data_dir: args.data_dir,
         http_addr: args.http_addr,
         database_url: args.database_url,
         falkordb_url: args.falkordb_url,
         nats_url: args.nats_url,
         allowed_hosts: args.allowed_hosts,
-    })
-    .await?;
+        log_json: args.log_json,
+    };
+    let (options, telemetry) = match kgmesh::config::resolve(args.config.as_deref(), flags) {
+        Ok(resolved) => resolved,
+        Err(err) => {
+            eprintln!("error: {err}");
+            // EX_CONFIG-style exit: nothing was started.
+            return Ok(ExitCode::from(64));
+        }
+    };
+    let _telemetry = kg_common::telemetry::init("kgmesh", &telemetry)?;
+    let mesh = Mesh::start(options).await?;
     if let Some(path) = &args.ready_file {
         let info = &mesh.info;
         let ready = json!({

@@ -36,6 +36,10 @@ pub struct MeshOptions {
     pub nats_url: Option<String>,
     /// Extra Host header values the gateway accepts besides loopback.
     pub allowed_hosts: Vec<String>,
+    /// Browser origins allowed to call the gateway.
+    pub allowed_origins: Vec<String>,
+    /// Externally visible base URL.
+    pub public_base_url: Option<String>,
 }
 
 /// Where a running mesh listens; written to `<data_dir>/mesh.json`.

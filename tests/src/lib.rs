@@ -18,6 +18,8 @@ pub async fn start_mesh() -> anyhow::Result<(Mesh, tempfile::TempDir)> {
         falkordb_url: None,
         nats_url: None,
         allowed_hosts: Vec::new(),
+        allowed_origins: Vec::new(),
+        public_base_url: None,
     })
     .await?;
     Ok((mesh, dir))

@@ -51,6 +51,13 @@ pub enum TelemetryError {
     },
 }
 
+/// Checks a log filter in `RUST_LOG` syntax without installing anything.
+pub fn validate_filter(filter: &str) -> Result<(), TelemetryError> {
+    EnvFilter::try_new(filter)
+        .map(drop)
+        .map_err(|e| TelemetryError::Filter(e.to_string()))
+}
+
 /// Installs the global subscriber for `service_name`. Call once per process.
 pub fn init(
     service_name: &str,

@@ -1,0 +1,186 @@
+//! The typed configuration of `kgmesh up`: defaults < TOML file (`--config`)
+//! < `KGMESH_*` environment < command-line flags, validated before anything
+//! starts. Every problem is reported at once.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use kg_common::config::ConfigError;
+use kg_common::telemetry::TelemetryConfig;
+use serde::Deserialize;
+
+use crate::mesh::MeshOptions;
+
+/// Default gateway address.
+pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:8080";
+/// Default data directory.
+pub const DEFAULT_DATA_DIR: &str = ".kgmesh";
+
+/// What the file and the environment may set (`KGMESH_DATA_DIR`,
+/// `KGMESH_TELEMETRY__LOG_JSON`, ...). Unknown keys are errors.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpConfig {
+    /// Where state lives.
+    pub data_dir: Option<PathBuf>,
+    /// Gateway address.
+    pub http_addr: Option<String>,
+    /// `sqlite://...` or `postgres://...`.
+    pub database_url: Option<String>,
+    /// `redis://...` of a FalkorDB; embedded when unset.
+    pub falkordb_url: Option<String>,
+    /// `nats://...`; embedded when unset.
+    pub nats_url: Option<String>,
+    /// Host header values accepted besides loopback.
+    #[serde(default)]
+    pub allowed_hosts: Vec<String>,
+    /// Browser origins allowed to call the gateway.
+    #[serde(default)]
+    pub allowed_origins: Vec<String>,
+    /// The externally visible base URL (for OAuth protected-resource metadata).
+    pub public_base_url: Option<String>,
+    /// Logging and tracing.
+    #[serde(default)]
+    pub telemetry: TelemetryConfig,
+}
+
+/// Values given on the command line; `None` leaves the lower layers in charge.
+#[derive(Debug, Default)]
+pub struct UpFlags {
+    /// `--data-dir`.
+    pub data_dir: Option<PathBuf>,
+    /// `--http-addr`.
+    pub http_addr: Option<String>,
+    /// `--database-url`.
+    pub database_url: Option<String>,
+    /// `--falkordb-url`.
+    pub falkordb_url: Option<String>,
+    /// `--nats-url`.
+    pub nats_url: Option<String>,
+    /// `--allowed-host` (added to the configured ones).
+    pub allowed_hosts: Vec<String>,
+    /// `--log-json`.
+    pub log_json: bool,
+}
+
+/// Loads the file and environment, applies flags, and validates.
+pub fn resolve(
+    file: Option<&Path>,
+    flags: UpFlags,
+) -> Result<(MeshOptions, TelemetryConfig), ConfigError> {
+    let config: UpConfig = kg_common::config::load(file)?;
+    let mut problems = Vec::new();
+
+    let http_addr_text = flags
+        .http_addr
+        .or(config.http_addr)
+        .unwrap_or_else(|| DEFAULT_HTTP_ADDR.to_owned());
+    let http_addr = match http_addr_text.parse::<SocketAddr>() {
+        Ok(addr) => Some(addr),
+        Err(_) => {
+            problems.push(format!(
+                "http_addr: expected host:port such as 127.0.0.1:8080, got `{http_addr_text}`"
+            ));
+            None
+        }
+    };
+    let database_url = flags.database_url.or(config.database_url);
+    if let Some(url) = &database_url
+        && !(url.starts_with("sqlite:")
+            || url.starts_with("postgres://")
+            || url.starts_with("postgresql://"))
+    {
+        problems.push("database_url: expected sqlite://PATH or postgres://USER@HOST/DB".to_owned());
+    }
+    let falkordb_url = flags.falkordb_url.or(config.falkordb_url);
+    if let Some(url) = &falkordb_url
+        && !(url.starts_with("redis://") || url.starts_with("falkor://"))
+    {
+        problems.push("falkordb_url: expected redis://HOST:PORT".to_owned());
+    }
+    let nats_url = flags.nats_url.or(config.nats_url);
+    if let Some(url) = &nats_url
+        && !(url.starts_with("nats://") || url.starts_with("tls://"))
+    {
+        problems.push("nats_url: expected nats://HOST:PORT".to_owned());
+    }
+    if let Some(url) = &config.public_base_url
+        && !(url.starts_with("http://") || url.starts_with("https://"))
+    {
+        problems.push("public_base_url: expected http://... or https://...".to_owned());
+    }
+    let mut telemetry = config.telemetry;
+    telemetry.log_json |= flags.log_json;
+    if let Some(filter) = &telemetry.log_filter
+        && let Err(err) = kg_common::telemetry::validate_filter(filter)
+    {
+        problems.push(format!("telemetry.log_filter: {err}"));
+    }
+    let (Some(http_addr), true) = (http_addr, problems.is_empty()) else {
+        return Err(ConfigError { problems });
+    };
+    let mut allowed_hosts = config.allowed_hosts;
+    allowed_hosts.extend(flags.allowed_hosts);
+    Ok((
+        MeshOptions {
+            data_dir: flags
+                .data_dir
+                .or(config.data_dir)
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR)),
+            http_addr,
+            database_url,
+            falkordb_url,
+            nats_url,
+            allowed_hosts,
+            allowed_origins: config.allowed_origins,
+            public_base_url: config.public_base_url,
+        },
+        telemetry,
+    ))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shipped_example_config_loads() {
+        let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kgmesh.example.toml");
+        let (options, telemetry) = resolve(Some(&example), UpFlags::default()).unwrap();
+        assert_eq!(options.http_addr.to_string(), "127.0.0.1:8080");
+        assert_eq!(options.data_dir, PathBuf::from(".kgmesh"));
+        assert!(!telemetry.log_json);
+    }
+
+    #[test]
+    fn flags_win_over_the_file_and_problems_are_all_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("k.toml");
+        std::fs::write(
+            &file,
+            "http_addr = \"127.0.0.1:9000\"\ndata_dir = \"/tmp/a\"\n",
+        )
+        .unwrap();
+        let flags = UpFlags {
+            data_dir: Some("/tmp/b".into()),
+            ..Default::default()
+        };
+        let (options, _) = resolve(Some(&file), flags).unwrap();
+        assert_eq!(options.http_addr.to_string(), "127.0.0.1:9000");
+        assert_eq!(options.data_dir, PathBuf::from("/tmp/b"));
+
+        std::fs::write(
+            &file,
+            "http_addr = \"nowhere\"\ndatabase_url = \"mysql://x\"\nnats_url = \"http://x\"\n[telemetry]\nlog_filter = \"info,=[\"\n",
+        )
+        .unwrap();
+        let err = resolve(Some(&file), UpFlags::default()).unwrap_err();
+        assert_eq!(err.problems.len(), 4, "{:?}", err.problems);
+        assert!(err.problems[0].contains("http_addr"));
+
+        std::fs::write(&file, "no_such_key = 1\n").unwrap();
+        let err = resolve(Some(&file), UpFlags::default()).unwrap_err();
+        assert!(err.to_string().contains("no_such_key"), "{err}");
+    }
+}
