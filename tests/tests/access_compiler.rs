@@ -1,6 +1,7 @@
-//! One table of access cases, compiled by kg-common into a Cypher predicate and
-//! a SQL predicate, run against real FalkorDB, SQLite and PostgreSQL: every
-//! store must return exactly the files the in-memory rule (`allows`) admits.
+//! One table of access cases, compiled into a Cypher predicate and a SQL predicate
+//! (kg-common) and a Qdrant payload filter (kg_stores::vector::filter), run against
+//! real FalkorDB, SQLite, PostgreSQL and an embedded Qdrant shard (qdrant-edge):
+//! every store must return exactly the files the in-memory rule (`allows`) admits.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
@@ -10,6 +11,7 @@ use kg_proto::v1::AccessFilter;
 use kg_stores::embedded::{EmbeddedFalkor, EmbeddedPostgres, find_venv};
 use kg_stores::graph::{GraphStore, Params};
 use kg_stores::sql::SqlStore;
+use kg_stores::vector::{EdgeIndex, PointKind, Scope, VectorPoint};
 use serde_json::json;
 use sqlx::{AssertSqlSafe, Row as _};
 
@@ -244,6 +246,48 @@ async fn sql_ids(sql: &SqlStore, filter: &AccessFilter) -> BTreeSet<String> {
         .collect()
 }
 
+/// One chunk point and one file-level point per file, with small distinct vectors.
+async fn load_vectors(index: &EdgeIndex) {
+    let mut points = Vec::new();
+    for (i, (ns, path, id, enabled, hidden)) in FILES.iter().enumerate() {
+        let chunk = VectorPoint {
+            namespace: (*ns).to_owned(),
+            kind: PointKind::Chunk,
+            chunk_key: format!("ch_{id}"),
+            file_id: (*id).to_owned(),
+            path: (*path).to_owned(),
+            enabled: *enabled,
+            hidden: *hidden,
+            collections: Vec::new(),
+            document_date: None,
+            vector: vec![1.0, i as f32, (i % 3) as f32, 0.5],
+        };
+        points.push(VectorPoint {
+            kind: PointKind::File,
+            chunk_key: String::new(),
+            vector: vec![0.5, 1.0, i as f32, (i % 2) as f32],
+            ..chunk.clone()
+        });
+        points.push(chunk);
+    }
+    index.upsert(points).await.unwrap();
+}
+
+/// For chunk and file points: the file ids a search returns and the count.
+async fn vector_ids(index: &EdgeIndex, filter: &AccessFilter) -> Vec<(BTreeSet<String>, u64)> {
+    let mut out = Vec::new();
+    for scope in [Scope::chunks(), Scope::files()] {
+        let hits = index
+            .search(filter, &scope, vec![1.0, 1.0, 1.0, 1.0], 100)
+            .await
+            .unwrap();
+        let ids: BTreeSet<String> = hits.iter().map(|h| h.file_id.clone()).collect();
+        assert_eq!(ids.len(), hits.len(), "one point per file and kind");
+        out.push((ids, index.count(filter, &scope).await.unwrap()));
+    }
+    out
+}
+
 #[tokio::test]
 async fn cypher_and_sql_predicates_agree_with_the_rule_on_real_stores() {
     let venv = find_venv().expect("run deploy/scripts/dev-deps.sh first");
@@ -262,6 +306,10 @@ async fn cypher_and_sql_predicates_agree_with_the_rule_on_real_stores() {
     load_graph(&graph).await;
     load_sql(&sqlite).await;
     load_sql(&pg).await;
+    let vectors = EdgeIndex::open(dir.path().join("vectors"), 4)
+        .await
+        .unwrap();
+    load_vectors(&vectors).await;
 
     let mut non_trivial = 0;
     for (name, filters) in cases() {
@@ -290,6 +338,22 @@ async fn cypher_and_sql_predicates_agree_with_the_rule_on_real_stores() {
                 "{name}: PostgreSQL in {}",
                 filter.namespace
             );
+            for (kind, (ids, count)) in ["chunks", "files"]
+                .into_iter()
+                .zip(vector_ids(&vectors, filter).await)
+            {
+                assert_eq!(
+                    ids, want,
+                    "{name}: Qdrant {kind} search in {}",
+                    filter.namespace
+                );
+                assert_eq!(
+                    count,
+                    want.len() as u64,
+                    "{name}: Qdrant {kind} count in {}",
+                    filter.namespace
+                );
+            }
             let total = FILES.iter().filter(|f| f.0 == filter.namespace).count();
             if !want.is_empty() && want.len() < total {
                 non_trivial += 1;

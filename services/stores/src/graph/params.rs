@@ -72,7 +72,11 @@ fn encode(value: &Value, out: &mut String, depth: usize) -> Result<(), StoreErro
         }
         Value::Object(map) => {
             out.push('{');
-            for (idx, (key, item)) in map.iter().enumerate() {
+            // Sorted: the literal must not depend on whether serde_json
+            // preserves insertion order (a feature other crates may turn on).
+            let mut entries: Vec<_> = map.iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(b.0));
+            for (idx, (key, item)) in entries.into_iter().enumerate() {
                 if idx > 0 {
                     out.push_str(", ");
                 }

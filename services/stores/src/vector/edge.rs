@@ -1,0 +1,407 @@
+//! [`EdgeIndex`]: the vector index as an embedded qdrant-edge shard in a directory.
+//!
+//! qdrant-edge is synchronous, so every call runs on tokio's blocking pool. Writes are
+//! serialised by our own mutex and flushed before they return: the shard does not
+//! replay its WAL on load, and its `flush` panics when it meets a concurrent writer.
+//! One process holds one shard per directory (a second `open` shares it), because two
+//! shards on the same files would overwrite each other.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError, Weak};
+
+use kg_proto::v1::AccessFilter;
+use qdrant_edge::{
+    CountRequest, CreateIndex, DEFAULT_VECTOR_NAME, Distance, EdgeConfig, EdgeShard,
+    EdgeVectorParams, FieldIndexOperations, NamedQuery, Payload, PayloadFieldSchema, PayloadOps,
+    PayloadSchemaType, PointId, PointInsertOperations, PointOperations, PointStructPersisted,
+    QueryEnum, QueryRequest, ScoringQuery, SetPayloadOp, UpdateOperation, VectorInternal,
+    VectorStructPersisted, WithPayloadInterface, WithVector,
+};
+use serde_json::{Map, Value};
+
+use super::filter;
+use super::{
+    FieldValue, HIT_FIELDS, Scope, UPSERT_BATCH, VectorError, VectorHit, VectorPoint,
+    payload_fields, schema, validate_point, validate_query,
+};
+
+/// The file qdrant-edge writes its configuration to; its presence means "a shard exists".
+const EDGE_CONFIG_FILE: &str = "edge_config.json";
+
+/// Payload fields with an index: the ones filters test (not `anchoredPath`, whose
+/// text match must stay a substring test).
+pub(crate) const INDEXED_FIELDS: [(&str, IndexType); 7] = [
+    (schema::NAMESPACE, IndexType::Keyword),
+    (schema::KIND, IndexType::Keyword),
+    (schema::FILE_ID, IndexType::Keyword),
+    (schema::FOLDER_PREFIXES, IndexType::Keyword),
+    (schema::COLLECTIONS, IndexType::Keyword),
+    (schema::ENABLED, IndexType::Bool),
+    (schema::HIDDEN, IndexType::Bool),
+];
+
+/// The payload index types the schema uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum IndexType {
+    Keyword,
+    Bool,
+}
+
+/// Open shards by canonical directory, so one process never loads a directory twice.
+static OPEN_SHARDS: LazyLock<Mutex<HashMap<PathBuf, Weak<Shard>>>> =
+    LazyLock::new(|| Mutex::new(HashMap::new()));
+
+#[derive(Debug)]
+struct Shard {
+    shard: EdgeShard,
+    /// Serialises update + flush + optimize (see the module comment).
+    writes: Mutex<()>,
+    dir: PathBuf,
+    dimension: usize,
+}
+
+/// The embedded vector index. Cheap to clone; clones share the shard.
+#[derive(Debug, Clone)]
+pub struct EdgeIndex {
+    inner: Arc<Shard>,
+}
+
+fn engine(err: impl std::fmt::Display) -> VectorError {
+    VectorError::internal(err)
+}
+
+impl EdgeIndex {
+    /// Opens the shard in `dir` (created when missing) for `dimension`-sized vectors with
+    /// cosine distance, and makes sure its payload indexes exist.
+    pub async fn open(dir: impl Into<PathBuf>, dimension: usize) -> Result<Self, VectorError> {
+        if dimension == 0 {
+            return Err(VectorError::invalid("dimension", "must be at least 1"));
+        }
+        let dir = dir.into();
+        let inner = blocking(move || open_shard(&dir, dimension)).await?;
+        let index = EdgeIndex { inner };
+        index.ensure_collection().await?;
+        Ok(index)
+    }
+
+    /// Vector dimension.
+    pub fn dimension(&self) -> usize {
+        self.inner.dimension
+    }
+
+    /// The shard directory.
+    pub fn dir(&self) -> &Path {
+        &self.inner.dir
+    }
+
+    /// Creates the payload indexes that are missing (the shard itself exists once open).
+    pub async fn ensure_collection(&self) -> Result<(), VectorError> {
+        self.write(|shard| {
+            for (field, kind) in INDEXED_FIELDS {
+                let field_type = match kind {
+                    IndexType::Keyword => PayloadSchemaType::Keyword,
+                    IndexType::Bool => PayloadSchemaType::Bool,
+                };
+                shard
+                    .update(UpdateOperation::FieldIndexOperation(
+                        FieldIndexOperations::CreateIndex(CreateIndex {
+                            field_name: filter::json_path(field),
+                            field_schema: Some(PayloadFieldSchema::FieldType(field_type)),
+                        }),
+                    ))
+                    .map_err(engine)?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// Inserts or replaces points, [`UPSERT_BATCH`] per engine call, then flushes.
+    pub async fn upsert(&self, points: Vec<VectorPoint>) -> Result<(), VectorError> {
+        for point in &points {
+            validate_point(point, self.dimension())?;
+        }
+        if points.is_empty() {
+            return Ok(());
+        }
+        self.write(move |shard| {
+            for batch in points.chunks(UPSERT_BATCH) {
+                let batch = batch.iter().map(to_persisted).collect();
+                shard
+                    .update(UpdateOperation::PointOperation(
+                        PointOperations::UpsertPoints(PointInsertOperations::PointsList(batch)),
+                    ))
+                    .map_err(engine)?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    /// Deletes every point of a file.
+    pub async fn delete_file(&self, namespace: &str, file_id: &str) -> Result<(), VectorError> {
+        let by_file = filter::to_edge(&filter::file_clause(namespace, file_id));
+        self.write(move |shard| {
+            shard
+                .update(UpdateOperation::PointOperation(
+                    PointOperations::DeletePointsByFilter(by_file),
+                ))
+                .map_err(engine)
+        })
+        .await
+    }
+
+    /// Sets the enabled and hidden flags on every point of a file.
+    pub async fn set_file_flags(
+        &self,
+        namespace: &str,
+        file_id: &str,
+        enabled: bool,
+        hidden: bool,
+    ) -> Result<(), VectorError> {
+        let by_file = filter::to_edge(&filter::file_clause(namespace, file_id));
+        let mut flags = Map::new();
+        flags.insert(schema::ENABLED.to_owned(), Value::Bool(enabled));
+        flags.insert(schema::HIDDEN.to_owned(), Value::Bool(hidden));
+        self.write(move |shard| {
+            shard
+                .update(UpdateOperation::PayloadOperation(PayloadOps::SetPayload(
+                    SetPayloadOp {
+                        payload: Payload(flags),
+                        points: None,
+                        filter: Some(by_file),
+                        key: None,
+                    },
+                )))
+                .map_err(engine)
+        })
+        .await
+    }
+
+    /// The `limit` nearest points that `access` and `scope` admit, best first.
+    pub async fn search(
+        &self,
+        access: &AccessFilter,
+        scope: &Scope,
+        vector: Vec<f32>,
+        limit: usize,
+    ) -> Result<Vec<VectorHit>, VectorError> {
+        validate_query(&vector, self.dimension(), limit)?;
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let request = QueryRequest {
+            prefetches: Vec::new(),
+            query: Some(ScoringQuery::Vector(QueryEnum::Nearest(NamedQuery {
+                query: VectorInternal::from(vector),
+                using: None,
+            }))),
+            filter: Some(filter::to_edge(&filter::scoped_clause(access, scope))),
+            score_threshold: None,
+            limit,
+            offset: 0,
+            params: None,
+            with_vector: WithVector::Bool(false),
+            with_payload: WithPayloadInterface::Fields(
+                HIT_FIELDS.iter().map(|f| filter::json_path(f)).collect(),
+            ),
+        };
+        let inner = Arc::clone(&self.inner);
+        let points = blocking(move || inner.shard.query(request).map_err(engine)).await?;
+        points
+            .into_iter()
+            .map(|point| {
+                let payload = point.payload.unwrap_or_default();
+                super::hit_from(
+                    |key| {
+                        payload
+                            .0
+                            .get(key)
+                            .and_then(Value::as_str)
+                            .map(str::to_owned)
+                    },
+                    point.score,
+                )
+            })
+            .collect()
+    }
+
+    /// How many points `access` and `scope` admit (exact count).
+    pub async fn count(&self, access: &AccessFilter, scope: &Scope) -> Result<u64, VectorError> {
+        let request = CountRequest {
+            filter: Some(filter::to_edge(&filter::scoped_clause(access, scope))),
+            exact: true,
+        };
+        let inner = Arc::clone(&self.inner);
+        let n = blocking(move || inner.shard.count(request).map_err(engine)).await?;
+        Ok(n as u64)
+    }
+
+    /// Runs the shard optimizers (merge small segments, build HNSW, vacuum deletes)
+    /// until none has work. qdrant-edge has no background optimizer: the indexer calls
+    /// this after large batches. Returns whether anything changed.
+    pub async fn optimize(&self) -> Result<bool, VectorError> {
+        self.write(|shard| shard.optimize().map_err(engine)).await
+    }
+
+    /// Runs a write on the blocking pool under the write lock, then flushes it to disk.
+    async fn write<T, F>(&self, op: F) -> Result<T, VectorError>
+    where
+        F: FnOnce(&EdgeShard) -> Result<T, VectorError> + Send + 'static,
+        T: Send + 'static,
+    {
+        let inner = Arc::clone(&self.inner);
+        blocking(move || {
+            let _guard = inner.writes.lock().unwrap_or_else(PoisonError::into_inner);
+            let out = op(&inner.shard)?;
+            inner.shard.flush();
+            Ok(out)
+        })
+        .await
+    }
+}
+
+async fn blocking<T, F>(f: F) -> Result<T, VectorError>
+where
+    F: FnOnce() -> Result<T, VectorError> + Send + 'static,
+    T: Send + 'static,
+{
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| VectorError::internal(format!("vector index task failed: {e}")))?
+}
+
+fn open_shard(dir: &Path, dimension: usize) -> Result<Arc<Shard>, VectorError> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| engine(format!("cannot create {}: {e}", dir.display())))?;
+    let dir = dir
+        .canonicalize()
+        .map_err(|e| engine(format!("cannot resolve {}: {e}", dir.display())))?;
+    let mut open = OPEN_SHARDS.lock().unwrap_or_else(PoisonError::into_inner);
+    open.retain(|_, shard| shard.strong_count() > 0);
+    if let Some(shard) = open.get(&dir).and_then(Weak::upgrade) {
+        check_dimension(shard.dimension, dimension)?;
+        return Ok(shard);
+    }
+    let shard = if dir.join(EDGE_CONFIG_FILE).exists() {
+        let shard = EdgeShard::load(&dir, None).map_err(engine)?;
+        let existing = shard
+            .config()
+            .vectors
+            .get(DEFAULT_VECTOR_NAME)
+            .map(|v| (v.size, v.distance));
+        match existing {
+            Some((size, Distance::Cosine)) => check_dimension(size, dimension)?,
+            Some((size, distance)) => {
+                return Err(VectorError::Incompatible {
+                    existing: format!("dimension {size} ({distance:?})"),
+                    wanted: format!("dimension {dimension} (Cosine)"),
+                });
+            }
+            None => {
+                return Err(VectorError::Incompatible {
+                    existing: "no unnamed dense vector".to_owned(),
+                    wanted: format!("dimension {dimension} (Cosine)"),
+                });
+            }
+        }
+        shard
+    } else {
+        let config = EdgeConfig {
+            vectors: HashMap::from([(
+                DEFAULT_VECTOR_NAME.to_owned(),
+                EdgeVectorParams {
+                    size: dimension,
+                    distance: Distance::Cosine,
+                    // Memory-mapped: the page cache keeps hot vectors, RAM stays bounded.
+                    on_disk: Some(true),
+                    multivector_config: None,
+                    datatype: None,
+                    quantization_config: None,
+                    hnsw_config: None,
+                },
+            )]),
+            ..EdgeConfig::default()
+        };
+        EdgeShard::new(&dir, config).map_err(engine)?
+    };
+    let shard = Arc::new(Shard {
+        shard,
+        writes: Mutex::new(()),
+        dir: dir.clone(),
+        dimension,
+    });
+    open.insert(dir, Arc::downgrade(&shard));
+    Ok(shard)
+}
+
+fn check_dimension(existing: usize, wanted: usize) -> Result<(), VectorError> {
+    if existing == wanted {
+        Ok(())
+    } else {
+        Err(VectorError::Incompatible {
+            existing: format!("dimension {existing} (Cosine)"),
+            wanted: format!("dimension {wanted} (Cosine)"),
+        })
+    }
+}
+
+fn to_persisted(point: &VectorPoint) -> PointStructPersisted {
+    let payload: Map<String, Value> = payload_fields(point)
+        .into_iter()
+        .map(|(key, value)| {
+            let value = match value {
+                FieldValue::Str(s) => Value::String(s),
+                FieldValue::Bool(b) => Value::Bool(b),
+                FieldValue::List(items) => {
+                    Value::Array(items.into_iter().map(Value::String).collect())
+                }
+            };
+            (key.to_owned(), value)
+        })
+        .collect();
+    PointStructPersisted {
+        id: PointId::Uuid(point.id()),
+        vector: VectorStructPersisted::Single(point.vector.clone()),
+        payload: Some(Payload(payload)),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn indexed(index: &EdgeIndex) -> Vec<String> {
+        let mut keys: Vec<String> = index
+            .inner
+            .shard
+            .info()
+            .payload_schema
+            .keys()
+            .map(ToString::to_string)
+            .collect();
+        keys.sort();
+        keys
+    }
+
+    #[tokio::test]
+    async fn payload_indexes_exist_and_survive_reopening() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut want: Vec<String> = INDEXED_FIELDS
+            .iter()
+            .map(|(f, _)| (*f).to_owned())
+            .collect();
+        want.sort();
+        let index = EdgeIndex::open(dir.path(), 3).await.unwrap();
+        assert_eq!(indexed(&index), want);
+        // Idempotent.
+        index.ensure_collection().await.unwrap();
+        assert_eq!(indexed(&index), want);
+        drop(index);
+        let index = EdgeIndex::open(dir.path(), 3).await.unwrap();
+        assert_eq!(indexed(&index), want);
+        assert!(!indexed(&index).contains(&schema::ANCHORED_PATH.to_owned()));
+    }
+}
