@@ -20,6 +20,36 @@ pub enum FilesError {
         /// Configured limit.
         limit: usize,
     },
+    /// The file is over the size limit of the requested query format.
+    #[error(
+        "file is {size} bytes, over the {limit}-byte limit of format `{format}`; read it with format text and startLine/endLine"
+    )]
+    QueryTooLarge {
+        /// File size.
+        size: i64,
+        /// The limit.
+        limit: u64,
+        /// The format asked for.
+        format: String,
+    },
+    /// The file content does not parse as the format needs.
+    #[error("{0}")]
+    BadContent(String),
+    /// A query or pattern would cost more than its budget allows.
+    #[error("{0}")]
+    TooCostly(String),
+    /// A query ran out of time.
+    #[error("{0}")]
+    Timeout(String),
+    /// Every query slot is taken; retry shortly.
+    #[error("{0}")]
+    Busy(String),
+    /// A query engine failed on our side; the detail stays in the logs.
+    #[error("query engine: {0}")]
+    Engine(String),
+    /// Reading a blob or a temp file failed.
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
     /// The event could not be queued for indexing.
     #[error("the file was stored but could not be queued for indexing; upload it again")]
     QueueUnavailable,
@@ -43,7 +73,14 @@ impl ErrorExt for FilesError {
             FilesError::Invalid(_) => ErrorCode::InvalidArgument,
             FilesError::NotFound(_) => ErrorCode::NotFound,
             FilesError::WriteDenied(_) => ErrorCode::PermissionDenied,
-            FilesError::TooLarge { .. } => ErrorCode::PayloadTooLarge,
+            FilesError::TooLarge { .. } | FilesError::QueryTooLarge { .. } => {
+                ErrorCode::PayloadTooLarge
+            }
+            FilesError::BadContent(_) => ErrorCode::FailedPrecondition,
+            FilesError::TooCostly(_) => ErrorCode::ResourceExhausted,
+            FilesError::Timeout(_) => ErrorCode::Timeout,
+            FilesError::Busy(_) => ErrorCode::Busy,
+            FilesError::Engine(_) | FilesError::Io(_) => ErrorCode::Internal,
             FilesError::QueueUnavailable => ErrorCode::Unavailable,
             FilesError::Caller(e) => e.code(),
             FilesError::Name(e) => e.code(),

@@ -69,6 +69,26 @@ impl Files for FilesService {
         ))
     }
 
+    async fn find_files(
+        &self,
+        request: Request<FindFilesRequest>,
+    ) -> Result<Response<FindFilesResponse>, Status> {
+        let caller = require_caller(&request)?;
+        Ok(Response::new(
+            self.find_files(&caller, request.get_ref()).await?,
+        ))
+    }
+
+    async fn query_file(
+        &self,
+        request: Request<QueryFileRequest>,
+    ) -> Result<Response<QueryFileResponse>, Status> {
+        let caller = require_caller(&request)?;
+        Ok(Response::new(
+            self.query_file(&caller, request.get_ref()).await?,
+        ))
+    }
+
     async fn delete_file(
         &self,
         request: Request<DeleteFileRequest>,

@@ -1,13 +1,16 @@
-//! kg-files: the file registry, blobs and ingest events.
+//! kg-files: the file registry, blobs, ingest events and the agent's file tools.
 //!
-//! Owns the registry tables in SQL and the blob store. An upload stores the
-//! blob, registers a content-addressed version and publishes
-//! `kg.files.v1.<ns>.changed` on JetStream; a durable consumer of
-//! `kg.index.v1.*.indexed` records each version's indexing status. Every
-//! lookup applies the caller's access filter in SQL. Never touches the graph.
+//! Owns the registry tables in SQL and the blob store: an upload stores the blob, registers a
+//! content-addressed version and publishes `kg.files.v1.<ns>.changed`; a durable consumer of
+//! `kg.index.v1.*.indexed` records indexing status. `FindFiles` (kg_files) and `QueryFile`
+//! (kg_file: SQL over CSV/TSV on DataFusion, text, JSONPath, JSONata, Jinja) read blobs under
+//! the caller's access filter, applied in SQL like every lookup. Never touches the graph.
 
 mod error;
+mod find;
 mod grpc;
+mod limits;
+mod query;
 mod service;
 mod store;
 
@@ -21,6 +24,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub use error::{FilesError, Result};
+pub use limits::{MAX_RESULT_BYTES, QueryLimits};
 pub use service::FilesService;
 
 /// Serves the files gRPC API on `listener` until `shutdown`.

@@ -1,6 +1,8 @@
 //! The files domain: upload (blob + registry + event), lookups and listings
 //! under the caller's access filter, flags and deletes, and indexing status.
 
+use std::sync::Arc;
+
 use kg_common::access::{allows, normalize_folder_prefix, normalize_path, validate_namespace};
 use kg_common::caller::{access_for, now_ms};
 use kg_proto::v1::{
@@ -13,6 +15,8 @@ use prost::Message as _;
 use sha2::{Digest as _, Sha256};
 
 use crate::error::{FilesError, Result};
+use crate::limits::QueryLimits;
+use crate::query::sql::SqlEngine;
 use crate::store::{FileSelector, FilesStore};
 
 /// Default and largest page of `ListFiles`.
@@ -22,10 +26,12 @@ const MAX_PAGE: u32 = 1000;
 /// The files service's state.
 #[derive(Clone)]
 pub struct FilesService {
-    store: FilesStore,
-    blobs: BlobStore,
+    pub(crate) store: FilesStore,
+    pub(crate) blobs: BlobStore,
     jetstream: async_nats::jetstream::Context,
     max_upload_bytes: usize,
+    pub(crate) limits: Arc<QueryLimits>,
+    pub(crate) sql: Arc<SqlEngine>,
 }
 
 /// A version id derived from the file and its content: the same bytes at the
@@ -79,12 +85,27 @@ impl FilesService {
         max_upload_bytes: usize,
     ) -> Result<Self> {
         events::ensure_streams(&jetstream).await?;
+        let limits = QueryLimits::default();
         Ok(Self {
             store: FilesStore::open(sql).await?,
             blobs,
             jetstream,
             max_upload_bytes,
+            sql: Arc::new(SqlEngine::new(limits.sql_memory_bytes)?),
+            limits: Arc::new(limits),
         })
+    }
+
+    /// Replaces the budgets of `FindFiles` and `QueryFile`.
+    pub fn with_query_limits(mut self, limits: QueryLimits) -> Result<Self> {
+        self.sql = Arc::new(SqlEngine::new(limits.sql_memory_bytes)?);
+        self.limits = Arc::new(limits);
+        Ok(self)
+    }
+
+    /// The budgets of `FindFiles` and `QueryFile`.
+    pub fn query_limits(&self) -> &QueryLimits {
+        &self.limits
     }
 
     fn writable<'a>(

@@ -60,6 +60,23 @@ fn file_from(row: &AnyRow) -> Result<FileInfo> {
     })
 }
 
+/// The blob key of the row's current version, as a column of a `kg_files` query.
+const BLOB_KEY_COLUMN: &str = "(SELECT v.blob_key FROM kg_file_versions v WHERE v.version_id = kg_files.version_id) AS blob_key";
+
+/// A file the caller may read, with the blob of its current version.
+#[derive(Debug, Clone)]
+pub(crate) struct Readable {
+    pub file: FileInfo,
+    pub blob_key: String,
+}
+
+fn readable_from(row: &AnyRow) -> Result<Readable> {
+    Ok(Readable {
+        file: file_from(row)?,
+        blob_key: row.try_get("blob_key")?,
+    })
+}
+
 /// Which file a lookup names.
 pub(crate) enum FileSelector<'a> {
     Path(&'a str),
@@ -108,6 +125,102 @@ impl FilesStore {
         }
         let row = query.fetch_optional(self.sql.pool()).await?;
         row.as_ref().map(file_from).transpose()
+    }
+
+    /// Like [`Self::get`], plus the blob key of the current version.
+    pub(crate) async fn get_readable(
+        &self,
+        namespace: &str,
+        selector: FileSelector<'_>,
+        filter: &AccessFilter,
+    ) -> Result<Option<Readable>> {
+        let predicate = sql_predicate(filter, COLUMNS, 3);
+        let (key_column, key) = match selector {
+            FileSelector::Path(p) => ("path", p),
+            FileSelector::Id(id) => ("file_id", id),
+        };
+        let sql = format!(
+            "SELECT {FILE_COLUMNS}, {BLOB_KEY_COLUMN} FROM kg_files WHERE namespace = $1 AND {key_column} = $2 AND status <> 'deleted' AND {}",
+            predicate.text
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql)).bind(namespace).bind(key);
+        for p in &predicate.params {
+            query = query.bind(p);
+        }
+        let row = query.fetch_optional(self.sql.pool()).await?;
+        row.as_ref().map(readable_from).transpose()
+    }
+
+    /// Up to `limit` visible (never hidden) readable files under
+    /// `folder_prefix` after `after_path`, in path order, with their blobs.
+    pub(crate) async fn scan_visible(
+        &self,
+        namespace: &str,
+        folder_prefix: &str,
+        after_path: &str,
+        limit: u32,
+        filter: &AccessFilter,
+    ) -> Result<Vec<Readable>> {
+        let predicate = sql_predicate(filter, COLUMNS, 3);
+        let after_param = 3 + predicate.params.len();
+        let sql = format!(
+            "SELECT {FILE_COLUMNS}, {BLOB_KEY_COLUMN} FROM kg_files WHERE namespace = $1 AND substr(path, 1, length($2)) = $2 AND status <> 'deleted' AND hidden = 0 AND {} AND path > ${after_param} ORDER BY path LIMIT {limit}",
+            predicate.text
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql))
+            .bind(namespace)
+            .bind(folder_prefix);
+        for p in &predicate.params {
+            query = query.bind(p);
+        }
+        let rows = query.bind(after_path).fetch_all(self.sql.pool()).await?;
+        rows.iter().map(readable_from).collect()
+    }
+
+    /// Paths of every visible readable file under `folder_prefix` (for
+    /// totals that need a filter SQL cannot express).
+    pub(crate) async fn visible_paths(
+        &self,
+        namespace: &str,
+        folder_prefix: &str,
+        filter: &AccessFilter,
+    ) -> Result<Vec<String>> {
+        let predicate = sql_predicate(filter, COLUMNS, 3);
+        let sql = format!(
+            "SELECT path FROM kg_files WHERE namespace = $1 AND substr(path, 1, length($2)) = $2 AND status <> 'deleted' AND hidden = 0 AND {}",
+            predicate.text
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql))
+            .bind(namespace)
+            .bind(folder_prefix);
+        for p in &predicate.params {
+            query = query.bind(p);
+        }
+        let rows = query.fetch_all(self.sql.pool()).await?;
+        rows.iter()
+            .map(|r| r.try_get::<String, _>("path").map_err(Into::into))
+            .collect()
+    }
+
+    /// How many visible readable files are under `folder_prefix`.
+    pub(crate) async fn count_visible(
+        &self,
+        namespace: &str,
+        folder_prefix: &str,
+        filter: &AccessFilter,
+    ) -> Result<i64> {
+        let predicate = sql_predicate(filter, COLUMNS, 3);
+        let sql = format!(
+            "SELECT COUNT(*) AS n FROM kg_files WHERE namespace = $1 AND substr(path, 1, length($2)) = $2 AND status <> 'deleted' AND hidden = 0 AND {}",
+            predicate.text
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql))
+            .bind(namespace)
+            .bind(folder_prefix);
+        for p in &predicate.params {
+            query = query.bind(p);
+        }
+        Ok(query.fetch_one(self.sql.pool()).await?.try_get("n")?)
     }
 
     /// The registry row for a path regardless of access (for writers).
