@@ -44,3 +44,10 @@ python-test:
 
 clean-data:
 	rm -rf $(DATA_DIR)
+
+# The file tools against sqlite3 and DuckDB: a release build, a 50 MB CSV, 10,000 notes.
+# Not part of `make test`. BENCH_ARGS="--rows 100000 --notes 1000" runs a smaller one.
+.PHONY: bench-files
+bench-files: deps
+	$(CARGO) build --release --bin kgmesh
+	$(PYTHON) bench/files/run.py $(BENCH_ARGS)

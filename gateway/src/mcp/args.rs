@@ -388,6 +388,277 @@ pub(crate) fn outline_args(args: &Map<String, Value>) -> Result<OutlineArgs, Cli
     })
 }
 
+/// Files of one kg_files page: default and hard maximum.
+pub(crate) const FILES_LIMIT: (u32, u32) = (50, 200);
+/// Rows (sql) or matches (text) of one kg_file call: default and hard maximum.
+pub(crate) const FILE_MAX_ROWS: (u32, u32) = (100, 1000);
+/// Longest accepted path glob or content regex, in characters.
+pub(crate) const MAX_PATTERN_CHARS: usize = 1000;
+/// Longest accepted kg_file query (SQL, regex, JSONPath, JSONata, template).
+pub(crate) const MAX_FILE_QUERY_CHARS: usize = 16 * 1024;
+/// Highest line number a line window may name.
+pub(crate) const MAX_LINE: i64 = 1 << 40;
+/// The formats kg_file knows, in the order the description lists them.
+pub(crate) const FILE_FORMATS: [&str; 5] = ["sql", "text", "jsonpath", "jsonata", "jinja"];
+/// Longest kg_files cursor (it encodes a path, which may be 1024 bytes).
+pub(crate) const MAX_FILES_CURSOR_CHARS: usize = 4096;
+/// Chat references to a file: `@kg:<namespace>/<path>`.
+const KG_REF_PREFIX: &str = "@kg:";
+
+/// An optional string argument: absent, null and blank are all "not given".
+fn given(value: Option<&String>) -> Option<&str> {
+    value.map(|v| v.trim()).filter(|v| !v.is_empty())
+}
+
+/// A glob or regex: bounded length, no control characters (tab is fine in a regex).
+fn pattern_text(name: &str, value: &str) -> Result<String, ClientError> {
+    let chars = value.chars().count();
+    if chars > MAX_PATTERN_CHARS {
+        return Err(ClientError::invalid(format!(
+            "{name} is {chars} characters; shorten it to at most {MAX_PATTERN_CHARS}"
+        )));
+    }
+    if value.chars().any(|c| c.is_control() && c != '\t') {
+        return Err(ClientError::invalid(format!(
+            "{name} contains control characters; write them as regex escapes such as \\n"
+        )));
+    }
+    Ok(value.to_owned())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawFiles {
+    namespace: String,
+    folder_prefix: Option<String>,
+    name: Option<String>,
+    pattern: Option<String>,
+    cursor: Option<String>,
+    limit: Option<Int>,
+}
+
+/// Validated `kg_files` arguments.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct FilesArgs {
+    pub(crate) namespace: String,
+    /// "" or `a/b/`.
+    pub(crate) folder_prefix: String,
+    /// "" = any path.
+    pub(crate) name: String,
+    /// "" = list a page without reading contents.
+    pub(crate) pattern: String,
+    pub(crate) cursor: String,
+    pub(crate) limit: u32,
+}
+
+/// Validates `kg_files` arguments.
+pub(crate) fn files_args(args: &Map<String, Value>) -> Result<FilesArgs, ClientError> {
+    let raw: RawFiles = parse(args)?;
+    let folder_prefix = match given(raw.folder_prefix.as_ref()) {
+        None => String::new(),
+        Some(prefix) => kg_common::access::normalize_folder_prefix(prefix)
+            .map_err(|err| ClientError::invalid(format!("folderPrefix: {err}")))?,
+    };
+    let name = match given(raw.name.as_ref()) {
+        None => String::new(),
+        Some(glob) => pattern_text("name", glob)?,
+    };
+    // A regex keeps its spaces: " foo" and "foo" match different lines.
+    let pattern = match raw.pattern.as_deref() {
+        None | Some("") => String::new(),
+        Some(p) => pattern_text("pattern", p)?,
+    };
+    let cursor = match given(raw.cursor.as_ref()) {
+        None => String::new(),
+        Some(c)
+            if c.chars().count() <= MAX_FILES_CURSOR_CHARS && !c.chars().any(char::is_control) =>
+        {
+            c.to_owned()
+        }
+        Some(_) => {
+            return Err(ClientError::invalid(
+                "cursor is not valid: pass nextCursor exactly as the previous page returned it",
+            ));
+        }
+    };
+    Ok(FilesArgs {
+        namespace: namespace("namespace", &raw.namespace)?,
+        folder_prefix,
+        name,
+        pattern,
+        cursor,
+        limit: bounded("limit", raw.limit, 1, FILES_LIMIT.0, FILES_LIMIT.1)?,
+    })
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawFile {
+    namespace: String,
+    path: Option<String>,
+    file_id: Option<String>,
+    format: Option<String>,
+    query: Option<String>,
+    start_line: Option<Int>,
+    end_line: Option<Int>,
+    max_rows: Option<Int>,
+}
+
+/// Validated `kg_file` arguments.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct FileArgs {
+    pub(crate) namespace: String,
+    pub(crate) selector: kg_proto::v1::query_file_request::Selector,
+    /// "" = metadata.
+    pub(crate) format: String,
+    pub(crate) query: String,
+    pub(crate) start_line: Option<i64>,
+    pub(crate) end_line: Option<i64>,
+    pub(crate) max_rows: u32,
+}
+
+/// A path argument: a plain path, or `@kg:<namespace>/<path>` naming the same
+/// namespace as the `namespace` argument.
+fn file_path(namespace: &str, value: &str) -> Result<String, ClientError> {
+    let value = value.trim();
+    let path = match value.strip_prefix(KG_REF_PREFIX) {
+        None => value,
+        Some(reference) => {
+            let Some((ns, path)) = reference.split_once('/') else {
+                return Err(ClientError::invalid(
+                    "path: an @kg reference looks like @kg:<namespace>/<path>, e.g. @kg:demo/reports/q3.csv",
+                ));
+            };
+            if ns != namespace {
+                return Err(ClientError::invalid(format!(
+                    "path names namespace `{}` but namespace is `{namespace}`; pass the same namespace in both",
+                    ns.chars().take(80).collect::<String>()
+                )));
+            }
+            path
+        }
+    };
+    kg_common::access::normalize_path(path)
+        .map_err(|err| ClientError::invalid(format!("path: {err}")))
+}
+
+fn line_number(name: &str, value: Option<Int>) -> Result<Option<i64>, ClientError> {
+    match value {
+        None => Ok(None),
+        Some(Int(v)) if (1..=MAX_LINE).contains(&v) => Ok(Some(v)),
+        Some(Int(v)) => Err(ClientError::invalid(format!(
+            "{name} must be a line number from 1 (the first line); got {v}"
+        ))),
+    }
+}
+
+/// What `query` must be for `format`, for the refusal when it is missing.
+fn query_hint(format: &str) -> &'static str {
+    match format {
+        "sql" => "one SELECT or WITH statement over the table data",
+        "jsonpath" => "an RFC 9535 JSONPath such as $.items[*].name",
+        "jsonata" => "a JSONata expression such as items.name",
+        _ => "a Jinja template that reads the parsed JSON as data, e.g. {{ data.title }}",
+    }
+}
+
+/// Validates `kg_file` arguments: exactly one of path or fileId, a known
+/// format, and the query or line window that format needs.
+pub(crate) fn file_args(args: &Map<String, Value>) -> Result<FileArgs, ClientError> {
+    use kg_proto::v1::query_file_request::Selector;
+    let raw: RawFile = parse(args)?;
+    let namespace = namespace("namespace", &raw.namespace)?;
+    let selector = match (given(raw.path.as_ref()), given(raw.file_id.as_ref())) {
+        (Some(path), None) => Selector::Path(file_path(&namespace, path)?),
+        (None, Some(id)) => Selector::FileId(key("fileId", id)?),
+        (Some(_), Some(_)) => {
+            return Err(ClientError::invalid(
+                "pass exactly one of path or fileId, not both",
+            ));
+        }
+        (None, None) => {
+            return Err(ClientError::invalid(
+                "pass exactly one of path or fileId (kg_files lists both)",
+            ));
+        }
+    };
+    let format = match given(raw.format.as_ref()) {
+        None => String::new(),
+        Some(f) if FILE_FORMATS.contains(&f) => f.to_owned(),
+        Some(f) => {
+            return Err(ClientError::invalid(format!(
+                "unknown format `{}`; use one of {}, or omit format for size, mime type and status",
+                f.chars().take(40).collect::<String>(),
+                FILE_FORMATS.join(", ")
+            )));
+        }
+    };
+    // Queries keep their whitespace (a regex may start with a space).
+    let query = raw.query.unwrap_or_default();
+    let query = if query.trim().is_empty() {
+        String::new()
+    } else {
+        query
+    };
+    let chars = query.chars().count();
+    if chars > MAX_FILE_QUERY_CHARS {
+        return Err(ClientError::invalid(format!(
+            "query is {chars} characters; shorten it to at most {MAX_FILE_QUERY_CHARS}"
+        )));
+    }
+    let start_line = line_number("startLine", raw.start_line)?;
+    let end_line = line_number("endLine", raw.end_line)?;
+    let window = start_line.is_some() || end_line.is_some();
+    match format.as_str() {
+        "" if !query.is_empty() => {
+            return Err(ClientError::invalid(format!(
+                "query needs a format: pass format as one of {}",
+                FILE_FORMATS.join(", ")
+            )));
+        }
+        "text" if query.is_empty() && !window => {
+            return Err(ClientError::invalid(
+                "format text needs query (a regular expression) or startLine and endLine (a line window)",
+            ));
+        }
+        "text" if !query.is_empty() && window => {
+            return Err(ClientError::invalid(
+                "format text takes either query (a regular expression) or startLine/endLine (a line window), not both",
+            ));
+        }
+        "text" => {}
+        _ if window => {
+            return Err(ClientError::invalid(
+                "startLine and endLine apply to format text only; pass format \"text\" for a line window",
+            ));
+        }
+        "" => {}
+        other if query.is_empty() => {
+            return Err(ClientError::invalid(format!(
+                "format {other} needs query: {}",
+                query_hint(other)
+            )));
+        }
+        _ => {}
+    }
+    if let (Some(start), Some(end)) = (start_line, end_line)
+        && end < start
+    {
+        return Err(ClientError::invalid(format!(
+            "endLine ({end}) is before startLine ({start}); pass endLine >= startLine"
+        )));
+    }
+    Ok(FileArgs {
+        namespace,
+        selector,
+        format,
+        query,
+        start_line,
+        end_line,
+        max_rows: bounded("maxRows", raw.max_rows, 1, FILE_MAX_ROWS.0, FILE_MAX_ROWS.1)?,
+    })
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
@@ -556,5 +827,215 @@ mod tests {
             .contains("maxDepth")
         );
         assert!(refused(outline_args(&obj(json!({"namespace": "demo"})))).contains("fileId"));
+    }
+
+    #[test]
+    fn files_defaults_and_limits() {
+        let args = files_args(&obj(json!({"namespace": "demo"}))).unwrap();
+        assert_eq!(
+            args,
+            FilesArgs {
+                namespace: "demo".into(),
+                folder_prefix: String::new(),
+                name: String::new(),
+                pattern: String::new(),
+                cursor: String::new(),
+                limit: 50,
+            }
+        );
+        let args = files_args(&obj(
+            json!({"namespace": "demo", "folderPrefix": "/reports/2024", "name": "**/*.csv",
+                                          "pattern": " total\t", "cursor": "c1", "limit": 200}),
+        ))
+        .unwrap();
+        assert_eq!(args.folder_prefix, "reports/2024/");
+        assert_eq!(args.name, "**/*.csv");
+        assert_eq!(args.pattern, " total\t");
+        assert_eq!((args.cursor.as_str(), args.limit), ("c1", 200));
+        // Blank optional strings mean "not given".
+        let args = files_args(&obj(json!({"namespace": "demo", "folderPrefix": " ", "name": "", "pattern": "", "cursor": ""}))).unwrap();
+        assert_eq!(
+            (
+                args.folder_prefix.as_str(),
+                args.name.as_str(),
+                args.pattern.as_str()
+            ),
+            ("", "", "")
+        );
+
+        assert!(
+            refused(files_args(&obj(json!({"namespace": "demo", "limit": 201}))))
+                .contains("200 (the hard max)")
+        );
+        assert!(
+            refused(files_args(&obj(
+                json!({"namespace": "demo", "folderPrefix": "a/../b"})
+            )))
+            .contains("folderPrefix")
+        );
+        let long = "a".repeat(MAX_PATTERN_CHARS + 1);
+        assert!(
+            refused(files_args(&obj(
+                json!({"namespace": "demo", "pattern": long})
+            )))
+            .contains("at most 1000")
+        );
+        assert!(
+            refused(files_args(&obj(
+                json!({"namespace": "demo", "name": "a\u{0}b"})
+            )))
+            .contains("control")
+        );
+        assert!(refused(files_args(&obj(json!({"folderPrefix": "a/"})))).contains("namespace"));
+        assert!(
+            refused(files_args(&obj(json!({"namespace": "demo", "query": "x"}))))
+                .contains("unknown field `query`")
+        );
+    }
+
+    #[test]
+    fn file_selects_exactly_one_file() {
+        use kg_proto::v1::query_file_request::Selector;
+        let args = file_args(&obj(
+            json!({"namespace": "demo", "path": "/reports/q3.csv"}),
+        ))
+        .unwrap();
+        assert_eq!(args.selector, Selector::Path("reports/q3.csv".into()));
+        assert_eq!((args.format.as_str(), args.max_rows), ("", 100));
+        let args = file_args(&obj(
+            json!({"namespace": "demo", "path": "@kg:demo/reports/q3.csv"}),
+        ))
+        .unwrap();
+        assert_eq!(args.selector, Selector::Path("reports/q3.csv".into()));
+        let args = file_args(&obj(
+            json!({"namespace": "demo", "fileId": "f1", "path": ""}),
+        ))
+        .unwrap();
+        assert_eq!(args.selector, Selector::FileId("f1".into()));
+
+        assert_eq!(
+            refused(file_args(&obj(
+                json!({"namespace": "demo", "path": "a.csv", "fileId": "f1"})
+            ))),
+            "pass exactly one of path or fileId, not both"
+        );
+        assert!(
+            refused(file_args(&obj(json!({"namespace": "demo"}))))
+                .starts_with("pass exactly one of path or fileId")
+        );
+        assert!(
+            refused(file_args(&obj(
+                json!({"namespace": "demo", "path": "@kg:other/a.csv"})
+            )))
+            .contains("names namespace `other` but namespace is `demo`")
+        );
+        assert!(
+            refused(file_args(&obj(
+                json!({"namespace": "demo", "path": "@kg:demo"})
+            )))
+            .contains("@kg:<namespace>/<path>")
+        );
+        assert!(
+            refused(file_args(&obj(
+                json!({"namespace": "demo", "path": "a/../../etc/passwd"})
+            )))
+            .contains("path:")
+        );
+    }
+
+    #[test]
+    fn file_formats_need_what_they_read() {
+        let base = |extra: Value| {
+            let mut v = json!({"namespace": "demo", "path": "a.csv"});
+            v.as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            obj(v)
+        };
+        let args = file_args(&base(
+            json!({"format": "sql", "query": "SELECT 1", "maxRows": 1000}),
+        ))
+        .unwrap();
+        assert_eq!(
+            (args.format.as_str(), args.query.as_str(), args.max_rows),
+            ("sql", "SELECT 1", 1000)
+        );
+        let args = file_args(&base(json!({"format": "text", "query": " ERROR"}))).unwrap();
+        assert_eq!(args.query, " ERROR");
+        let args = file_args(&base(
+            json!({"format": "text", "startLine": 10, "endLine": 20}),
+        ))
+        .unwrap();
+        assert_eq!(
+            (args.start_line, args.end_line, args.query.as_str()),
+            (Some(10), Some(20), "")
+        );
+        let args = file_args(&base(json!({"format": "text", "startLine": 5}))).unwrap();
+        assert_eq!((args.start_line, args.end_line), (Some(5), None));
+        for format in ["jsonpath", "jsonata", "jinja"] {
+            file_args(&base(json!({"format": format, "query": "x"}))).unwrap();
+        }
+
+        assert_eq!(
+            refused(file_args(&base(json!({"format": "sql"})))),
+            "format sql needs query: one SELECT or WITH statement over the table data"
+        );
+        assert!(
+            refused(file_args(&base(
+                json!({"format": "jsonpath", "query": "  "})
+            )))
+            .contains("RFC 9535")
+        );
+        assert!(refused(file_args(&base(json!({"format": "jinja"})))).contains("data"));
+        assert!(
+            refused(file_args(&base(json!({"format": "text"})))).contains("startLine and endLine")
+        );
+        assert!(
+            refused(file_args(&base(
+                json!({"format": "text", "query": "x", "startLine": 1})
+            )))
+            .contains("not both")
+        );
+        assert!(
+            refused(file_args(&base(
+                json!({"format": "sql", "query": "SELECT 1", "startLine": 1})
+            )))
+            .contains("format text only")
+        );
+        assert!(
+            refused(file_args(&base(json!({"query": "SELECT 1"}))))
+                .contains("query needs a format")
+        );
+        assert!(refused(file_args(&base(json!({"startLine": 1})))).contains("format text only"));
+        assert!(
+            refused(file_args(&base(json!({"format": "xml", "query": "x"}))))
+                .contains("unknown format `xml`")
+        );
+        assert!(
+            refused(file_args(&base(json!({"format": "text", "startLine": 0})))).contains("from 1")
+        );
+        assert!(
+            refused(file_args(&base(
+                json!({"format": "text", "startLine": 9, "endLine": 3})
+            )))
+            .contains("before startLine")
+        );
+        assert!(
+            refused(file_args(&base(
+                json!({"format": "sql", "query": "SELECT 1", "maxRows": 1001})
+            )))
+            .contains("1000 (the hard max)")
+        );
+        assert!(
+            refused(file_args(&base(
+                json!({"format": "sql", "query": "SELECT 1", "maxRows": 0})
+            )))
+            .contains("maxRows")
+        );
+        let long = "x".repeat(MAX_FILE_QUERY_CHARS + 1);
+        assert!(
+            refused(file_args(&base(json!({"format": "text", "query": long}))))
+                .contains("at most 16384")
+        );
     }
 }

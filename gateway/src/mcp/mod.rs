@@ -3,6 +3,7 @@
 //! with an authorized caller is metered, logged and audited.
 
 mod args;
+mod files;
 mod package;
 mod registry;
 mod search;
@@ -29,7 +30,29 @@ use crate::state::{Caller, GatewayState};
 
 const INSTRUCTIONS: &str = "kgmesh knowledge graph. Start with kg_namespaces to see what you may read, kg_search to find chunks \
 that answer a question, kg_open to read a chunk, section, entity's mentions or file by key, and kg_outline for a file's table of contents. \
-Quote the citation field of each package you use.";
+kg_files finds files by folder, path glob or content regex; kg_file reads one file's metadata or runs SQL (CSV/TSV), a regex or line window (text), \
+JSONPath, JSONata or Jinja (JSON) over it. Quote the citation field of each package you use.";
+
+/// Largest response message a client is expected to accept: 1 MiB (the MCP
+/// Python SDK refuses larger SSE events).
+const MAX_RESPONSE_BYTES: usize = 1024 * 1024;
+/// Room for the JSON-RPC envelope and SSE framing around a tool result.
+const RESPONSE_ENVELOPE_BYTES: usize = 8 * 1024;
+/// Most bytes a tool result may take on the wire (see [`wire_len`]); a larger
+/// answer becomes a PAYLOAD_TOO_LARGE error.
+pub(crate) const MAX_RESULT_BYTES: usize = MAX_RESPONSE_BYTES - RESPONSE_ENVELOPE_BYTES;
+
+/// Bytes of JSON text as a JSON string literal, without the quotes.
+fn escaped_len(text: &str) -> usize {
+    serde_json::to_string(text).map_or(text.len() * 6, |s| s.len().saturating_sub(2))
+}
+
+/// Wire bytes of a result `value`: the client receives it twice, as
+/// structuredContent and as the escaped text of the content block.
+pub(crate) fn wire_len(value: &serde_json::Value) -> usize {
+    let text = value.to_string();
+    text.len() + escaped_len(&text)
+}
 
 /// Where a tool call's credentials come from.
 #[derive(Clone)]
@@ -158,11 +181,7 @@ impl ServerHandler for McpServer {
                 },
             ),
         };
-        let failure = outcome.result.as_ref().err().map(|e| e.code);
-        let result = match outcome.result {
-            Ok(value) => CallToolResult::structured(value),
-            Err(err) => error_result(&err),
-        };
+        let (result, failure) = finish(outcome.result);
         let summary = CallSummary {
             tool,
             failure,
@@ -177,6 +196,34 @@ impl ServerHandler for McpServer {
             );
         }
         Ok(CallToolResponse::Complete(result))
+    }
+}
+
+/// The tool result and its failure code. No answer over [`MAX_RESULT_BYTES`]
+/// on the wire leaves the gateway: tools cut their own lists first, this is
+/// the backstop.
+fn finish(result: Result<serde_json::Value, ClientError>) -> (CallToolResult, Option<ErrorCode>) {
+    match result {
+        Ok(value) => {
+            let result = CallToolResult::structured(value);
+            let bytes = result
+                .content
+                .iter()
+                .filter_map(|c| c.as_text())
+                .map(|t| t.text.len() + escaped_len(&t.text))
+                .sum::<usize>();
+            if bytes <= MAX_RESULT_BYTES {
+                return (result, None);
+            }
+            let err = ClientError::new(
+                ErrorCode::PayloadTooLarge,
+                format!(
+                    "the result is {bytes} bytes, over the {MAX_RESULT_BYTES}-byte limit of one tool call; ask for less (a lower limit or topK)"
+                ),
+            );
+            (error_result(&err), Some(err.code))
+        }
+        Err(err) => (error_result(&err), Some(err.code)),
     }
 }
 
@@ -236,5 +283,39 @@ impl CallSummary {
             transport: transport.as_str().to_owned(),
             ..Default::default()
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn no_result_over_the_limit_leaves_the_gateway() {
+        let (ok, failure) = finish(Ok(json!({"text": "a".repeat(1000)})));
+        assert_eq!((ok.is_error, failure), (Some(false), None));
+
+        // Counted twice (structured and text) and escaped: quotes cost double.
+        let (fits, failure) = finish(Ok(json!({"text": "a".repeat(MAX_RESULT_BYTES / 2 - 40)})));
+        assert_eq!((fits.is_error, failure), (Some(false), None));
+        let (big, failure) = finish(Ok(json!({"text": "\"".repeat(MAX_RESULT_BYTES / 4)})));
+        assert_eq!(failure, Some(ErrorCode::PayloadTooLarge));
+        assert_eq!(big.is_error, Some(true));
+        assert!(result_bytes(&big) < 1000);
+        let body = big.structured_content.unwrap();
+        assert_eq!(body["code"], "PAYLOAD_TOO_LARGE");
+        assert_eq!(body["retryable"], false);
+
+        let value = json!({"a": "x\"y", "n": [1, 2]});
+        let text = value.to_string();
+        assert_eq!(
+            wire_len(&value),
+            text.len() + serde_json::to_string(&text).unwrap().len() - 2
+        );
+
+        let (_, failure) = finish(Err(ClientError::invalid("bad")));
+        assert_eq!(failure, Some(ErrorCode::InvalidArgument));
     }
 }

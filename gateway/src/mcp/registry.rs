@@ -7,7 +7,8 @@ use rmcp::model::{JsonObject, Tool, ToolAnnotations};
 use serde_json::{Value, json};
 
 use super::args::{
-    CAPS, KNOWN_LANES, MAX_OUTLINE_DEPTH, MAX_QUERY_CHARS, MAX_TOKEN_BUDGET, OPEN_LIMIT,
+    CAPS, FILE_FORMATS, FILE_MAX_ROWS, FILES_LIMIT, KNOWN_LANES, MAX_FILE_QUERY_CHARS, MAX_LINE,
+    MAX_OUTLINE_DEPTH, MAX_PATTERN_CHARS, MAX_QUERY_CHARS, MAX_TOKEN_BUDGET, OPEN_LIMIT,
     OUTLINE_LIMIT, TOP_K,
 };
 
@@ -18,6 +19,8 @@ pub(crate) enum ToolKind {
     Search,
     Open,
     Outline,
+    Files,
+    File,
 }
 
 /// One registered tool.
@@ -34,7 +37,7 @@ pub(crate) struct ToolRegistry {
 }
 
 impl ToolRegistry {
-    /// The issue-2 tool set: kg_namespaces, kg_search, kg_open, kg_outline.
+    /// The tool set: kg_namespaces, kg_search, kg_open, kg_outline, kg_files, kg_file.
     pub(crate) fn builtin() -> Self {
         let entries = vec![
             entry(
@@ -68,6 +71,22 @@ impl ToolRegistry {
                 OUTLINE_DESCRIPTION,
                 outline_input(),
                 outline_output(),
+            ),
+            entry(
+                ToolKind::Files,
+                "kg_files",
+                "Find files in a namespace",
+                FILES_DESCRIPTION,
+                files_input(),
+                files_output(),
+            ),
+            entry(
+                ToolKind::File,
+                "kg_file",
+                "Read or query one file",
+                FILE_DESCRIPTION,
+                file_input(),
+                file_output(),
             ),
         ];
         Self {
@@ -135,6 +154,26 @@ const OUTLINE_DESCRIPTION: &str = "Read a file's table of contents: its sections
 line and page starts and how many chunks each covers. Use it to navigate a long file, then kg_open {namespace, outlineKey} to read one section. \
 Paged: limit defaults to 50 (hard max 200); when nextCursor is not null pass it back as cursor for the next page. \
 maxDepth keeps only headings up to that depth (1 = top level). Returns {fileId, path, sections, nextCursor, total}.";
+
+const FILES_DESCRIPTION: &str = "Find files in one namespace by folder, path and content. folderPrefix (a folder such as reports/), \
+name (a case-insensitive glob: *.csv or *runbook* match the file name, a glob with / such as reports/**/*.csv the path; a bare word matches part of the path) \
+and pattern (a regular expression over file contents) combine: \
+a file is returned when it matches all that are given. Omit pattern to list a page of files (cheap); with pattern each file carries its first matching lines \
+(matches: lineNumber, line) and the scan runs under a time and byte budget: stoppedEarly and stopReason say when it stopped before the end, \
+filesScanned how many files it read. Paged: limit defaults to 50 (hard max 200); when nextCursor is not null pass it back as cursor (same other arguments). \
+total counts the matching files you may read. Hidden files and files you may not read never appear. \
+Each file has namespace, path, fileId, size (bytes), mime and status (indexing). Next step: kg_file {namespace, path} to read or query one of them.";
+
+const FILE_DESCRIPTION: &str = "Read or query one file: pass namespace and exactly one of path or fileId (a chat reference @kg:<namespace>/<path> works as path). \
+Omit format for size, mime type and indexing status (and the reason when it failed); a CSV or TSV also returns columns (its header names) and columnTypes. \
+format \"sql\" (CSV, TSV): one read-only SELECT or WITH statement over the table data, e.g. SELECT region, sum(amount) FROM data GROUP BY region; \
+quote a header that is not a bare name: \"Market Value (AUD)\". Several statements, DDL/DML and functions that read files or the network are refused. \
+Returns {columns, types, rows, rowCount, truncated}. format \"text\" (any text file): query is a regular expression and returns the matching lines with \
+lineNumber, or omit query and pass startLine and endLine (1-based, inclusive) for a line window. format \"jsonpath\" (RFC 9535), \"jsonata\" or \"jinja\" \
+(JSON files): query is the expression or template; a Jinja template reads the parsed document as data. maxRows caps rows and matches \
+(default 100, hard max 1000) and truncated says when more exist. A file over 10 MiB returns only its size: read it with format text and a line window. \
+Errors are {code, message}: not_found for a path you cannot read, invalid_argument with the position of a SQL error, \
+resource_exhausted or timeout when a query is too costly, PAYLOAD_TOO_LARGE for a file or result that is too big.";
 
 fn caps_input() -> Value {
     let mut properties = serde_json::Map::new();
@@ -220,6 +259,46 @@ fn outline_input() -> Value {
             "maxDepth": {"type": "integer", "minimum": 1, "maximum": MAX_OUTLINE_DEPTH, "description": "Deepest heading level to include (1 = top level)."},
         },
         "required": ["namespace", "fileId"],
+        "additionalProperties": false,
+    })
+}
+
+fn files_input() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "namespace": namespace_input(),
+            "folderPrefix": {"type": "string", "maxLength": 1024, "description": "Only files under this folder, e.g. reports/2024/."},
+            "name": {"type": "string", "maxLength": MAX_PATTERN_CHARS,
+                     "description": "A case-insensitive glob: without / it matches the file name (*.csv), with / the path (reports/**/*.csv); * stays within a folder, ** crosses folders. A word without glob characters matches part of the path."},
+            "pattern": {"type": "string", "maxLength": MAX_PATTERN_CHARS,
+                        "description": "A regular expression over file contents (Rust regex syntax; (?i) for case-insensitive). Omit it to list a page."},
+            "cursor": {"type": "string", "description": "nextCursor from the previous page."},
+            "limit": {"type": "integer", "minimum": 1, "maximum": FILES_LIMIT.1, "default": FILES_LIMIT.0, "description": "Files per page (hard max 200)."},
+        },
+        "required": ["namespace"],
+        "additionalProperties": false,
+    })
+}
+
+fn file_input() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "namespace": namespace_input(),
+            "path": {"type": "string", "maxLength": 1100,
+                     "description": "The path inside the namespace (e.g. reports/q3.csv), or a chat reference @kg:<namespace>/<path>."},
+            "fileId": {"type": "string", "description": "The fileId from kg_files or a chunk package."},
+            "format": {"type": "string", "enum": FILE_FORMATS,
+                       "description": "Omit for metadata; sql for CSV/TSV, text for any text file, jsonpath, jsonata or jinja for JSON."},
+            "query": {"type": "string", "maxLength": MAX_FILE_QUERY_CHARS,
+                      "description": "The SQL statement, regular expression, JSONPath, JSONata expression or Jinja template; required for every format but text with a line window."},
+            "startLine": {"type": "integer", "minimum": 1, "maximum": MAX_LINE, "description": "format text: first line of the window (1-based)."},
+            "endLine": {"type": "integer", "minimum": 1, "maximum": MAX_LINE, "description": "format text: last line of the window (inclusive)."},
+            "maxRows": {"type": "integer", "minimum": 1, "maximum": FILE_MAX_ROWS.1, "default": FILE_MAX_ROWS.0,
+                        "description": "Most rows (sql) or matching lines (text) to return (hard max 1000)."},
+        },
+        "required": ["namespace"],
         "additionalProperties": false,
     })
 }
@@ -365,6 +444,61 @@ fn outline_output() -> Value {
     })
 }
 
+/// The indexing states a file reports.
+const FILE_STATUSES: [&str; 5] = ["pending", "indexed", "failed", "deleted", "unknown"];
+
+fn files_output() -> Value {
+    let int = json!({"type": "integer"});
+    let string = json!({"type": "string"});
+    json!({
+        "type": "object",
+        "properties": {
+            "files": {"type": "array", "items": {
+                "type": "object",
+                "properties": {
+                    "namespace": string, "path": string, "fileId": string, "size": int, "mime": string,
+                    "status": {"type": "string", "enum": FILE_STATUSES}, "statusReason": string, "documentDate": string,
+                    "matches": {"type": "array", "items": {"type": "object", "properties": {
+                        "lineNumber": int, "line": string
+                    }, "required": ["lineNumber", "line"]}},
+                    "matchesTruncated": {"type": "boolean", "description": "Some matching lines were left out to keep the result small."}
+                },
+                "required": ["namespace", "path", "fileId", "size", "mime", "status"]
+            }},
+            "nextCursor": {"type": ["string", "null"]},
+            "total": {"type": "integer", "description": "Matching files you may read (with pattern: among those scanned so far)."},
+            "stoppedEarly": {"type": "boolean", "description": "The content scan stopped on its time or byte budget."},
+            "stopReason": string,
+            "filesScanned": int
+        },
+        "required": ["files", "nextCursor", "total", "stoppedEarly"],
+    })
+}
+
+fn file_output() -> Value {
+    let string = json!({"type": "string"});
+    json!({
+        "type": "object",
+        "properties": {
+            "file": {
+                "type": "object",
+                "properties": {
+                    "namespace": string, "path": string, "fileId": string, "size": {"type": "integer"}, "mime": string,
+                    "status": {"type": "string", "enum": FILE_STATUSES}, "statusReason": string
+                },
+                "required": ["namespace", "path", "fileId", "size", "mime", "status"]
+            },
+            "format": {"type": ["string", "null"], "description": "The format that ran; null for metadata."},
+            "columns": {"type": "array", "items": string, "description": "CSV/TSV header names in file order."},
+            "result": {"description": "Depends on format. Metadata: {size, mime, status, statusReason?, tooLarge, columnTypes?}. \
+    sql: {columns, types, rows, rowCount, truncated, malformedRows?}. text: {matches: [{lineNumber, line}], ...} or {startLine, endLine, lines}. \
+    jsonpath, jsonata, jinja: {result}."},
+            "truncated": {"type": "boolean", "description": "More rows, matches or lines exist than were returned."}
+        },
+        "required": ["file", "format", "result", "truncated"],
+    })
+}
+
 /// A checker for the JSON Schema subset these schemas use (type, enum,
 /// properties, required, items, additionalProperties), so tests can prove
 /// results match the outputSchema that MCP clients validate against.
@@ -440,7 +574,14 @@ mod tests {
         let names: Vec<_> = tools.iter().map(|t| t.name.to_string()).collect();
         assert_eq!(
             names,
-            ["kg_namespaces", "kg_search", "kg_open", "kg_outline"]
+            [
+                "kg_namespaces",
+                "kg_search",
+                "kg_open",
+                "kg_outline",
+                "kg_files",
+                "kg_file"
+            ]
         );
         for tool in &tools {
             assert!(tool.title.is_some());
@@ -502,6 +643,40 @@ mod tests {
         )
         .unwrap();
         assert!(check_schema(&input("kg_namespaces"), &json!({"x": 1}), "$").is_err());
+        check_schema(
+            &input("kg_files"),
+            &json!({"namespace": "demo", "folderPrefix": "a/", "name": "*.csv", "pattern": "x", "cursor": "c", "limit": 10}),
+            "$",
+        )
+        .unwrap();
+        check_schema(
+            &input("kg_file"),
+            &json!({"namespace": "demo", "path": "a.csv", "format": "sql", "query": "SELECT 1", "maxRows": 5}),
+            "$",
+        )
+        .unwrap();
+        check_schema(
+            &input("kg_file"),
+            &json!({"namespace": "demo", "fileId": "f", "format": "text", "startLine": 1, "endLine": 9}),
+            "$",
+        )
+        .unwrap();
+        assert!(
+            check_schema(
+                &input("kg_file"),
+                &json!({"namespace": "demo", "path": "a", "format": "xml"}),
+                "$"
+            )
+            .is_err()
+        );
+        assert!(
+            check_schema(
+                &input("kg_files"),
+                &json!({"namespace": "demo", "q": 1}),
+                "$"
+            )
+            .is_err()
+        );
         assert!(check_schema(&json!({"type": ["string", "null"]}), &json!(3), "$").is_err());
     }
 }

@@ -58,6 +58,14 @@ pub(crate) async fn run(
             Ok(args) => outline(state, caller, args).await,
             Err(err) => Err(err),
         },
+        ToolKind::Files => match args::files_args(args) {
+            Ok(args) => super::files::find_files(state, caller, args).await,
+            Err(err) => Err(err),
+        },
+        ToolKind::File => match args::file_args(args) {
+            Ok(args) => super::files::query_file(state, caller, args).await,
+            Err(err) => Err(err),
+        },
     };
     Outcome { result, namespaces }
 }
@@ -126,7 +134,10 @@ pub(crate) fn resolve_namespaces(
     Ok(requested.to_vec())
 }
 
-fn require_readable(context: &CallerContext, namespace: &str) -> Result<(), ClientError> {
+pub(crate) fn require_readable(
+    context: &CallerContext,
+    namespace: &str,
+) -> Result<(), ClientError> {
     resolve_namespaces(context, &[namespace.to_owned()]).map(|_| ())
 }
 

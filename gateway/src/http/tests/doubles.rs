@@ -363,6 +363,12 @@ impl Files for TestFiles {
     async fn list_files(&self, _: tonic::Request<ListFilesRequest>) -> Res<ListFilesResponse> {
         unimplemented()
     }
+    async fn find_files(&self, _: tonic::Request<FindFilesRequest>) -> Res<FindFilesResponse> {
+        unimplemented()
+    }
+    async fn query_file(&self, _: tonic::Request<QueryFileRequest>) -> Res<QueryFileResponse> {
+        unimplemented()
+    }
     async fn set_file_flags(&self, request: tonic::Request<SetFileFlagsRequest>) -> Res<FileInfo> {
         self.recorded.note(&request)?;
         let r = request.into_inner();

@@ -309,7 +309,14 @@ async fn mcp_session_lists_and_calls_tools() {
         .collect();
     assert_eq!(
         names,
-        ["kg_namespaces", "kg_search", "kg_open", "kg_outline"]
+        [
+            "kg_namespaces",
+            "kg_search",
+            "kg_open",
+            "kg_outline",
+            "kg_files",
+            "kg_file"
+        ]
     );
     assert_eq!(
         messages[0]["result"]["tools"][1]["annotations"]["readOnlyHint"],
