@@ -39,9 +39,23 @@ pub struct UpConfig {
     pub allowed_origins: Vec<String>,
     /// The externally visible base URL (for OAuth protected-resource metadata).
     pub public_base_url: Option<String>,
+    /// Largest upload the admin REST accepts (default 32 MiB, at most 64 MiB).
+    pub max_upload_bytes: Option<usize>,
     /// Logging and tracing.
     #[serde(default)]
     pub telemetry: TelemetryConfig,
+    /// File tools.
+    #[serde(default)]
+    pub files: FilesSection,
+}
+
+/// `[files]`: limits of kg_files / kg_file.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FilesSection {
+    /// Largest file kg_file queries (sql, regex, JSON); larger ones can only be
+    /// read with a text line window. Default 10 MiB, as the tool documents.
+    pub max_query_file_bytes: Option<u64>,
 }
 
 /// Values given on the command line; `None` leaves the lower layers in charge.
@@ -134,6 +148,8 @@ pub fn resolve(
             allowed_hosts,
             allowed_origins: config.allowed_origins,
             public_base_url: config.public_base_url,
+            max_query_file_bytes: config.files.max_query_file_bytes,
+            max_upload_bytes: config.max_upload_bytes,
         },
         telemetry,
     ))

@@ -40,6 +40,10 @@ pub struct MeshOptions {
     pub allowed_origins: Vec<String>,
     /// Externally visible base URL.
     pub public_base_url: Option<String>,
+    /// Override of kg_file's query size limit (default 10 MiB).
+    pub max_query_file_bytes: Option<u64>,
+    /// Override of the admin REST upload limit (default 32 MiB).
+    pub max_upload_bytes: Option<usize>,
 }
 
 /// Where a running mesh listens; written to `<data_dir>/mesh.json`.
@@ -202,13 +206,19 @@ impl Mesh {
         let blobs = BlobStore::new(data_dir.join("blobs"));
 
         let auth = kg_auth::AuthService::new(sql.clone(), signer, pat_key, deployment_id).await?;
-        let files = kg_files::FilesService::new(
+        let mut files = kg_files::FilesService::new(
             sql.clone(),
             blobs.clone(),
             jetstream.clone(),
             64 * 1024 * 1024,
         )
         .await?;
+        if let Some(max) = options.max_query_file_bytes {
+            files = files.with_query_limits(kg_files::QueryLimits {
+                max_query_file_bytes: max,
+                ..kg_files::QueryLimits::default()
+            })?;
+        }
 
         let (auth_listener, auth_addr) = bind_loopback().await?;
         let (files_listener, files_addr) = bind_loopback().await?;
@@ -329,6 +339,11 @@ impl Mesh {
         gateway_config
             .allowed_hosts
             .extend(options.allowed_hosts.iter().cloned());
+        gateway_config.allowed_origins = options.allowed_origins.clone();
+        gateway_config.public_base_url = options.public_base_url.clone();
+        if let Some(max) = options.max_upload_bytes {
+            gateway_config.max_upload_bytes = max;
+        }
         gateway_config.validate()?;
         {
             let token = shutdown.clone();
