@@ -34,7 +34,8 @@ impl Default for IndexerConfig {
         Self {
             chunk: ChunkOptions::default(),
             max_deliver: 5,
-            ack_wait: Duration::from_secs(120),
+            // A crashed worker's message comes back after this long.
+            ack_wait: Duration::from_secs(30),
         }
     }
 }
@@ -62,8 +63,19 @@ struct Worker {
     config: IndexerConfig,
 }
 
-/// Consumes `kg.files.v1.*.changed` until `shutdown`.
-pub async fn run(
+/// Consumes `kg.files.v1.*.changed` until `shutdown`. Boxed: the worker's
+/// future is deep enough to overflow type checking in every caller that spawns it.
+pub fn run(
+    config: IndexerConfig,
+    graph: GraphStore,
+    blobs: BlobStore,
+    jetstream: async_nats::jetstream::Context,
+    shutdown: CancellationToken,
+) -> futures::future::BoxFuture<'static, Result<(), IndexerError>> {
+    Box::pin(run_worker(config, graph, blobs, jetstream, shutdown))
+}
+
+async fn run_worker(
     config: IndexerConfig,
     graph: GraphStore,
     blobs: BlobStore,
