@@ -51,3 +51,11 @@ clean-data:
 bench-files: deps
 	$(CARGO) build --release --bin kgmesh
 	$(PYTHON) bench/files/run.py $(BENCH_ARGS)
+
+# Retrieval quality of kg_search (each lane alone and fused) next to the dataset's BM25 baseline,
+# on a BEIR-format dataset (default ../shared/bench/docs-qa). Not part of `make test`.
+# BENCH_ARGS="--dataset path/to/beir --lanes fulltext" to change it.
+.PHONY: bench-quality
+bench-quality: deps
+	$(CARGO) build --release --bin kgmesh
+	$(PYTHON) bench/quality/run.py $(BENCH_ARGS)

@@ -6,7 +6,7 @@ use std::time::Duration;
 use rustix::process::Signal;
 use tokio::process::Command;
 
-use super::{START_ATTEMPTS, Supervised};
+use super::Supervised;
 use crate::error::StoreError;
 
 const SERVER: &str = "falkordb";
@@ -40,10 +40,14 @@ impl EmbeddedFalkor {
         super::check_binary(&module, SERVER)?;
         super::create_data_dir(data_dir, SERVER)?;
 
-        let mut last_error = None;
-        for _ in 0..START_ATTEMPTS {
-            let port = super::free_port(SERVER)?;
-            let (log, stdout, stderr) = super::log_file(data_dir, "falkordb", SERVER)?;
+        let spec = super::ServerSpec {
+            server: SERVER,
+            data_dir,
+            log_name: "falkordb",
+            ready_timeout: READY_TIMEOUT,
+            stop_signal: Signal::TERM,
+        };
+        let command_for = |port: u16| {
             let mut command = Command::new(&server);
             command
                 .arg("--bind")
@@ -65,41 +69,27 @@ impl EmbeddedFalkor {
                 ])
                 .arg("--loadmodule")
                 .arg(&module);
-            let mut child = Supervised::spawn(
-                command,
-                stdout,
-                stderr,
-                Signal::TERM,
-                Duration::from_secs(10),
-                SERVER,
-            )?;
-            let url = format!("redis://127.0.0.1:{port}");
-            let probe_url = url.clone();
-            let ready = super::wait_ready(&mut child, &log, READY_TIMEOUT, SERVER, || {
-                let url = probe_url.clone();
-                async move { probe(&url).await }
-            })
-            .await;
-            match ready {
-                Ok(()) => {
-                    return Ok(EmbeddedFalkor {
-                        url,
-                        port,
-                        _child: child,
-                    });
-                }
-                Err(failure) if failure.port_in_use => last_error = Some(failure.error),
-                Err(failure) => return Err(failure.error),
-            }
-        }
-        Err(last_error.unwrap_or_else(|| StoreError::embedded(SERVER, "no start attempt made")))
+            command
+        };
+        let (port, child) =
+            super::start_on_free_port(spec, command_for, |port| probe(url(port))).await?;
+        Ok(EmbeddedFalkor {
+            url: url(port),
+            port,
+            _child: child,
+        })
     }
+}
+
+fn url(port: u16) -> String {
+    format!("redis://127.0.0.1:{port}")
 }
 
 /// Ready means: it accepts a connection, the module answers `GRAPH.LIST`, and the append-only
 /// file is loaded (while loading, commands fail).
-async fn probe(url: &str) -> Result<(), String> {
-    let info: falkordb::FalkorConnectionInfo = url.try_into().map_err(|e| format!("{e}"))?;
+async fn probe(url: String) -> Result<(), String> {
+    let info: falkordb::FalkorConnectionInfo =
+        url.as_str().try_into().map_err(|e| format!("{e}"))?;
     let client = falkordb::FalkorClientBuilder::new_async()
         .with_connection_info(info)
         .with_connect_timeout(Some(Duration::from_secs(1)))

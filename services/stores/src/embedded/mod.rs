@@ -229,7 +229,7 @@ impl Drop for Supervised {
 }
 
 /// Polls `probe` until it succeeds, the child exits, or `timeout` passes.
-pub(crate) async fn wait_ready<F, Fut>(
+async fn wait_ready<F, Fut>(
     child: &mut Supervised,
     log: &Path,
     timeout: Duration,
@@ -271,13 +271,63 @@ where
 }
 
 /// Why a start attempt failed, and whether another port may help.
-pub(crate) struct StartFailure {
-    pub(crate) port_in_use: bool,
-    pub(crate) error: StoreError,
+struct StartFailure {
+    port_in_use: bool,
+    error: StoreError,
 }
 
 /// Start attempts per server: a free port can be taken between our probe and the bind.
-pub(crate) const START_ATTEMPTS: usize = 3;
+const START_ATTEMPTS: usize = 3;
+
+/// How one embedded server is started and stopped.
+pub(crate) struct ServerSpec<'a> {
+    /// Name in errors and logs.
+    pub(crate) server: &'static str,
+    /// Its data directory; the log file goes there too.
+    pub(crate) data_dir: &'a Path,
+    /// Log file stem in `data_dir`.
+    pub(crate) log_name: &'static str,
+    pub(crate) ready_timeout: Duration,
+    /// The polite stop signal (sent on drop, SIGKILL after 10 s).
+    pub(crate) stop_signal: Signal,
+}
+
+/// Starts a server on a free loopback port and waits until `probe(port)` succeeds. When the
+/// port is taken between our check and the server's bind, tries another one.
+pub(crate) async fn start_on_free_port<C, P, Fut>(
+    spec: ServerSpec<'_>,
+    mut command_for: C,
+    mut probe: P,
+) -> Result<(u16, Supervised), StoreError>
+where
+    C: FnMut(u16) -> Command,
+    P: FnMut(u16) -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let mut last_error = None;
+    for _ in 0..START_ATTEMPTS {
+        let port = free_port(spec.server)?;
+        let (log, stdout, stderr) = log_file(spec.data_dir, spec.log_name, spec.server)?;
+        let mut child = Supervised::spawn(
+            command_for(port),
+            stdout,
+            stderr,
+            spec.stop_signal,
+            Duration::from_secs(10),
+            spec.server,
+        )?;
+        match wait_ready(&mut child, &log, spec.ready_timeout, spec.server, || {
+            probe(port)
+        })
+        .await
+        {
+            Ok(()) => return Ok((port, child)),
+            Err(failure) if failure.port_in_use => last_error = Some(failure.error),
+            Err(failure) => return Err(failure.error),
+        }
+    }
+    Err(last_error.unwrap_or_else(|| StoreError::embedded(spec.server, "no start attempt made")))
+}
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]

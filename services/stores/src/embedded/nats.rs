@@ -6,7 +6,7 @@ use std::time::Duration;
 use rustix::process::Signal;
 use tokio::process::Command;
 
-use super::{START_ATTEMPTS, Supervised};
+use super::Supervised;
 use crate::error::StoreError;
 
 const SERVER: &str = "nats-server";
@@ -37,10 +37,14 @@ impl EmbeddedNats {
         super::check_binary(&server, SERVER)?;
         super::create_data_dir(data_dir, SERVER)?;
 
-        let mut last_error = None;
-        for _ in 0..START_ATTEMPTS {
-            let port = super::free_port(SERVER)?;
-            let (log, stdout, stderr) = super::log_file(data_dir, "nats", SERVER)?;
+        let spec = super::ServerSpec {
+            server: SERVER,
+            data_dir,
+            log_name: "nats",
+            ready_timeout: READY_TIMEOUT,
+            stop_signal: Signal::TERM,
+        };
+        let command_for = |port: u16| {
             let mut command = Command::new(&server);
             command
                 .arg("-js")
@@ -48,42 +52,27 @@ impl EmbeddedNats {
                 .arg(data_dir)
                 .args(["-a", "127.0.0.1", "-p"])
                 .arg(port.to_string());
-            let mut child = Supervised::spawn(
-                command,
-                stdout,
-                stderr,
-                Signal::TERM,
-                Duration::from_secs(10),
-                SERVER,
-            )?;
-            let url = format!("nats://127.0.0.1:{port}");
-            let probe_url = url.clone();
-            let ready = super::wait_ready(&mut child, &log, READY_TIMEOUT, SERVER, || {
-                let url = probe_url.clone();
-                async move { probe(&url).await }
-            })
-            .await;
-            match ready {
-                Ok(()) => {
-                    return Ok(EmbeddedNats {
-                        url,
-                        port,
-                        _child: child,
-                    });
-                }
-                Err(failure) if failure.port_in_use => last_error = Some(failure.error),
-                Err(failure) => return Err(failure.error),
-            }
-        }
-        Err(last_error.unwrap_or_else(|| StoreError::embedded(SERVER, "no start attempt made")))
+            command
+        };
+        let (port, child) =
+            super::start_on_free_port(spec, command_for, |port| probe(url(port))).await?;
+        Ok(EmbeddedNats {
+            url: url(port),
+            port,
+            _child: child,
+        })
     }
 }
 
+fn url(port: u16) -> String {
+    format!("nats://127.0.0.1:{port}")
+}
+
 /// Ready means: a client connects and JetStream reports the account.
-async fn probe(url: &str) -> Result<(), String> {
+async fn probe(url: String) -> Result<(), String> {
     let client = async_nats::ConnectOptions::new()
         .connection_timeout(Duration::from_secs(1))
-        .connect(url)
+        .connect(url.as_str())
         .await
         .map_err(|e| e.to_string())?;
     let js = async_nats::jetstream::new(client);

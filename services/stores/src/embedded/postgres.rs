@@ -13,7 +13,7 @@ use rustix::process::Signal;
 use sqlx::{Connection, Executor, PgConnection};
 use tokio::process::Command;
 
-use super::{START_ATTEMPTS, Supervised};
+use super::Supervised;
 use crate::error::StoreError;
 
 const SERVER: &str = "postgres";
@@ -73,10 +73,14 @@ impl EmbeddedPostgres {
         let pgdata = data_dir.join("pgdata");
         let password = prepare_cluster(&bin, data_dir, &pgdata, run_as).await?;
 
-        let mut last_error = None;
-        for _ in 0..START_ATTEMPTS {
-            let port = super::free_port(SERVER)?;
-            let (log, stdout, stderr) = super::log_file(data_dir, "postgres", SERVER)?;
+        let spec = super::ServerSpec {
+            server: SERVER,
+            data_dir,
+            log_name: "postgres",
+            ready_timeout: READY_TIMEOUT,
+            stop_signal: Signal::INT,
+        };
+        let command_for = |port: u16| {
             let mut command = command(&bin.join("postgres"), run_as);
             command
                 .arg("-D")
@@ -85,35 +89,20 @@ impl EmbeddedPostgres {
                 .args(["-h", "127.0.0.1"])
                 // No unix socket: its default directory may not exist or be writable.
                 .args(["-k", ""]);
-            let mut child = Supervised::spawn(
-                command,
-                stdout,
-                stderr,
-                Signal::INT,
-                Duration::from_secs(10),
-                SERVER,
-            )?;
+            command
+        };
+        let (port, child) = super::start_on_free_port(spec, command_for, |port| {
             let admin_url = url(&password, port, "postgres");
-            let ready = super::wait_ready(&mut child, &log, READY_TIMEOUT, SERVER, || {
-                let admin_url = admin_url.clone();
-                async move { probe(&admin_url).await }
-            })
-            .await;
-            match ready {
-                Ok(()) => {
-                    create_database(&admin_url).await?;
-                    return Ok(EmbeddedPostgres {
-                        url: url(&password, port, DATABASE),
-                        port,
-                        _child: child,
-                        _binaries: binaries,
-                    });
-                }
-                Err(failure) if failure.port_in_use => last_error = Some(failure.error),
-                Err(failure) => return Err(failure.error),
-            }
-        }
-        Err(last_error.unwrap_or_else(|| StoreError::embedded(SERVER, "no start attempt made")))
+            async move { probe(&admin_url).await }
+        })
+        .await?;
+        create_database(&url(&password, port, "postgres")).await?;
+        Ok(EmbeddedPostgres {
+            url: url(&password, port, DATABASE),
+            port,
+            _child: child,
+            _binaries: binaries,
+        })
     }
 }
 
