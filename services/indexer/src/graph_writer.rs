@@ -16,6 +16,8 @@ use kg_stores::StoreError;
 use kg_stores::graph::{GraphStore, Params, Rows};
 use serde_json::{Value, json};
 
+use crate::document::DocumentMeta;
+
 /// Chunks created per query; keeps one query's parameter text around a few MB at most.
 const CHUNK_BATCH: usize = 200;
 /// Edges or outline nodes created per query.
@@ -129,10 +131,24 @@ impl ErrorExt for GraphWriteError {
 
 kg_common::impl_status_from!(GraphWriteError);
 
-/// Writes `file` with its `chunks` and `outline`, replacing what the graph held for it.
+/// Writes `file` with its `chunks` and `outline`, replacing what the graph held for it;
+/// the FileRef gets no type, tags, effective window or collections (see [`write_document`]).
 pub async fn write_file(
     graph: &GraphStore,
     file: &FileRecord,
+    chunks: &[ChunkRecord],
+    outline: &[OutlineRecord],
+) -> Result<WriteOutcome, GraphWriteError> {
+    write_document(graph, file, &DocumentMeta::default(), chunks, outline).await
+}
+
+/// [`write_file`], with the document's metadata on the FileRef: `docType`, `tags`,
+/// `effectiveFrom`, `effectiveTo` and `collections` (title and documentDate come from `file`).
+/// The metadata is a function of the version's content, so an unchanged version keeps it.
+pub async fn write_document(
+    graph: &GraphStore,
+    file: &FileRecord,
+    meta: &DocumentMeta,
     chunks: &[ChunkRecord],
     outline: &[OutlineRecord],
 ) -> Result<WriteOutcome, GraphWriteError> {
@@ -146,7 +162,7 @@ pub async fn write_file(
         return Ok(WriteOutcome::Unchanged);
     }
 
-    upsert_file_ref(graph, file).await?;
+    upsert_file_ref(graph, file, meta).await?;
     link_folders(graph, file, &folder).await?;
     delete_in_batches(graph, ns, "Chunk", &file.file_id).await?;
     delete_in_batches(graph, ns, "OutlineNode", &file.file_id).await?;
@@ -403,7 +419,11 @@ async fn is_current(
         && path == Some(file.path.as_str()))
 }
 
-async fn upsert_file_ref(graph: &GraphStore, file: &FileRecord) -> Result<(), StoreError> {
+async fn upsert_file_ref(
+    graph: &GraphStore,
+    file: &FileRecord,
+    meta: &DocumentMeta,
+) -> Result<(), StoreError> {
     let mut params = file_params(&file.file_id);
     params.insert("path".into(), json!(file.path));
     params.insert("name".into(), json!(file.name));
@@ -413,6 +433,11 @@ async fn upsert_file_ref(graph: &GraphStore, file: &FileRecord) -> Result<(), St
     params.insert("title".into(), json!(file.title));
     params.insert("documentDate".into(), json!(file.document_date));
     params.insert("mime".into(), json!(file.mime));
+    params.insert("docType".into(), json!(meta.doc_type));
+    params.insert("tags".into(), json!(meta.tags));
+    params.insert("effectiveFrom".into(), json!(meta.effective_from));
+    params.insert("effectiveTo".into(), json!(meta.effective_to));
+    params.insert("collections".into(), json!(meta.collections));
     // versionId/chunkCount are cleared until the write completes.
     graph
         .query(
@@ -420,6 +445,8 @@ async fn upsert_file_ref(graph: &GraphStore, file: &FileRecord) -> Result<(), St
             "MERGE (f:FileRef {fileId: $fileId}) \
              SET f.vfsPath = $path, f.name = $name, f.folderPath = $folder, f.enabled = $enabled, \
                  f.hidden = $hidden, f.title = $title, f.documentDate = $documentDate, f.mime = $mime, \
+                 f.docType = $docType, f.tags = $tags, f.effectiveFrom = $effectiveFrom, \
+                 f.effectiveTo = $effectiveTo, f.collections = $collections, \
                  f.versionId = null, f.chunkCount = null",
             &params,
         )

@@ -1,7 +1,7 @@
 //! From a file's bytes to the records the graph writer stores: parse, chunk,
 //! outline, keys. Pure: no I/O, so it is tested without any store.
 
-use crate::document::{self, ChunkOptions, DocumentKind, ParseError};
+use crate::document::{self, ChunkOptions, DocumentKind, DocumentMeta, ParseError, ResolvedLink};
 use crate::graph_writer::{ChunkRecord, FileRecord, OutlineRecord};
 
 /// Everything the graph needs for one file version.
@@ -13,6 +13,10 @@ pub struct IndexedDocument {
     pub chunks: Vec<ChunkRecord>,
     /// Outline sections in document order.
     pub outline: Vec<OutlineRecord>,
+    /// Title, type, tags, dates and collections (also on the FileRef).
+    pub meta: DocumentMeta,
+    /// Markdown/HTML links resolved against the file's path, in document order.
+    pub links: Vec<ResolvedLink>,
 }
 
 /// Why a file cannot be indexed; the message is for the file's owner.
@@ -20,7 +24,7 @@ pub struct IndexedDocument {
 pub enum PipelineError {
     /// Not a format the indexer reads.
     #[error(
-        "unsupported file type `{mime}` for {path}: kgmesh indexes Markdown, plain text, CSV, TSV and JSON so far"
+        "unsupported file type `{mime}` for {path}: kgmesh indexes Markdown, plain text, HTML, PDF, CSV, TSV, JSON, YAML, TOML and SQL"
     )]
     Unsupported {
         /// The file's path.
@@ -52,18 +56,33 @@ pub struct FileMeta {
     pub hidden: bool,
 }
 
-/// Markdown and plain text by their own rules; CSV, TSV and JSON are searched
-/// as plain text (the file tools query their structure).
+/// Structured text searched as plain text: data files (the file tools query their
+/// structure) and the configuration and schema files teams keep next to their docs.
+const STRUCTURED_TEXT_MIMES: &[&str] = &[
+    "text/csv",
+    "text/tab-separated-values",
+    "application/json",
+    "application/yaml",
+    "application/x-yaml",
+    "text/yaml",
+    "text/x-yaml",
+    "application/toml",
+    "application/sql",
+    "text/x-sql",
+];
+const STRUCTURED_TEXT_EXTENSIONS: &[&str] =
+    &[".csv", ".tsv", ".json", ".yaml", ".yml", ".toml", ".sql"];
+
+/// Markdown, plain text, HTML and PDF by their own rules; structured text (CSV, TSV, JSON,
+/// YAML, TOML, SQL) as plain text.
 fn detect_kind(path: &str, mime: &str) -> Option<DocumentKind> {
     DocumentKind::detect(path, mime).or_else(|| {
         let essence = mime.split(';').next().unwrap_or_default().trim();
         let lower = path.to_ascii_lowercase();
-        let structured_text = matches!(
-            essence,
-            "text/csv" | "text/tab-separated-values" | "application/json"
-        ) || [".csv", ".tsv", ".json"]
-            .iter()
-            .any(|ext| lower.ends_with(ext));
+        let structured_text = STRUCTURED_TEXT_MIMES.contains(&essence)
+            || STRUCTURED_TEXT_EXTENSIONS
+                .iter()
+                .any(|ext| lower.ends_with(ext));
         structured_text.then_some(DocumentKind::PlainText)
     })
 }
@@ -79,6 +98,9 @@ pub fn index_document(
         mime: meta.mime.clone(),
     })?;
     let doc = document::parse(kind, bytes)?;
+    for warning in &doc.meta.warnings {
+        tracing::warn!(namespace = %meta.namespace, path = %meta.path, "{warning}");
+    }
     let spans = document::chunk(&doc, options);
     let sections = document::outline(&doc);
 
@@ -107,8 +129,8 @@ pub fn index_document(
             char_end: span.char_end,
             line_start: span.line_start,
             line_end: span.line_end,
-            page_start: None,
-            page_end: None,
+            page_start: span.page_start,
+            page_end: span.page_end,
             token_count: span.token_count,
             section_key: span.section.and_then(|i| outline_keys.get(i).cloned()),
         })
@@ -127,8 +149,8 @@ pub fn index_document(
             line_end: entry.line_end,
             char_start: entry.char_start,
             char_end: entry.char_end,
-            page_start: None,
-            page_end: None,
+            page_start: entry.page_start,
+            page_end: entry.page_end,
             // A section covers every chunk that starts inside it, subsections included.
             covers: spans
                 .iter()
@@ -151,12 +173,14 @@ pub fn index_document(
             folder_path,
             enabled: meta.enabled,
             hidden: meta.hidden,
-            title: doc.title.clone(),
-            document_date: doc.front_matter.date.clone(),
+            title: doc.meta.title.clone(),
+            document_date: doc.meta.document_date.clone(),
             mime: meta.mime.clone(),
         },
         chunks,
         outline,
+        links: document::resolve_links(&meta.path, &doc.links),
+        meta: doc.meta,
     })
 }
 
@@ -234,6 +258,15 @@ mod tests {
         )
         .unwrap();
         assert_eq!(doc.chunks[0].text, r#"{"a": 1}"#);
+        for (path, mime) in [
+            ("shop/ontology.yaml", "application/octet-stream"),
+            ("shop/seed.sql", "application/sql"),
+            ("Cargo.toml", "text/x-toml"),
+        ] {
+            let doc = index_document(&meta(path, mime), b"key: value\n", &ChunkOptions::default())
+                .unwrap();
+            assert_eq!(doc.chunks.len(), 1, "{path}");
+        }
     }
 
     #[test]

@@ -58,6 +58,9 @@ pub struct ChunkSpan {
     /// 1-based, inclusive.
     pub line_start: u32,
     pub line_end: u32,
+    /// 1-based, inclusive PDF pages the chunk spans; `None` for other formats.
+    pub page_start: Option<u32>,
+    pub page_end: Option<u32>,
     /// cl100k_base tokens of `text` (see [`super::count_tokens`]).
     pub token_count: u32,
     pub text: String,
@@ -105,7 +108,10 @@ pub fn chunk(doc: &ParsedDocument, opts: &ChunkOptions) -> Vec<ChunkSpan> {
         .map(|(i, p)| {
             let (line_start, line_end) = index.line_span(p.start, p.end);
             let section = section_at(&entries, p.start);
+            let pages = doc.page_span(p.start, p.end);
             ChunkSpan {
+                page_start: pages.map(|(a, _)| a),
+                page_end: pages.map(|(_, b)| b),
                 index: u32::try_from(i).unwrap_or(u32::MAX),
                 char_start: index.char_of(p.start),
                 char_end: index.char_of(p.end),

@@ -3,6 +3,7 @@
 use pulldown_cmark::{Event, LinkType, Options, Parser, Tag, TagEnd};
 
 use super::frontmatter::split_front_matter;
+use super::meta::DocumentMeta;
 use super::offsets::{fill_gaps, trim_span};
 use super::{Block, BlockKind, DocumentKind, Heading, Link, LinkKind, ParsedDocument};
 
@@ -119,12 +120,12 @@ pub(crate) fn parse_markdown(text: String) -> ParsedDocument {
             })
         })
         .collect();
-    let title = front_matter.title.clone().or_else(|| {
-        headings
-            .iter()
-            .find(|h| h.level == 1)
-            .map(|h| h.title.clone())
-    });
+    let first_h1 = headings
+        .iter()
+        .find(|h| h.level == 1)
+        .map(|h| h.title.clone());
+    let meta = DocumentMeta::from_front_matter(&front_matter, first_h1);
+    let title = meta.title.clone();
     ParsedDocument {
         kind: DocumentKind::Markdown,
         text,
@@ -134,6 +135,8 @@ pub(crate) fn parse_markdown(text: String) -> ParsedDocument {
         headings,
         blocks,
         links,
+        meta,
+        pages: Vec::new(),
     }
 }
 

@@ -3,29 +3,40 @@
 //! No I/O and no stores: everything here is a function of its inputs.
 
 mod chunk;
+mod event;
 mod frontmatter;
+mod html;
 mod keys;
+mod links;
 mod markdown;
+mod meta;
 mod offsets;
 mod outline;
+mod pdf;
 mod text;
 mod tokens;
 
 pub use chunk::{ChunkOptions, ChunkSpan, chunk};
+pub use event::{MAX_EVENT_LINK_BYTES, indexed_event_fields};
 pub use frontmatter::{FrontMatter, FrontMatterValue};
 pub use keys::{chunk_key, context_header, outline_key};
+pub use links::{LinkTargetKind, ResolvedLink, resolve_link, resolve_links};
+pub use meta::{DocumentMeta, normalize_date};
 pub use outline::{OutlineEntry, outline};
 pub use tokens::{count_tokens, estimate_tokens};
 
-/// The document formats this pipeline understands (PDF is handled elsewhere).
+/// The document formats this pipeline understands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DocumentKind {
     Markdown,
     PlainText,
+    Html,
+    Pdf,
 }
 
 const MARKDOWN_EXTENSIONS: &[&str] = &["md", "markdown", "mdown", "mkd", "mkdn", "mdwn", "mdtxt"];
 const TEXT_EXTENSIONS: &[&str] = &["txt", "text", "log"];
+const HTML_EXTENSIONS: &[&str] = &["html", "htm", "xhtml"];
 
 impl DocumentKind {
     /// Picks the kind from the MIME type and the path's extension.
@@ -33,7 +44,8 @@ impl DocumentKind {
     /// A Markdown MIME type, or a Markdown extension with a generic or `text/*` type (uploads
     /// often send `.md` as `text/plain` or `application/octet-stream`), gives Markdown;
     /// `text/plain`, or a `.txt`/`.text`/`.log` name with such a type, gives plain text;
-    /// anything else (PDF, images, HTML without a text extension) gives `None`.
+    /// an HTML type or `.html`/`.htm`/`.xhtml` name gives HTML; `application/pdf`, or a `.pdf`
+    /// name with a generic type, gives PDF; anything else (images, archives) gives `None`.
     pub fn detect(path: &str, mime: &str) -> Option<DocumentKind> {
         let mime = mime
             .split(';')
@@ -56,6 +68,16 @@ impl DocumentKind {
         {
             return Some(DocumentKind::Markdown);
         }
+        if matches!(mime.as_str(), "text/html" | "application/xhtml+xml")
+            || (textual && HTML_EXTENSIONS.contains(&ext))
+        {
+            return Some(DocumentKind::Html);
+        }
+        if matches!(mime.as_str(), "application/pdf" | "application/x-pdf")
+            || ((mime.is_empty() || mime == "application/octet-stream") && ext == "pdf")
+        {
+            return Some(DocumentKind::Pdf);
+        }
         if mime == "text/plain" || (textual && TEXT_EXTENSIONS.contains(&ext)) {
             return Some(DocumentKind::PlainText);
         }
@@ -72,6 +94,13 @@ pub struct ParseError {
 }
 
 impl ParseError {
+    pub(crate) fn new(reason: String) -> Self {
+        Self {
+            reason,
+            byte_offset: None,
+        }
+    }
+
     fn at(byte_offset: usize, reason: String) -> Self {
         Self {
             reason,
@@ -150,28 +179,70 @@ pub struct Link {
     pub byte_start: usize,
 }
 
+/// One PDF page as a byte range of [`ParsedDocument::text`] (empty for a page without text).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PageSpan {
+    /// 1-based page number.
+    pub number: u32,
+    pub byte_start: usize,
+    pub byte_end: usize,
+}
+
 /// The result of [`parse`]: all offsets index into `text`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ParsedDocument {
     pub kind: DocumentKind,
-    /// The file's text: UTF-8, BOM removed, CRLF and lone CR normalised to LF.
+    /// The file's text: UTF-8, BOM removed, CRLF and lone CR normalised to LF. For HTML the
+    /// visible text laid out in blocks; for PDF the pages' text separated by blank lines.
     pub text: String,
-    /// Front matter `title`, else the first H1.
+    /// Front matter `title` (HTML `<title>`, PDF Info Title), else the first H1 (the first
+    /// bookmark or heading-like line of a PDF). Same as `meta.title`.
     pub title: Option<String>,
     pub front_matter: FrontMatter,
     /// Byte offset where the body starts (just after the front matter block; 0 without one).
     pub body_start: usize,
     pub headings: Vec<Heading>,
     pub blocks: Vec<Block>,
+    /// Markdown and HTML links (`<a href>`, `<img src>`) in document order.
     pub links: Vec<Link>,
+    /// Title, type, tags, dates and collections from front matter, `<title>`/`<meta>` or
+    /// the PDF Info dictionary.
+    pub meta: DocumentMeta,
+    /// PDF pages in order; empty for other formats.
+    pub pages: Vec<PageSpan>,
 }
 
-/// Decodes and parses a document. Fails only on bytes that are not text.
+impl ParsedDocument {
+    /// 1-based first and last page of the byte range `start..end`, for PDFs.
+    pub fn page_span(&self, start: usize, end: usize) -> Option<(u32, u32)> {
+        if self.pages.is_empty() {
+            return None;
+        }
+        let last = if end > start { end - 1 } else { start };
+        Some((self.page_at(start), self.page_at(last)))
+    }
+
+    /// The page holding `byte` (the page before, for bytes between pages).
+    fn page_at(&self, byte: usize) -> u32 {
+        let idx = self
+            .pages
+            .partition_point(|p| p.byte_start <= byte)
+            .saturating_sub(1);
+        self.pages.get(idx).map_or(1, |p| p.number)
+    }
+}
+
+/// Decodes and parses a document. Fails on bytes that are not text, and on PDFs that are
+/// encrypted, damaged or have no text layer.
 pub fn parse(kind: DocumentKind, bytes: &[u8]) -> Result<ParsedDocument, ParseError> {
+    if kind == DocumentKind::Pdf {
+        return pdf::parse_pdf(bytes);
+    }
     let text = decode_text(bytes)?;
     Ok(match kind {
         DocumentKind::Markdown => markdown::parse_markdown(text),
-        DocumentKind::PlainText => text::parse_plain_text(text),
+        DocumentKind::Html => html::parse_html(&text),
+        DocumentKind::PlainText | DocumentKind::Pdf => text::parse_plain_text(text),
     })
 }
 
@@ -217,3 +288,5 @@ fn decode_text(bytes: &[u8]) -> Result<String, ParseError> {
 
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_formats;

@@ -24,6 +24,9 @@ pub struct OutlineEntry {
     pub line_end: u32,
     /// The raw Markdown heading level, 1..=6.
     pub level: u8,
+    /// 1-based, inclusive PDF pages of the section; `None` for other formats.
+    pub page_start: Option<u32>,
+    pub page_end: Option<u32>,
 }
 
 pub fn outline(doc: &ParsedDocument) -> Vec<OutlineEntry> {
@@ -51,7 +54,11 @@ pub(crate) fn outline_with(doc: &ParsedDocument, index: &OffsetIndex<'_>) -> Vec
             .find(|next| next.level <= heading.level)
             .map_or(doc.text.len(), |next| next.byte_start);
         let (line_start, line_end) = index.line_span(byte_start, byte_end);
+        // The section ends where the next one starts: count its pages without that byte.
+        let pages = doc.page_span(byte_start, trimmed_end(&doc.text, byte_start, byte_end));
         entries.push(OutlineEntry {
+            page_start: pages.map(|(a, _)| a),
+            page_end: pages.map(|(_, b)| b),
             order: u32::try_from(i).unwrap_or(u32::MAX),
             title: heading.title.clone(),
             depth,
@@ -87,4 +94,10 @@ pub(crate) fn heading_path(entries: &[OutlineEntry], section: Option<usize>) -> 
     }
     path.reverse();
     path
+}
+
+/// `end` moved back over trailing whitespace (not before `start + 1`).
+fn trimmed_end(text: &str, start: usize, end: usize) -> usize {
+    let content = text.get(start..end).map_or(0, |s| s.trim_end().len());
+    start + content.max(1).min(end - start)
 }

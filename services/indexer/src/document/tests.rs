@@ -632,10 +632,11 @@ fn document_kind_detection() {
     assert_eq!(DocumentKind::detect("a.txt", "text/plain"), Some(PlainText));
     assert_eq!(DocumentKind::detect("a.log", ""), Some(PlainText));
     assert_eq!(DocumentKind::detect("notes", "text/plain"), Some(PlainText));
-    assert_eq!(DocumentKind::detect("a.pdf", "application/pdf"), None);
+    assert_eq!(DocumentKind::detect("a.pdf", "application/pdf"), Some(Pdf));
     assert_eq!(DocumentKind::detect("a.txt", "image/png"), None);
     assert_eq!(DocumentKind::detect("a.md", "image/png"), None);
-    assert_eq!(DocumentKind::detect("page.html", "text/html"), None);
+    assert_eq!(DocumentKind::detect("page.html", "text/html"), Some(Html));
+    assert_eq!(DocumentKind::detect("a.zip", "application/zip"), None);
     assert_eq!(DocumentKind::detect(".md", ""), None);
 }
 

@@ -21,6 +21,8 @@ pub(crate) fn parse_plain_text(text: String) -> ParsedDocument {
         headings: Vec::new(),
         blocks,
         links: Vec::new(),
+        meta: super::DocumentMeta::default(),
+        pages: Vec::new(),
     }
 }
 
