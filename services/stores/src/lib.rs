@@ -2,7 +2,8 @@
 //!
 //! It owns the FalkorDB graph access (`graph`: one graph per namespace, indexes, JSON rows),
 //! the SQL pool and migrations over SQLite or PostgreSQL (`sql`), the NATS JetStream streams
-//! and subjects of ingest (`events`), content-addressed blobs (`blobs`), the vector index over
+//! and subjects of ingest (`events`), the published TBox per namespace in JetStream KV (`tbox`),
+//! content-addressed blobs (`blobs`), the vector index over
 //! embedded Qdrant or a Qdrant server with its access-filter compiler (`vector`), and the embedded
 //! servers that tests and `kgmesh up` start from the dev-deps virtualenv (`embedded`).
 //! It knows nothing about requests, callers or permissions; services bring those.
@@ -14,6 +15,7 @@ pub mod error;
 pub mod events;
 pub mod graph;
 pub mod sql;
+pub mod tbox;
 pub mod vector;
 
 pub use error::StoreError;

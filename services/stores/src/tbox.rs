@@ -1,0 +1,173 @@
+//! The published TBox of each namespace, in the JetStream KV bucket `KG_TBOX`.
+//!
+//! Key = namespace, value = a prost-encoded `kg.v1.Tbox`. The ontology service puts a TBox
+//! when it is published; the indexer reads it for every file it indexes, through
+//! [`TboxBucket::get_cached`], which asks NATS at most once per namespace per cache TTL.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, kv};
+use bytes::Bytes;
+use kg_proto::v1::Tbox;
+use prost::Message as _;
+
+use crate::error::{StoreError, StoreKind};
+
+/// The KV bucket holding one published TBox per namespace.
+pub const TBOX_BUCKET: &str = "KG_TBOX";
+/// Revisions kept per namespace, so an operator can see what was published before.
+const HISTORY: i64 = 5;
+/// How long [`TboxBucket::get_cached`] trusts what it read, present or absent.
+pub const DEFAULT_CACHE_TTL: Duration = Duration::from_secs(2);
+
+#[derive(Debug, Clone)]
+struct Cached {
+    read_at: Instant,
+    tbox: Option<Arc<Tbox>>,
+}
+
+/// Handle on `KG_TBOX`; cheap to clone (clones share the read cache).
+#[derive(Clone)]
+pub struct TboxBucket {
+    kv: kv::Store,
+    ttl: Duration,
+    cache: Arc<Mutex<HashMap<String, Cached>>>,
+}
+
+impl std::fmt::Debug for TboxBucket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TboxBucket")
+            .field("ttl", &self.ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TboxBucket {
+    /// Creates the bucket when missing (or updates its configuration) and opens it.
+    pub async fn open(js: &jetstream::Context) -> Result<Self, StoreError> {
+        let config = kv::Config {
+            bucket: TBOX_BUCKET.to_owned(),
+            description: "published TBox per namespace (kg.v1.Tbox)".to_owned(),
+            history: HISTORY,
+            storage: jetstream::stream::StorageType::File,
+            ..Default::default()
+        };
+        let kv = js.create_or_update_key_value(config).await.map_err(|err| {
+            use jetstream::context::CreateKeyValueErrorKind as K;
+            match err.kind() {
+                K::TimedOut => StoreError::timeout(StoreKind::Events, err),
+                K::JetStream => StoreError::unavailable(StoreKind::Events, err),
+                _ => StoreError::internal(StoreKind::Events, err),
+            }
+        })?;
+        Ok(TboxBucket {
+            kv,
+            ttl: DEFAULT_CACHE_TTL,
+            cache: Arc::new(Mutex::new(HashMap::new())),
+        })
+    }
+
+    /// The same bucket with another cache TTL for [`TboxBucket::get_cached`].
+    pub fn with_cache_ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// Stores `tbox` as the published TBox of `tbox.namespace`; returns the KV revision.
+    pub async fn put(&self, tbox: &Tbox) -> Result<u64, StoreError> {
+        let key = key(&tbox.namespace)?;
+        let revision = self
+            .kv
+            .put(key, Bytes::from(tbox.encode_to_vec()))
+            .await
+            .map_err(|err| {
+                use kv::PutErrorKind as K;
+                match err.kind() {
+                    K::InvalidKey => StoreError::InvalidInput {
+                        what: "namespace",
+                        reason: "not a valid key".into(),
+                    },
+                    K::Publish | K::Ack => StoreError::unavailable(StoreKind::Events, err),
+                }
+            })?;
+        // This process sees its own publish at once.
+        self.remember(&tbox.namespace, Some(Arc::new(tbox.clone())));
+        Ok(revision)
+    }
+
+    /// The published TBox of `namespace`, read from NATS now; `None` when none was published.
+    pub async fn get(&self, namespace: &str) -> Result<Option<Tbox>, StoreError> {
+        let key = key(namespace)?;
+        let value = self.kv.get(key).await.map_err(|err| {
+            use kv::EntryErrorKind as K;
+            match err.kind() {
+                K::TimedOut => StoreError::timeout(StoreKind::Events, err),
+                K::InvalidKey => StoreError::InvalidInput {
+                    what: "namespace",
+                    reason: "not a valid key".into(),
+                },
+                K::Other => StoreError::unavailable(StoreKind::Events, err),
+            }
+        })?;
+        match value {
+            None => Ok(None),
+            Some(bytes) => Tbox::decode(bytes)
+                .map(Some)
+                .map_err(|err| StoreError::internal(StoreKind::Events, err)),
+        }
+    }
+
+    /// Like [`TboxBucket::get`], but answers from memory when this handle (or a clone) read
+    /// the namespace less than the cache TTL ago; absence is cached too.
+    pub async fn get_cached(&self, namespace: &str) -> Result<Option<Arc<Tbox>>, StoreError> {
+        let fresh = self.cache.lock().ok().and_then(|cache| {
+            cache
+                .get(namespace)
+                .filter(|c| c.read_at.elapsed() < self.ttl)
+                .map(|c| c.tbox.clone())
+        });
+        if let Some(tbox) = fresh {
+            return Ok(tbox);
+        }
+        let tbox = self.get(namespace).await?.map(Arc::new);
+        self.remember(namespace, tbox.clone());
+        Ok(tbox)
+    }
+
+    fn remember(&self, namespace: &str, tbox: Option<Arc<Tbox>>) {
+        if let Ok(mut cache) = self.cache.lock() {
+            cache.insert(
+                namespace.to_owned(),
+                Cached {
+                    read_at: Instant::now(),
+                    tbox,
+                },
+            );
+        }
+    }
+}
+
+/// The KV key of a namespace: the namespace itself, once it passed the namespace rules.
+fn key(namespace: &str) -> Result<&str, StoreError> {
+    kg_common::access::validate_namespace(namespace).map_err(|err| StoreError::InvalidInput {
+        what: "namespace",
+        reason: err.to_string(),
+    })?;
+    Ok(namespace)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_follow_the_namespace_rules() {
+        assert_eq!(key("handbook").unwrap(), "handbook");
+        for bad in ["", "a.b", "A", "a*", "a b", ">"] {
+            assert!(key(bad).is_err(), "{bad:?}");
+        }
+    }
+}
