@@ -1,6 +1,7 @@
 //! The indexer dies in the middle of a 500-file ingest and a new one takes
 //! over the durable consumer: every file ends indexed exactly once, with no
-//! duplicate chunks and no lost files.
+//! duplicate chunks and no lost files, in the graph and in the vector index
+//! (real all-MiniLM-L6-v2 embeddings into an embedded qdrant-edge shard).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
@@ -98,8 +99,14 @@ async fn a_killed_indexer_loses_and_duplicates_nothing() {
     let first_stop = CancellationToken::new();
     // A short ack wait: what the dead worker held comes back quickly. The
     // durable consumer keeps the settings it was created with.
+    let vectors = kg_indexer::IndexerSettings::default()
+        .open_vectors(&dir.path().join("vectors"))
+        .await
+        .unwrap()
+        .expect("minilm is the default provider");
     let config = IndexerConfig {
         ack_wait: Duration::from_secs(3),
+        vectors: Some(vectors.clone()),
         ..IndexerConfig::default()
     };
     let first = tokio::spawn(kg_indexer::run(
@@ -214,6 +221,25 @@ async fn a_killed_indexer_loses_and_duplicates_nothing() {
         Some(0),
         "chunks without a file"
     );
+
+    // The vector index holds one point per chunk and one per file, none twice.
+    let everything = AccessFilter {
+        namespace: NS.into(),
+        allow_prefixes: vec![String::new()],
+        ..Default::default()
+    };
+    let chunk_points = vectors
+        .index
+        .count(&everything, &kg_stores::vector::Scope::chunks())
+        .await
+        .unwrap();
+    assert_eq!(chunk_points as i64, expected_chunks, "chunk vectors");
+    let file_points = vectors
+        .index
+        .count(&everything, &kg_stores::vector::Scope::files())
+        .await
+        .unwrap();
+    assert_eq!(file_points as usize, FILES, "file vectors");
 
     second_stop.cancel();
     status_stop.cancel();

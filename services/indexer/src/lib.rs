@@ -2,15 +2,22 @@
 //!
 //! A durable JetStream consumer of `kg.files.v1.*.changed` reads each file
 //! version's blob, parses it, chunks it with exact offsets, builds the heading
-//! outline and writes chunks, outline and file nodes to FalkorDB
-//! idempotently, then publishes `kg.index.v1.<ns>.indexed`. Deletes and flag
-//! changes apply to the graph at once. Serves no request traffic.
+//! outline, embeds the chunks into the vector index, and writes chunks, outline
+//! and file nodes to FalkorDB idempotently, then publishes `kg.index.v1.<ns>.indexed`.
+//! Deletes and flag changes apply to graph and vectors at once. Serves no request traffic.
 
 #![recursion_limit = "256"]
 
 pub mod document;
+pub mod entities;
+pub mod entity_writer;
 pub mod graph_writer;
+mod lanes;
 pub mod pipeline;
+pub mod settings;
+pub mod vector_writer;
 mod worker;
 
+pub use settings::IndexerSettings;
+pub use vector_writer::Vectors;
 pub use worker::{IndexerConfig, IndexerError, run};

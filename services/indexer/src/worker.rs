@@ -1,5 +1,6 @@
-//! The ingest worker: one durable consumer, one message at a time, acked only
-//! after the graph write and the status event are durable.
+//! The ingest worker: one durable consumer, several files at once on ordered lanes
+//! (see `lanes`), each event acked only after its vector and graph writes and the
+//! status event are durable.
 
 use std::time::Duration;
 
@@ -8,7 +9,7 @@ use kg_common::{ErrorCode, ErrorExt};
 use kg_proto::v1::{FileChangeOp, FileChanged, FileIndexed, FileStatus};
 use kg_stores::StoreError;
 use kg_stores::blobs::BlobStore;
-use kg_stores::consumer::{self, ConsumerSpec, Delivery, Handled};
+use kg_stores::consumer::{ConsumerSpec, Delivery, Handled};
 use kg_stores::events;
 use kg_stores::graph::GraphStore;
 use prost::Message as _;
@@ -16,7 +17,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::document::ChunkOptions;
 use crate::graph_writer;
+use crate::lanes::{self, LaneHandler};
 use crate::pipeline::{self, FileMeta};
+use crate::vector_writer::{self, Vectors};
 
 /// Settings of the indexer worker.
 #[derive(Debug, Clone)]
@@ -27,6 +30,10 @@ pub struct IndexerConfig {
     pub max_deliver: i64,
     /// How long one event may take before it is redelivered.
     pub ack_wait: Duration,
+    /// Events handled at once (files on different lanes; one file's events never overlap).
+    pub concurrency: usize,
+    /// Where chunk and file vectors go; `None` when embeddings are off.
+    pub vectors: Option<Vectors>,
 }
 
 impl Default for IndexerConfig {
@@ -36,6 +43,8 @@ impl Default for IndexerConfig {
             max_deliver: 5,
             // A crashed worker's message comes back after this long.
             ack_wait: Duration::from_secs(30),
+            concurrency: 4,
+            vectors: None,
         }
     }
 }
@@ -61,6 +70,8 @@ struct Worker {
     blobs: BlobStore,
     jetstream: async_nats::jetstream::Context,
     config: IndexerConfig,
+    /// Published TBoxes, for entity extraction.
+    tboxes: kg_stores::tbox::TboxBucket,
 }
 
 /// Consumes `kg.files.v1.*.changed` until `shutdown`. Boxed: the worker's
@@ -83,6 +94,7 @@ async fn run_worker(
     shutdown: CancellationToken,
 ) -> Result<(), IndexerError> {
     events::ensure_streams(&jetstream).await?;
+    let tboxes = kg_stores::tbox::TboxBucket::open(&jetstream).await?;
     let spec = ConsumerSpec {
         stream: events::FILES_STREAM.to_owned(),
         durable: "indexer".to_owned(),
@@ -95,26 +107,23 @@ async fn run_worker(
         blobs,
         jetstream: jetstream.clone(),
         config,
+        tboxes,
     });
-    consumer::run(&jetstream, &spec, shutdown, |delivery| {
-        let worker = worker.clone();
-        let payload = delivery.payload.to_vec();
-        let attempt = delivery.attempt;
-        let last_attempt = delivery.last_attempt;
-        let subject = delivery.subject.to_owned();
-        async move {
-            worker
-                .handle(Delivery {
-                    subject: &subject,
-                    payload: &payload,
-                    attempt,
-                    last_attempt,
-                })
-                .await
-        }
-    })
-    .await?;
+    let concurrency = worker.config.concurrency;
+    lanes::run(&jetstream, &spec, concurrency, shutdown, worker).await?;
     Ok(())
+}
+
+impl LaneHandler for Worker {
+    fn key(&self, payload: &[u8]) -> Option<String> {
+        FileChanged::decode(payload)
+            .ok()
+            .map(|event| format!("{}\u{0}{}", event.namespace, event.file_id))
+    }
+
+    fn handle<'a>(&'a self, delivery: Delivery<'a>) -> futures::future::BoxFuture<'a, Handled> {
+        Box::pin(Worker::handle(self, delivery))
+    }
 }
 
 impl Worker {
@@ -128,22 +137,8 @@ impl Worker {
         };
         let result = match event.op() {
             FileChangeOp::Upsert => self.upsert(&event).await,
-            FileChangeOp::Delete => {
-                graph_writer::delete_file(&self.graph, &event.namespace, &event.file_id)
-                    .await
-                    .map(|_| ())
-                    .map_err(|e| Failure::Retry(e.to_string()))
-            }
-            FileChangeOp::Flags => graph_writer::set_flags(
-                &self.graph,
-                &event.namespace,
-                &event.file_id,
-                event.enabled,
-                event.hidden,
-            )
-            .await
-            .map(|_| ())
-            .map_err(|e| Failure::Retry(e.to_string())),
+            FileChangeOp::Delete => self.delete(&event).await,
+            FileChangeOp::Flags => self.set_flags(&event).await,
             FileChangeOp::Unspecified => Ok(()),
         };
         match result {
@@ -186,9 +181,24 @@ impl Worker {
                 .await
                 .map_err(|e| Failure::Retry(format!("indexing task failed: {e}")))?
                 .map_err(|e| Failure::Permanent(e.to_string()))?;
-        let outcome = graph_writer::write_file(
+        // Vectors first: the graph marks the version done last, so a crash in between
+        // redoes both. An unchanged version is not embedded again.
+        if let Some(vectors) = &self.config.vectors
+            && !graph_is_current(&self.graph, &indexed).await
+        {
+            let points = vector_writer::write_vectors(vectors, &indexed)
+                .await
+                .map_err(|e| match e.code() {
+                    ErrorCode::InvalidArgument => Failure::Permanent(e.to_string()),
+                    // Embedder down or out of retries: redeliver, never drop.
+                    _ => Failure::Retry(e.to_string()),
+                })?;
+            tracing::debug!(namespace = %event.namespace, path = %event.path, points, "vectors written");
+        }
+        let outcome = graph_writer::write_document(
             &self.graph,
             &indexed.file,
+            &indexed.meta,
             &indexed.chunks,
             &indexed.outline,
         )
@@ -197,6 +207,14 @@ impl Worker {
             ErrorCode::InvalidArgument => Failure::Permanent(e.to_string()),
             _ => Failure::Retry(e.to_string()),
         })?;
+        crate::entity_writer::index_entities(
+            &self.graph,
+            &self.tboxes,
+            &indexed.file,
+            &indexed.chunks,
+        )
+        .await
+        .map_err(|e| Failure::Retry(e.to_string()))?;
         tracing::info!(
             namespace = %event.namespace,
             path = %event.path,
@@ -204,7 +222,7 @@ impl Worker {
             unchanged = matches!(outcome, graph_writer::WriteOutcome::Unchanged),
             "file indexed"
         );
-        self.publish_status(event, FileStatus::Indexed, "", indexed.chunks.len())
+        self.publish_status(event, FileStatus::Indexed, "", Some(&indexed))
             .await
             .map_err(|e| Failure::Retry(e.detail()))?;
         kg_common::metrics::metrics()
@@ -214,6 +232,60 @@ impl Worker {
                 outcome: "indexed".to_owned(),
             })
             .inc();
+        Ok(())
+    }
+
+    /// Removes the file from the graph and the vector index.
+    async fn delete(&self, event: &FileChanged) -> Result<(), Failure> {
+        // Before the FileRef goes: it lists the entities whose orphans must go too.
+        crate::entity_writer::delete_file_entities(&self.graph, &event.namespace, &event.file_id)
+            .await
+            .map_err(|e| Failure::Retry(e.to_string()))?;
+        graph_writer::delete_file(&self.graph, &event.namespace, &event.file_id)
+            .await
+            .map_err(|e| Failure::Retry(e.to_string()))?;
+        if let Some(vectors) = &self.config.vectors {
+            vectors
+                .index
+                .delete_file(&event.namespace, &event.file_id)
+                .await
+                .map_err(|e| Failure::Retry(e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    /// Sets enabled/hidden in the graph and on every vector of the file.
+    async fn set_flags(&self, event: &FileChanged) -> Result<(), Failure> {
+        graph_writer::set_flags(
+            &self.graph,
+            &event.namespace,
+            &event.file_id,
+            event.enabled,
+            event.hidden,
+        )
+        .await
+        .map_err(|e| Failure::Retry(e.to_string()))?;
+        crate::entity_writer::set_relation_flags(
+            &self.graph,
+            &event.namespace,
+            &event.file_id,
+            event.enabled,
+            event.hidden,
+        )
+        .await
+        .map_err(|e| Failure::Retry(e.to_string()))?;
+        if let Some(vectors) = &self.config.vectors {
+            vectors
+                .index
+                .set_file_flags(
+                    &event.namespace,
+                    &event.file_id,
+                    event.enabled,
+                    event.hidden,
+                )
+                .await
+                .map_err(|e| Failure::Retry(e.to_string()))?;
+        }
         Ok(())
     }
 
@@ -237,7 +309,7 @@ impl Worker {
             return Handled::Ack;
         }
         match self
-            .publish_status(event, FileStatus::Failed, reason, 0)
+            .publish_status(event, FileStatus::Failed, reason, None)
             .await
         {
             Ok(()) => {
@@ -259,8 +331,17 @@ impl Worker {
         event: &FileChanged,
         status: FileStatus,
         reason: &str,
-        chunks: usize,
+        document: Option<&pipeline::IndexedDocument>,
     ) -> Result<(), StoreError> {
+        let chunks = document.map_or(0, |d| d.chunks.len());
+        // Metadata and links travel with the status, stored per version by the files service.
+        let (meta, links) = document
+            .map(|d| {
+                let (meta, links) =
+                    crate::document::indexed_event_fields(&d.file.path, &d.meta, &d.links);
+                (Some(meta), links)
+            })
+            .unwrap_or_default();
         let indexed = FileIndexed {
             namespace: event.namespace.clone(),
             file_id: event.file_id.clone(),
@@ -269,11 +350,36 @@ impl Worker {
             reason: reason.to_owned(),
             chunk_count: i64::try_from(chunks).unwrap_or(i64::MAX),
             indexed_at_ms: now_ms(),
+            meta,
+            links,
         };
         let msg_id = format!("{}:indexed:{}", event.version_id, status as i32);
         let subject = events::indexed_subject(&event.namespace)?;
         events::publish(&self.jetstream, &subject, &msg_id, indexed.encode_to_vec()).await
     }
+}
+
+/// Whether the graph already holds this exact version (same version id, chunk count
+/// and path), i.e. its vectors were written too. Any doubt answers no.
+async fn graph_is_current(graph: &GraphStore, doc: &pipeline::IndexedDocument) -> bool {
+    let mut params = kg_stores::graph::Params::new();
+    params.insert("fileId".into(), serde_json::json!(doc.file.file_id));
+    let Ok(rows) = graph
+        .query(
+            &doc.file.namespace,
+            "MATCH (f:FileRef {fileId: $fileId}) RETURN f.versionId, f.chunkCount, f.vfsPath",
+            &params,
+        )
+        .await
+    else {
+        return false;
+    };
+    let Some(row) = rows.rows.first() else {
+        return false;
+    };
+    row.first().and_then(serde_json::Value::as_str) == Some(doc.file.version_id.as_str())
+        && row.get(1).and_then(serde_json::Value::as_u64) == u64::try_from(doc.chunks.len()).ok()
+        && row.get(2).and_then(serde_json::Value::as_str) == Some(doc.file.path.as_str())
 }
 
 enum Failure {

@@ -1,0 +1,68 @@
+//! What `kgmesh up` configures for the indexer: embeddings, the vector index and
+//! concurrency, and how that becomes a [`Vectors`] lane.
+
+use std::path::Path;
+
+use kg_embed::EmbeddingConfig;
+use kg_stores::vector::{EdgeIndex, ServerIndex, VectorError, VectorIndex};
+
+use crate::vector_writer::{VectorWriteError, Vectors};
+
+/// Default Qdrant collection on a server.
+pub const DEFAULT_COLLECTION: &str = "kgmesh";
+
+/// The indexer's deployment settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IndexerSettings {
+    /// `[embedding]`.
+    pub embedding: EmbeddingConfig,
+    /// A Qdrant server (gRPC URL, usually port 6334); embedded qdrant-edge when unset.
+    pub qdrant_url: Option<String>,
+    /// Environment variable with the Qdrant API key.
+    pub qdrant_api_key_env: Option<String>,
+    /// Collection on the Qdrant server.
+    pub collection: String,
+    /// Events indexed at once.
+    pub concurrency: usize,
+}
+
+impl Default for IndexerSettings {
+    fn default() -> Self {
+        Self {
+            embedding: EmbeddingConfig::default(),
+            qdrant_url: None,
+            qdrant_api_key_env: None,
+            collection: DEFAULT_COLLECTION.to_owned(),
+            concurrency: 4,
+        }
+    }
+}
+
+impl IndexerSettings {
+    /// Loads the embedder and opens the vector index (qdrant-edge in `edge_dir`
+    /// unless a server is configured); `None` when embeddings are off.
+    pub async fn open_vectors(&self, edge_dir: &Path) -> Result<Option<Vectors>, VectorWriteError> {
+        let Some(embedder) = kg_embed::build(&self.embedding).await? else {
+            return Ok(None);
+        };
+        let dims = embedder.dims();
+        let index: VectorIndex = match &self.qdrant_url {
+            Some(url) => {
+                let key = match &self.qdrant_api_key_env {
+                    Some(var) => {
+                        Some(std::env::var(var).map_err(|_| VectorError::InvalidInput {
+                            what: "qdrant api key",
+                            reason: format!("environment variable `{var}` is unset"),
+                        })?)
+                    }
+                    None => None,
+                };
+                let index = ServerIndex::connect(url, key, &self.collection, dims)?;
+                index.ensure_collection().await?;
+                index.into()
+            }
+            None => EdgeIndex::open(edge_dir, dims).await?.into(),
+        };
+        Ok(Some(Vectors::new(index, embedder)?))
+    }
+}
