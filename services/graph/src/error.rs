@@ -27,9 +27,21 @@ pub enum GraphError {
     /// FalkorDB answered with a row of an unexpected shape.
     #[error("unexpected graph reply: {0}")]
     UnexpectedReply(String),
+    /// A store this request needs is not wired into this process (e.g. no TBox bucket).
+    #[error("{0}")]
+    Unavailable(String),
     /// The gRPC server stopped with an error.
     #[error(transparent)]
     Serve(#[from] ServeError),
+    /// A kg_cypher statement broke a rule; the message names it and the fix.
+    #[error(transparent)]
+    Refused(crate::cypher::core::Refusal),
+    /// Another kg_cypher statement held the graph for longer than the bounded wait.
+    #[error("{0}")]
+    Busy(String),
+    /// A kg_cypher statement ran out of time.
+    #[error("{0}")]
+    Timeout(String),
 }
 
 impl GraphError {
@@ -41,8 +53,11 @@ impl GraphError {
 impl ErrorExt for GraphError {
     fn code(&self) -> ErrorCode {
         match self {
-            GraphError::InvalidArgument(_) => ErrorCode::InvalidArgument,
+            GraphError::InvalidArgument(_) | GraphError::Refused(_) => ErrorCode::InvalidArgument,
+            GraphError::Busy(_) => ErrorCode::Busy,
+            GraphError::Timeout(_) => ErrorCode::Timeout,
             GraphError::NotFound(_) => ErrorCode::NotFound,
+            GraphError::Unavailable(_) => ErrorCode::Unavailable,
             GraphError::Caller(err) => err.code(),
             GraphError::Name(err) => err.code(),
             GraphError::Store(err) => err.code(),

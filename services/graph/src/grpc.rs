@@ -4,18 +4,12 @@ use kg_common::caller::require_caller;
 use kg_proto::v1::graph_server::Graph;
 use kg_proto::v1::{
     CypherRequest, CypherResponse, FileEntitiesRequest, FileEntitiesResponse, FileTriplesRequest,
-    FileTriplesResponse, HopRequest, OpenRequest, OutlineRequest, OutlineResponse, PackagesRequest,
-    PackagesResponse,
+    FileTriplesResponse, HopRequest, OntologyRequest, OntologyResponse, OpenRequest,
+    OutlineRequest, OutlineResponse, PackagesRequest, PackagesResponse,
 };
 use tonic::{Request, Response, Status};
 
 use crate::service::GraphService;
-
-fn later_release(rpc: &str) -> Status {
-    Status::unimplemented(format!(
-        "kg.v1.Graph/{rpc} arrives in a later kgmesh release; this server does not serve it yet"
-    ))
-}
 
 #[tonic::async_trait]
 impl Graph for GraphService {
@@ -43,8 +37,10 @@ impl Graph for GraphService {
         &self,
         request: Request<HopRequest>,
     ) -> Result<Response<PackagesResponse>, Status> {
-        require_caller(&request)?;
-        Err(later_release("Hop"))
+        let caller = require_caller(&request)?;
+        Ok(Response::new(
+            self.hop_for(&caller, request.into_inner()).await?,
+        ))
     }
 
     async fn outline(
@@ -61,23 +57,40 @@ impl Graph for GraphService {
         &self,
         request: Request<FileEntitiesRequest>,
     ) -> Result<Response<FileEntitiesResponse>, Status> {
-        require_caller(&request)?;
-        Err(later_release("FileEntities"))
+        let caller = require_caller(&request)?;
+        Ok(Response::new(
+            self.file_entities_for(&caller, request.into_inner())
+                .await?,
+        ))
     }
 
     async fn file_triples(
         &self,
         request: Request<FileTriplesRequest>,
     ) -> Result<Response<FileTriplesResponse>, Status> {
-        require_caller(&request)?;
-        Err(later_release("FileTriples"))
+        let caller = require_caller(&request)?;
+        Ok(Response::new(
+            self.file_triples_for(&caller, request.into_inner()).await?,
+        ))
+    }
+
+    async fn ontology(
+        &self,
+        request: Request<OntologyRequest>,
+    ) -> Result<Response<OntologyResponse>, Status> {
+        let caller = require_caller(&request)?;
+        Ok(Response::new(
+            self.ontology_for(&caller, request.into_inner()).await?,
+        ))
     }
 
     async fn cypher(
         &self,
         request: Request<CypherRequest>,
     ) -> Result<Response<CypherResponse>, Status> {
-        require_caller(&request)?;
-        Err(later_release("Cypher"))
+        let caller = require_caller(&request)?;
+        Ok(Response::new(
+            self.cypher_for(&caller, request.into_inner()).await?,
+        ))
     }
 }

@@ -1,19 +1,25 @@
 //! kg-graph: the graph service. It serves `kg.v1.Graph` over one namespace graph at a time:
-//! chunk packages (Packages), Open by chunk/outline/entity key or file id, and Outline.
-//! It only reads FalkorDB (the indexer writes it), applies the caller's access predicate
-//! inside every Cypher `WHERE`, and never calls another service. Hop, FileEntities,
-//! FileTriples and Cypher answer `UNIMPLEMENTED` until their release.
+//! chunk packages (Packages), Open by chunk/outline/entity key or file id, Outline, and
+//! kg_cypher (Cypher: one read-only statement, parsed, access-rewritten and printed back).
+//! It also serves Hop (typed navigation), FileEntities, FileTriples and Ontology (the published TBox).
+//! It reads FalkorDB (the indexer writes it) and the `KG_TBOX` bucket, applies the
+//! caller's access predicate inside every Cypher `WHERE`, and never calls another service.
 //! Entry point: [`serve`]; in-process callers use [`GraphService`]'s `*_for` methods.
 
 mod caps;
 mod config;
+pub mod cypher;
+mod entities;
 mod error;
 mod grpc;
+mod hop;
+mod ontology;
 mod open;
 mod outline;
 mod packages;
 mod rows;
 mod service;
+mod triples;
 
 use kg_common::caller::{CallerContextLayer, ContextVerifier};
 use kg_proto::v1::graph_server::GraphServer;

@@ -129,7 +129,7 @@ impl GraphService {
 }
 
 /// Reads `size(keys), keys[0..limit]` from the single row, if there is one.
-fn keys_and_total(rows: &kg_stores::graph::Rows) -> Result<Option<(u64, Vec<String>)>> {
+pub(crate) fn keys_and_total(rows: &kg_stores::graph::Rows) -> Result<Option<(u64, Vec<String>)>> {
     let Some(cells) = rows.rows.first() else {
         return Ok(None);
     };

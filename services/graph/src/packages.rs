@@ -73,10 +73,20 @@ impl GraphService {
         } else {
             self.section_context(scope, &sections, caps).await?
         };
+        let readable: Vec<&str> = keys
+            .iter()
+            .filter(|k| chunks.contains_key(k.as_str()))
+            .map(|k| k.as_str())
+            .collect();
+        let entities = self.entity_lists(scope, &readable, caps).await?;
         Ok(keys
             .iter()
             .filter_map(|key| chunks.get(key.as_str()))
-            .map(|chunk| package(scope.namespace, chunk, &context, caps))
+            .map(|chunk| {
+                let mut package = package(scope.namespace, chunk, &context, caps);
+                entities.fill(&mut package);
+                package
+            })
             .collect())
     }
 
@@ -379,7 +389,7 @@ fn package(
 }
 
 /// Records a list's total when the cap clipped it.
-fn note_count(counts: &mut Vec<ListCount>, list: &str, total: u64, shown: usize) {
+pub(crate) fn note_count(counts: &mut Vec<ListCount>, list: &str, total: u64, shown: usize) {
     if total > shown as u64 {
         counts.push(ListCount {
             list: list.to_owned(),

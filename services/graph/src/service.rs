@@ -8,6 +8,8 @@ use kg_common::access::{cypher_predicate, validate_namespace};
 use kg_common::caller::access_for;
 use kg_proto::v1::{AccessFilter, CallerContext};
 use kg_stores::graph::{GraphStore, Params, Rows};
+use kg_stores::tbox::TboxBucket;
+use kg_stores::vector::VectorIndex;
 use serde_json::Value;
 
 use crate::config::GraphConfig;
@@ -20,12 +22,32 @@ pub(crate) const READ_TIMEOUT_MS: u64 = 5_000;
 #[derive(Clone, Debug)]
 pub struct GraphService {
     pub(crate) store: GraphStore,
+    /// The published TBox per namespace (kg_ontology); `None` until the mesh hands it in.
+    pub(crate) tbox: Option<TboxBucket>,
+    /// File-level vectors (similar hops, similarFiles); `None` when the process has none.
+    pub(crate) vectors: Option<VectorIndex>,
 }
 
 impl GraphService {
     /// A service over an existing FalkorDB handle.
     pub fn new(store: GraphStore) -> Self {
-        Self { store }
+        Self {
+            store,
+            tbox: None,
+            vectors: None,
+        }
+    }
+
+    /// The same service reading published TBoxes from `tbox` (kg_ontology).
+    pub fn with_tbox(mut self, tbox: TboxBucket) -> Self {
+        self.tbox = Some(tbox);
+        self
+    }
+
+    /// The same service with the vector index holding file vectors (similar files).
+    pub fn with_vectors(mut self, vectors: VectorIndex) -> Self {
+        self.vectors = Some(vectors);
+        self
     }
 
     /// Connects to the FalkorDB named in `config`.
