@@ -12,6 +12,25 @@ pub enum FilesError {
     /// The caller lacks write permission.
     #[error("writing to namespace `{0}` needs write permission on that path")]
     WriteDenied(String),
+    /// A lookup target (branch, release, environment) that does not resolve.
+    #[error("{0} not found")]
+    TargetNotFound(String),
+    /// Creating a branch, release or environment that already exists.
+    #[error("{0}")]
+    Exists(String),
+    /// Releases and environments are managed by namespace admins.
+    #[error("managing releases and environments of namespace `{0}` needs admin permission")]
+    AdminDenied(String),
+    /// A knowledge graph page over the payload limit even before its links.
+    #[error(
+        "the knowledge graph page is {bytes} bytes, over the {limit}-byte limit; narrow it with root_path or root_file_version_id and a lower max_depth, filters (search, type, tags) or a lower pagination.limit"
+    )]
+    GraphTooLarge {
+        /// Estimated JSON bytes of the page's nodes.
+        bytes: usize,
+        /// The limit.
+        limit: usize,
+    },
     /// Upload over the size limit.
     #[error("file is {size} bytes; the limit is {limit} bytes")]
     TooLarge {
@@ -71,8 +90,10 @@ impl ErrorExt for FilesError {
     fn code(&self) -> ErrorCode {
         match self {
             FilesError::Invalid(_) => ErrorCode::InvalidArgument,
-            FilesError::NotFound(_) => ErrorCode::NotFound,
-            FilesError::WriteDenied(_) => ErrorCode::PermissionDenied,
+            FilesError::NotFound(_) | FilesError::TargetNotFound(_) => ErrorCode::NotFound,
+            FilesError::WriteDenied(_) | FilesError::AdminDenied(_) => ErrorCode::PermissionDenied,
+            FilesError::Exists(_) => ErrorCode::AlreadyExists,
+            FilesError::GraphTooLarge { .. } => ErrorCode::PayloadTooLarge,
             FilesError::TooLarge { .. } | FilesError::QueryTooLarge { .. } => {
                 ErrorCode::PayloadTooLarge
             }

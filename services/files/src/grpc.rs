@@ -99,4 +99,119 @@ impl Files for FilesService {
             deleted: self.delete_file(&caller, &r.namespace, &r.file_id).await?,
         }))
     }
+    async fn create_branch(
+        &self,
+        request: Request<CreateBranchRequest>,
+    ) -> Result<Response<Branch>, Status> {
+        let caller = require_caller(&request)?;
+        let r = request.get_ref();
+        Ok(Response::new(
+            self.create_branch(&caller, &r.namespace, &r.name).await?,
+        ))
+    }
+
+    async fn list_branches(
+        &self,
+        request: Request<ListBranchesRequest>,
+    ) -> Result<Response<ListBranchesResponse>, Status> {
+        let caller = require_caller(&request)?;
+        let branches = self
+            .list_branches(&caller, &request.get_ref().namespace)
+            .await?;
+        Ok(Response::new(ListBranchesResponse { branches }))
+    }
+
+    async fn upload_to_branch(
+        &self,
+        request: Request<UploadToBranchRequest>,
+    ) -> Result<Response<BranchFile>, Status> {
+        let caller = require_caller(&request)?;
+        let r = request.get_ref();
+        Ok(Response::new(
+            self.upload_to_branch(
+                &caller,
+                &r.namespace,
+                &r.branch,
+                &r.path,
+                &r.content,
+                &r.mime,
+            )
+            .await?,
+        ))
+    }
+
+    async fn create_release(
+        &self,
+        request: Request<CreateReleaseRequest>,
+    ) -> Result<Response<Release>, Status> {
+        let caller = require_caller(&request)?;
+        let r = request.get_ref();
+        Ok(Response::new(
+            self.create_release(&caller, &r.namespace, &r.version, &r.branch, &r.note)
+                .await?,
+        ))
+    }
+
+    async fn list_releases(
+        &self,
+        request: Request<ListReleasesRequest>,
+    ) -> Result<Response<ListReleasesResponse>, Status> {
+        let caller = require_caller(&request)?;
+        let releases = self
+            .list_releases(&caller, &request.get_ref().namespace)
+            .await?;
+        Ok(Response::new(ListReleasesResponse { releases }))
+    }
+
+    async fn deploy_environment(
+        &self,
+        request: Request<DeployEnvironmentRequest>,
+    ) -> Result<Response<Environment>, Status> {
+        let caller = require_caller(&request)?;
+        let r = request.get_ref();
+        let release = r.release.clone().unwrap_or_default();
+        Ok(Response::new(
+            self.deploy_environment(&caller, &r.namespace, &r.environment, &release)
+                .await?,
+        ))
+    }
+
+    async fn list_environments(
+        &self,
+        request: Request<ListEnvironmentsRequest>,
+    ) -> Result<Response<ListEnvironmentsResponse>, Status> {
+        let caller = require_caller(&request)?;
+        let environments = self
+            .list_environments(&caller, &request.get_ref().namespace)
+            .await?;
+        Ok(Response::new(ListEnvironmentsResponse { environments }))
+    }
+
+    async fn resolve_target(
+        &self,
+        request: Request<ResolveTargetRequest>,
+    ) -> Result<Response<ResolveTargetResponse>, Status> {
+        let caller = require_caller(&request)?;
+        let r = request.get_ref();
+        Ok(Response::new(
+            self.resolve_target(
+                &caller,
+                &r.namespace,
+                r.target.as_ref(),
+                r.limit,
+                &r.after_path,
+            )
+            .await?,
+        ))
+    }
+
+    async fn get_knowledge_graph(
+        &self,
+        request: Request<GetKnowledgeGraphRequest>,
+    ) -> Result<Response<GetKnowledgeGraphResponse>, Status> {
+        let caller = require_caller(&request)?;
+        Ok(Response::new(
+            self.get_knowledge_graph(&caller, request.get_ref()).await?,
+        ))
+    }
 }

@@ -2,17 +2,20 @@
 //!
 //! Owns the registry tables in SQL and the blob store: an upload stores the blob, registers a
 //! content-addressed version and publishes `kg.files.v1.<ns>.changed`; a durable consumer of
-//! `kg.index.v1.*.indexed` records indexing status. `FindFiles` (kg_files) and `QueryFile`
+//! `kg.index.v1.*.indexed` records indexing status and each version's metadata and links. `FindFiles` (kg_files) and `QueryFile`
 //! (kg_file: SQL over CSV/TSV on DataFusion, text, JSONPath, JSONata, Jinja) read blobs under
 //! the caller's access filter, applied in SQL like every lookup. Never touches the graph.
 
 mod error;
 mod find;
 mod grpc;
+mod knowledge_graph;
 mod limits;
+mod links;
 mod query;
 mod service;
 mod store;
+mod versions;
 
 use std::time::Duration;
 
@@ -24,7 +27,15 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub use error::{FilesError, Result};
+pub use knowledge_graph::{
+    DEFAULT_GRAPH_DEPTH, DEFAULT_GRAPH_LIMIT, MAX_GRAPH_BYTES, MAX_GRAPH_DEPTH, MAX_GRAPH_LIMIT,
+    MAX_GRAPH_LINKS,
+};
 pub use limits::{MAX_RESULT_BYTES, QueryLimits};
+pub use links::{
+    LinkKind, LinkResolution, LinkSyntax, LivePaths, VersionLinkRecord, VersionLinks,
+    VersionMetadata,
+};
 pub use service::FilesService;
 
 /// Serves the files gRPC API on `listener` until `shutdown`.

@@ -18,6 +18,7 @@ use crate::error::{FilesError, Result};
 use crate::limits::QueryLimits;
 use crate::query::sql::SqlEngine;
 use crate::store::{FileSelector, FilesStore};
+use crate::versions::VersionStore;
 
 /// Default and largest page of `ListFiles`.
 const DEFAULT_PAGE: u32 = 100;
@@ -29,21 +30,22 @@ pub struct FilesService {
     pub(crate) store: FilesStore,
     pub(crate) blobs: BlobStore,
     jetstream: async_nats::jetstream::Context,
-    max_upload_bytes: usize,
+    pub(crate) max_upload_bytes: usize,
+    pub(crate) versions: VersionStore,
     pub(crate) limits: Arc<QueryLimits>,
     pub(crate) sql: Arc<SqlEngine>,
 }
 
 /// A version id derived from the file and its content: the same bytes at the
 /// same file always get the same id, so re-uploads and redeliveries dedupe.
-fn version_id(file_id: &str, content_sha256: &str) -> String {
+pub(crate) fn version_id(file_id: &str, content_sha256: &str) -> String {
     let digest = Sha256::digest(format!("{file_id}\0{content_sha256}").as_bytes());
     let mut bytes = [0u8; 16];
     bytes.copy_from_slice(&digest[..16]);
     uuid::Uuid::new_v8(bytes).to_string()
 }
 
-fn guess_mime(path: &str, given: &str) -> String {
+pub(crate) fn guess_mime(path: &str, given: &str) -> String {
     if !given.trim().is_empty() && given != "application/octet-stream" {
         return given.trim().to_owned();
     }
@@ -68,7 +70,7 @@ fn guess_mime(path: &str, given: &str) -> String {
 }
 
 /// Writers manage files, so they also see disabled ones.
-fn read_filter(access: &AccessFilter) -> AccessFilter {
+pub(crate) fn read_filter(access: &AccessFilter) -> AccessFilter {
     let mut filter = access.clone();
     if access.permission >= Permission::Write as i32 {
         filter.enabled_only = false;
@@ -87,6 +89,7 @@ impl FilesService {
         events::ensure_streams(&jetstream).await?;
         let limits = QueryLimits::default();
         Ok(Self {
+            versions: VersionStore::new(sql.clone()),
             store: FilesStore::open(sql).await?,
             blobs,
             jetstream,
@@ -108,7 +111,7 @@ impl FilesService {
         &self.limits
     }
 
-    fn writable<'a>(
+    pub(crate) fn writable<'a>(
         caller: &'a CallerContext,
         namespace: &str,
         path: &str,
@@ -365,6 +368,8 @@ impl FilesService {
             Ok(s @ (FileStatus::Indexed | FileStatus::Failed)) => s,
             _ => return Ok(false),
         };
+        // Before the status: a version reads as indexed only once its links are stored.
+        self.store_version_links(event).await?;
         self.store
             .set_status(
                 &event.file_id,

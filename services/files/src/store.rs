@@ -100,6 +100,11 @@ impl FilesStore {
         Ok(Self { sql })
     }
 
+    /// The SQL store, for the per-version link tables (see `crate::links`).
+    pub(crate) fn sql(&self) -> &SqlStore {
+        &self.sql
+    }
+
     /// The file at `selector` in `namespace`, if `filter` lets the caller see it.
     pub(crate) async fn get(
         &self,

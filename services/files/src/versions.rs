@@ -1,0 +1,831 @@
+//! Versions of a namespace. Main is the live registry (`kg_files`); a preview
+//! branch overlays file versions on main (uploads to a branch never touch
+//! main); a release is an immutable snapshot `file_id -> version_id` of a
+//! branch, named by a version string unique per namespace; an environment
+//! points at a release and keeps its deploy history. Versions are
+//! content-addressed and link data is stored per version, so cutting or
+//! deploying a release re-indexes nothing.
+
+use kg_common::access::{SqlColumns, normalize_path, sql_predicate, validate_namespace};
+use kg_common::caller::{access_for, now_ms};
+use kg_proto::v1::{
+    AccessFilter, Branch, BranchFile, CallerContext, Deployment, Environment, LookupTarget,
+    Permission, Release, ReleaseTarget, ResolveTargetResponse, TargetFile, environment_target,
+    lookup_target, release_target,
+};
+use kg_stores::sql::SqlStore;
+use sha2::{Digest as _, Sha256};
+use sqlx::any::AnyRow;
+use sqlx::{AssertSqlSafe, Row as _};
+
+use crate::error::{FilesError, Result};
+use crate::service::{FilesService, guess_mime, version_id};
+
+/// Longest branch, release version or environment name.
+const MAX_NAME_LEN: usize = 255;
+/// Default and largest page of `ResolveTarget`.
+const DEFAULT_RESOLVE_PAGE: u32 = 1000;
+const MAX_RESOLVE_PAGE: u32 = 10_000;
+
+/// What a lookup target resolved to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Resolved {
+    /// The live registry.
+    Main,
+    /// A preview branch overlaid on main.
+    Branch { branch_id: String },
+    /// A release, directly or through an environment.
+    Release {
+        release_id: String,
+        version: String,
+        environment_id: Option<String>,
+    },
+}
+
+impl Resolved {
+    fn kind(&self) -> &'static str {
+        match self {
+            Resolved::Main => "main",
+            Resolved::Branch { .. } => "preview_branch",
+            Resolved::Release {
+                environment_id: Some(_),
+                ..
+            } => "environment",
+            Resolved::Release { .. } => "release",
+        }
+    }
+
+    /// The `$2` parameter of [`members_sql`].
+    fn key(&self) -> &str {
+        match self {
+            Resolved::Main => "",
+            Resolved::Branch { branch_id } => branch_id,
+            Resolved::Release { release_id, .. } => release_id,
+        }
+    }
+}
+
+/// One file version of a resolved target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Member {
+    pub file_id: String,
+    pub version_id: String,
+    pub path: String,
+}
+
+/// A subquery with columns (file_id, path, version_id, enabled, hidden) over
+/// every file version of the target, before access: `$1` is the namespace,
+/// `$2` the branch or release id. Registry flags (enabled, hidden) apply to
+/// every target, so disabling a file hides it from releases too.
+fn members_sql(resolved: &Resolved) -> &'static str {
+    match resolved {
+        Resolved::Main => {
+            "SELECT file_id, path, version_id, enabled, hidden FROM kg_files \
+             WHERE namespace = $1 AND status <> 'deleted' AND $2 = ''"
+        }
+        Resolved::Branch { .. } => {
+            "SELECT f.file_id, f.path, f.version_id, f.enabled, f.hidden FROM kg_files f \
+             WHERE f.namespace = $1 AND f.status <> 'deleted' AND NOT EXISTS \
+             (SELECT 1 FROM kg_branch_files b WHERE b.branch_id = $2 AND (b.file_id = f.file_id OR b.path = f.path)) \
+             UNION ALL \
+             SELECT b.file_id, b.path, b.version_id, COALESCE(f.enabled, 1) AS enabled, COALESCE(f.hidden, 0) AS hidden \
+             FROM kg_branch_files b LEFT JOIN kg_files f ON f.file_id = b.file_id \
+             WHERE b.branch_id = $2 AND b.deleted = 0"
+        }
+        Resolved::Release { .. } => {
+            "SELECT r.file_id, r.path, r.version_id, COALESCE(f.enabled, 1) AS enabled, COALESCE(f.hidden, 0) AS hidden \
+             FROM kg_release_files r LEFT JOIN kg_files f ON f.file_id = r.file_id \
+             WHERE r.release_id = $2 AND r.release_id IN (SELECT release_id FROM kg_releases WHERE namespace = $1)"
+        }
+    }
+}
+
+/// The access predicate's columns over the [`members_sql`] subquery `m`.
+const MEMBER_COLUMNS: SqlColumns<'static> = SqlColumns {
+    path: "m.path",
+    file_id: "m.file_id",
+    enabled: "m.enabled",
+    hidden: "m.hidden",
+};
+
+fn check_name(what: &str, name: &str, extra: &[char]) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_NAME_LEN
+        && name.chars().all(|c| {
+            c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') || extra.contains(&c)
+        });
+    if ok {
+        Ok(())
+    } else {
+        let allowed: String = extra.iter().map(|c| format!(", `{c}`")).collect();
+        Err(FilesError::Invalid(format!(
+            "invalid {what} `{}`: use 1-{MAX_NAME_LEN} characters: letters, digits, `.`, `_`, `-`{allowed}",
+            name.chars().take(80).collect::<String>()
+        )))
+    }
+}
+
+fn branch_from(row: &AnyRow, namespace: &str) -> Result<Branch> {
+    Ok(Branch {
+        namespace: namespace.to_owned(),
+        branch_id: row.try_get("branch_id")?,
+        name: row.try_get("name")?,
+        created_at_ms: row.try_get("created_at_ms")?,
+        created_by: row.try_get("created_by")?,
+        changed_files: row.try_get("changed_files")?,
+    })
+}
+
+fn release_from(row: &AnyRow, namespace: &str) -> Result<Release> {
+    Ok(Release {
+        namespace: namespace.to_owned(),
+        release_id: row.try_get("release_id")?,
+        version: row.try_get("version")?,
+        branch_id: row.try_get("branch_id")?,
+        created_at_ms: row.try_get("created_at_ms")?,
+        created_by: row.try_get("created_by")?,
+        file_count: row.try_get("file_count")?,
+        note: row.try_get("note")?,
+    })
+}
+
+const BRANCH_COLUMNS: &str = "b.branch_id, b.name, b.created_at_ms, b.created_by, \
+     (SELECT COUNT(*) FROM kg_branch_files x WHERE x.branch_id = b.branch_id) AS changed_files";
+const RELEASE_COLUMNS: &str = "r.release_id, r.version, r.branch_id, r.note, r.created_at_ms, r.created_by, \
+     (SELECT COUNT(*) FROM kg_release_files x WHERE x.release_id = r.release_id) AS file_count";
+
+/// SQL for branches, releases and environments.
+#[derive(Clone)]
+pub(crate) struct VersionStore {
+    sql: SqlStore,
+}
+
+impl VersionStore {
+    /// The tables come with the registry's migrations.
+    pub(crate) fn new(sql: SqlStore) -> Self {
+        Self { sql }
+    }
+
+    /// The readable, visible file versions of `resolved`, by path; at most
+    /// `limit` after `after_path` when a limit is given.
+    pub(crate) async fn members(
+        &self,
+        namespace: &str,
+        resolved: &Resolved,
+        filter: &AccessFilter,
+        after_path: &str,
+        limit: Option<u32>,
+    ) -> Result<Vec<Member>> {
+        let predicate = sql_predicate(filter, MEMBER_COLUMNS, 3);
+        let after = 3 + predicate.params.len();
+        let limit = limit.map(|l| format!(" LIMIT {l}")).unwrap_or_default();
+        // Hidden files are never part of a graph or a target listing.
+        let sql = format!(
+            "SELECT m.file_id, m.path, m.version_id FROM ({}) m WHERE m.hidden = 0 AND {} AND m.path > ${after} ORDER BY m.path{limit}",
+            members_sql(resolved),
+            predicate.text
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql))
+            .bind(namespace)
+            .bind(resolved.key());
+        for p in &predicate.params {
+            query = query.bind(p);
+        }
+        let rows = query.bind(after_path).fetch_all(self.sql.pool()).await?;
+        rows.iter()
+            .map(|r| {
+                Ok(Member {
+                    file_id: r.try_get("file_id")?,
+                    version_id: r.try_get("version_id")?,
+                    path: r.try_get("path")?,
+                })
+            })
+            .collect()
+    }
+
+    /// How many readable, visible files `resolved` has.
+    async fn count_members(
+        &self,
+        namespace: &str,
+        resolved: &Resolved,
+        filter: &AccessFilter,
+    ) -> Result<i64> {
+        let predicate = sql_predicate(filter, MEMBER_COLUMNS, 3);
+        let sql = format!(
+            "SELECT COUNT(*) AS n FROM ({}) m WHERE m.hidden = 0 AND {}",
+            members_sql(resolved),
+            predicate.text
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql))
+            .bind(namespace)
+            .bind(resolved.key());
+        for p in &predicate.params {
+            query = query.bind(p);
+        }
+        Ok(query.fetch_one(self.sql.pool()).await?.try_get("n")?)
+    }
+
+    async fn branch_row(&self, namespace: &str, id_or_name: &str) -> Result<Option<Branch>> {
+        let sql = format!(
+            "SELECT {BRANCH_COLUMNS} FROM kg_branches b WHERE b.namespace = $1 AND (b.branch_id = $2 OR b.name = $2)"
+        );
+        let row = sqlx::query(AssertSqlSafe(sql))
+            .bind(namespace)
+            .bind(id_or_name)
+            .fetch_optional(self.sql.pool())
+            .await?;
+        row.as_ref().map(|r| branch_from(r, namespace)).transpose()
+    }
+
+    async fn release_row(
+        &self,
+        namespace: &str,
+        column: &str,
+        key: &str,
+    ) -> Result<Option<Release>> {
+        let column = if column == "version" {
+            "version"
+        } else {
+            "release_id"
+        };
+        let sql = format!(
+            "SELECT {RELEASE_COLUMNS} FROM kg_releases r WHERE r.namespace = $1 AND r.{column} = $2"
+        );
+        let row = sqlx::query(AssertSqlSafe(sql))
+            .bind(namespace)
+            .bind(key)
+            .fetch_optional(self.sql.pool())
+            .await?;
+        row.as_ref().map(|r| release_from(r, namespace)).transpose()
+    }
+
+    async fn environment_row(
+        &self,
+        namespace: &str,
+        column: &str,
+        key: &str,
+    ) -> Result<Option<Environment>> {
+        let column = if column == "name" {
+            "name"
+        } else {
+            "environment_id"
+        };
+        let sql = format!(
+            "SELECT e.environment_id, e.name, e.release_id, e.updated_at_ms, r.version FROM kg_environments e \
+             JOIN kg_releases r ON r.release_id = e.release_id WHERE e.namespace = $1 AND e.{column} = $2"
+        );
+        let row = sqlx::query(AssertSqlSafe(sql))
+            .bind(namespace)
+            .bind(key)
+            .fetch_optional(self.sql.pool())
+            .await?;
+        let Some(row) = row else {
+            return Ok(None);
+        };
+        let environment_id: String = row.try_get("environment_id")?;
+        let history = self.history(&environment_id).await?;
+        Ok(Some(Environment {
+            namespace: namespace.to_owned(),
+            environment_id,
+            name: row.try_get("name")?,
+            release_id: row.try_get("release_id")?,
+            release_version: row.try_get("version")?,
+            updated_at_ms: row.try_get("updated_at_ms")?,
+            history,
+        }))
+    }
+
+    async fn history(&self, environment_id: &str) -> Result<Vec<Deployment>> {
+        let rows = sqlx::query(
+            "SELECT d.release_id, r.version, d.deployed_at_ms, d.deployed_by FROM kg_environment_deploys d \
+             JOIN kg_releases r ON r.release_id = d.release_id WHERE d.environment_id = $1 ORDER BY d.seq DESC",
+        )
+        .bind(environment_id)
+        .fetch_all(self.sql.pool())
+        .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(Deployment {
+                    release_id: r.try_get("release_id")?,
+                    release_version: r.try_get("version")?,
+                    deployed_at_ms: r.try_get("deployed_at_ms")?,
+                    deployed_by: r.try_get("deployed_by")?,
+                })
+            })
+            .collect()
+    }
+
+    /// Resolves a lookup target; unresolved targets are `TargetNotFound`
+    /// naming what was looked up.
+    pub(crate) async fn resolve(
+        &self,
+        namespace: &str,
+        target: Option<&LookupTarget>,
+    ) -> Result<Resolved> {
+        let kind = target.and_then(|t| t.kind.as_ref());
+        match kind {
+            None => Ok(Resolved::Main),
+            Some(lookup_target::Kind::PreviewBranch(b)) => {
+                let key = if b.branch_id.is_empty() {
+                    &b.branch_name
+                } else {
+                    &b.branch_id
+                };
+                if key.is_empty() {
+                    return Ok(Resolved::Main);
+                }
+                let found = self.branch_row(namespace, key).await?;
+                // An id names a branch by id, a name by name: never cross over.
+                let found = found.filter(|br| {
+                    if b.branch_id.is_empty() {
+                        br.name == b.branch_name
+                    } else {
+                        br.branch_id == b.branch_id
+                    }
+                });
+                match found {
+                    Some(br) => Ok(Resolved::Branch {
+                        branch_id: br.branch_id,
+                    }),
+                    None => Err(FilesError::TargetNotFound(format!(
+                        "preview branch `{}` in namespace `{namespace}`",
+                        clip(key)
+                    ))),
+                }
+            }
+            Some(lookup_target::Kind::Release(r)) => self.resolve_release(namespace, r).await,
+            Some(lookup_target::Kind::Environment(e)) => {
+                let (column, key) = match &e.selector {
+                    Some(environment_target::Selector::EnvironmentId(id)) => ("environment_id", id),
+                    Some(environment_target::Selector::EnvironmentName(name)) => ("name", name),
+                    None => {
+                        return Err(FilesError::Invalid(
+                            "an environment target needs environment_id or environment_name"
+                                .to_owned(),
+                        ));
+                    }
+                };
+                match self.environment_row(namespace, column, key).await? {
+                    Some(env) => Ok(Resolved::Release {
+                        release_id: env.release_id,
+                        version: env.release_version,
+                        environment_id: Some(env.environment_id),
+                    }),
+                    None => Err(FilesError::TargetNotFound(format!(
+                        "environment `{}` in namespace `{namespace}`",
+                        clip(key)
+                    ))),
+                }
+            }
+        }
+    }
+
+    async fn resolve_release(&self, namespace: &str, target: &ReleaseTarget) -> Result<Resolved> {
+        let (column, key, what) = match &target.selector {
+            Some(release_target::Selector::ReleaseId(id)) => ("release_id", id, "release"),
+            Some(release_target::Selector::ReleaseVersion(v)) => ("version", v, "release version"),
+            None => {
+                return Err(FilesError::Invalid(
+                    "a release target needs release_id or release_version".to_owned(),
+                ));
+            }
+        };
+        match self.release_row(namespace, column, key).await? {
+            Some(r) => Ok(Resolved::Release {
+                release_id: r.release_id,
+                version: r.version,
+                environment_id: None,
+            }),
+            None => Err(FilesError::TargetNotFound(format!(
+                "{what} `{}` in namespace `{namespace}`",
+                clip(key)
+            ))),
+        }
+    }
+}
+
+/// A looked-up key as shown in an error (bounded).
+fn clip(key: &str) -> String {
+    key.chars().take(MAX_NAME_LEN).collect()
+}
+
+fn require(
+    caller: &CallerContext,
+    namespace: &str,
+    permission: Permission,
+) -> Result<AccessFilter> {
+    validate_namespace(namespace)?;
+    let access = access_for(caller, namespace)?;
+    if access.permission < permission as i32 {
+        return Err(match permission {
+            Permission::Admin => FilesError::AdminDenied(namespace.to_owned()),
+            _ => FilesError::WriteDenied(namespace.to_owned()),
+        });
+    }
+    Ok(access.clone())
+}
+
+impl FilesService {
+    /// Creates a preview branch of main.
+    pub async fn create_branch(
+        &self,
+        caller: &CallerContext,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Branch> {
+        require(caller, namespace, Permission::Write)?;
+        check_name("branch name", name, &['/'])?;
+        if self.versions.branch_row(namespace, name).await?.is_some() {
+            return Err(FilesError::Exists(format!(
+                "branch `{name}` already exists in namespace `{namespace}`"
+            )));
+        }
+        let branch = Branch {
+            namespace: namespace.to_owned(),
+            branch_id: uuid::Uuid::now_v7().to_string(),
+            name: name.to_owned(),
+            created_at_ms: now_ms(),
+            created_by: caller.principal_id.clone(),
+            changed_files: 0,
+        };
+        sqlx::query(
+            "INSERT INTO kg_branches (branch_id, namespace, name, created_at_ms, created_by) VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(&branch.branch_id)
+        .bind(namespace)
+        .bind(name)
+        .bind(branch.created_at_ms)
+        .bind(&branch.created_by)
+        .execute(self.versions.sql.pool())
+        .await?;
+        Ok(branch)
+    }
+
+    /// The namespace's preview branches, by name.
+    pub async fn list_branches(
+        &self,
+        caller: &CallerContext,
+        namespace: &str,
+    ) -> Result<Vec<Branch>> {
+        require(caller, namespace, Permission::Read)?;
+        let sql = format!(
+            "SELECT {BRANCH_COLUMNS} FROM kg_branches b WHERE b.namespace = $1 ORDER BY b.name"
+        );
+        let rows = sqlx::query(AssertSqlSafe(sql))
+            .bind(namespace)
+            .fetch_all(self.versions.sql.pool())
+            .await?;
+        rows.iter().map(|r| branch_from(r, namespace)).collect()
+    }
+
+    /// Stores `content` at `path` on a preview branch; main keeps its version.
+    /// A path that exists on main keeps its file id, so the branch overrides it.
+    pub async fn upload_to_branch(
+        &self,
+        caller: &CallerContext,
+        namespace: &str,
+        branch: &str,
+        path: &str,
+        content: &[u8],
+        mime: &str,
+    ) -> Result<BranchFile> {
+        validate_namespace(namespace)?;
+        let path = normalize_path(path)?;
+        Self::writable(caller, namespace, &path)?;
+        if content.len() > self.max_upload_bytes {
+            return Err(FilesError::TooLarge {
+                size: content.len(),
+                limit: self.max_upload_bytes,
+            });
+        }
+        let Some(branch) = self.versions.branch_row(namespace, branch).await? else {
+            return Err(FilesError::TargetNotFound(format!(
+                "preview branch `{}` in namespace `{namespace}`",
+                clip(branch)
+            )));
+        };
+        let pool = self.versions.sql.pool();
+        let on_branch =
+            sqlx::query("SELECT file_id FROM kg_branch_files WHERE branch_id = $1 AND path = $2")
+                .bind(&branch.branch_id)
+                .bind(&path)
+                .fetch_optional(pool)
+                .await?;
+        let file_id = match on_branch {
+            Some(row) => row.try_get::<String, _>("file_id")?,
+            None => match self.store.by_path_unfiltered(namespace, &path).await? {
+                Some(main) => main.file_id,
+                None => uuid::Uuid::now_v7().to_string(),
+            },
+        };
+        let content_sha256 = hex::encode(Sha256::digest(content));
+        let blob_key = self.blobs.put(content).await?;
+        let file = BranchFile {
+            branch_id: branch.branch_id.clone(),
+            version_id: version_id(&file_id, &content_sha256),
+            file_id,
+            path: path.clone(),
+            content_sha256,
+            size: i64::try_from(content.len()).unwrap_or(i64::MAX),
+            mime: guess_mime(&path, mime),
+        };
+        let mut tx = pool.begin().await?;
+        sqlx::query("DELETE FROM kg_branch_files WHERE branch_id = $1 AND file_id = $2")
+            .bind(&file.branch_id)
+            .bind(&file.file_id)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(
+            "INSERT INTO kg_branch_files (branch_id, file_id, path, version_id, content_sha256, blob_key, size, mime, deleted, updated_at_ms) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 0, $9)",
+        )
+        .bind(&file.branch_id)
+        .bind(&file.file_id)
+        .bind(&file.path)
+        .bind(&file.version_id)
+        .bind(&file.content_sha256)
+        .bind(&blob_key)
+        .bind(file.size)
+        .bind(&file.mime)
+        .bind(now_ms())
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(file)
+    }
+
+    /// Cuts an immutable release: a snapshot of every file version of a
+    /// branch (main when `branch` is empty). Nothing is re-indexed.
+    pub async fn create_release(
+        &self,
+        caller: &CallerContext,
+        namespace: &str,
+        version: &str,
+        branch: &str,
+        note: &str,
+    ) -> Result<Release> {
+        require(caller, namespace, Permission::Admin)?;
+        check_name("release version", version, &['+'])?;
+        let resolved = if branch.is_empty() || branch == "main" {
+            Resolved::Main
+        } else {
+            match self.versions.branch_row(namespace, branch).await? {
+                Some(b) => Resolved::Branch {
+                    branch_id: b.branch_id,
+                },
+                None => {
+                    return Err(FilesError::TargetNotFound(format!(
+                        "preview branch `{}` in namespace `{namespace}`",
+                        clip(branch)
+                    )));
+                }
+            }
+        };
+        if self
+            .versions
+            .release_row(namespace, "version", version)
+            .await?
+            .is_some()
+        {
+            return Err(FilesError::Exists(format!(
+                "release `{version}` already exists in namespace `{namespace}`; releases are immutable, pick a new version"
+            )));
+        }
+        let release_id = uuid::Uuid::now_v7().to_string();
+        let now = now_ms();
+        let note: String = note.chars().take(4096).collect();
+        let pool = self.versions.sql.pool();
+        let mut tx = pool.begin().await?;
+        sqlx::query(
+            "INSERT INTO kg_releases (release_id, namespace, version, branch_id, note, created_at_ms, created_by) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        )
+        .bind(&release_id)
+        .bind(namespace)
+        .bind(version)
+        .bind(resolved.key())
+        .bind(&note)
+        .bind(now)
+        .bind(&caller.principal_id)
+        .execute(&mut *tx)
+        .await?;
+        let snapshot = format!(
+            "INSERT INTO kg_release_files (release_id, file_id, path, version_id) SELECT $3, m.file_id, m.path, m.version_id FROM ({}) m",
+            members_sql(&resolved)
+        );
+        sqlx::query(AssertSqlSafe(snapshot))
+            .bind(namespace)
+            .bind(resolved.key())
+            .bind(&release_id)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        self.versions
+            .release_row(namespace, "release_id", &release_id)
+            .await?
+            .ok_or_else(|| FilesError::Engine("release vanished after insert".to_owned()))
+    }
+
+    /// The namespace's releases, newest first.
+    pub async fn list_releases(
+        &self,
+        caller: &CallerContext,
+        namespace: &str,
+    ) -> Result<Vec<Release>> {
+        require(caller, namespace, Permission::Read)?;
+        let sql = format!(
+            "SELECT {RELEASE_COLUMNS} FROM kg_releases r WHERE r.namespace = $1 ORDER BY r.created_at_ms DESC, r.release_id DESC"
+        );
+        let rows = sqlx::query(AssertSqlSafe(sql))
+            .bind(namespace)
+            .fetch_all(self.versions.sql.pool())
+            .await?;
+        rows.iter().map(|r| release_from(r, namespace)).collect()
+    }
+
+    /// Points `environment` (created on first deploy) at a release and
+    /// records the deployment.
+    pub async fn deploy_environment(
+        &self,
+        caller: &CallerContext,
+        namespace: &str,
+        environment: &str,
+        release: &ReleaseTarget,
+    ) -> Result<Environment> {
+        require(caller, namespace, Permission::Admin)?;
+        check_name("environment name", environment, &[])?;
+        let Resolved::Release { release_id, .. } =
+            self.versions.resolve_release(namespace, release).await?
+        else {
+            return Err(FilesError::Engine(
+                "a release resolved to a branch".to_owned(),
+            ));
+        };
+        let now = now_ms();
+        let pool = self.versions.sql.pool();
+        let mut tx = pool.begin().await?;
+        let existing = sqlx::query(
+            "SELECT environment_id FROM kg_environments WHERE namespace = $1 AND name = $2",
+        )
+        .bind(namespace)
+        .bind(environment)
+        .fetch_optional(&mut *tx)
+        .await?;
+        let environment_id = match existing {
+            Some(row) => {
+                let id: String = row.try_get("environment_id")?;
+                sqlx::query(
+                    "UPDATE kg_environments SET release_id = $1, updated_at_ms = $2 WHERE environment_id = $3",
+                )
+                .bind(&release_id)
+                .bind(now)
+                .bind(&id)
+                .execute(&mut *tx)
+                .await?;
+                id
+            }
+            None => {
+                let id = uuid::Uuid::now_v7().to_string();
+                sqlx::query(
+                    "INSERT INTO kg_environments (environment_id, namespace, name, release_id, updated_at_ms) VALUES ($1, $2, $3, $4, $5)",
+                )
+                .bind(&id)
+                .bind(namespace)
+                .bind(environment)
+                .bind(&release_id)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+                id
+            }
+        };
+        let seq: i64 = sqlx::query(
+            "SELECT COALESCE(MAX(seq), 0) + 1 AS n FROM kg_environment_deploys WHERE environment_id = $1",
+        )
+        .bind(&environment_id)
+        .fetch_one(&mut *tx)
+        .await?
+        .try_get("n")?;
+        sqlx::query(
+            "INSERT INTO kg_environment_deploys (environment_id, seq, release_id, deployed_at_ms, deployed_by) VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(&environment_id)
+        .bind(seq)
+        .bind(&release_id)
+        .bind(now)
+        .bind(&caller.principal_id)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        self.versions
+            .environment_row(namespace, "environment_id", &environment_id)
+            .await?
+            .ok_or_else(|| FilesError::Engine("environment vanished after deploy".to_owned()))
+    }
+
+    /// The namespace's environments with their deploy history, by name.
+    pub async fn list_environments(
+        &self,
+        caller: &CallerContext,
+        namespace: &str,
+    ) -> Result<Vec<Environment>> {
+        require(caller, namespace, Permission::Read)?;
+        let rows =
+            sqlx::query("SELECT name FROM kg_environments WHERE namespace = $1 ORDER BY name")
+                .bind(namespace)
+                .fetch_all(self.versions.sql.pool())
+                .await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let name: String = row.try_get("name")?;
+            if let Some(env) = self
+                .versions
+                .environment_row(namespace, "name", &name)
+                .await?
+            {
+                out.push(env);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The readable file versions a lookup target selects, a page by path.
+    pub async fn resolve_target(
+        &self,
+        caller: &CallerContext,
+        namespace: &str,
+        target: Option<&LookupTarget>,
+        limit: u32,
+        after_path: &str,
+    ) -> Result<ResolveTargetResponse> {
+        let access = require(caller, namespace, Permission::Read)?;
+        let limit = match limit {
+            0 => DEFAULT_RESOLVE_PAGE,
+            n if n > MAX_RESOLVE_PAGE => {
+                return Err(FilesError::Invalid(format!(
+                    "limit {n} is over the maximum of {MAX_RESOLVE_PAGE}"
+                )));
+            }
+            n => n,
+        };
+        let resolved = self.versions.resolve(namespace, target).await?;
+        let files = self
+            .versions
+            .members(namespace, &resolved, &access, after_path, Some(limit))
+            .await?;
+        let total = self
+            .versions
+            .count_members(namespace, &resolved, &access)
+            .await?;
+        let next_after_path = if files.len() == limit as usize {
+            files.last().map(|m| m.path.clone()).unwrap_or_default()
+        } else {
+            String::new()
+        };
+        let mut out = ResolveTargetResponse {
+            kind: resolved.kind().to_owned(),
+            files: files
+                .into_iter()
+                .map(|m| TargetFile {
+                    file_id: m.file_id,
+                    version_id: m.version_id,
+                    path: m.path,
+                })
+                .collect(),
+            next_after_path,
+            total,
+            ..Default::default()
+        };
+        match resolved {
+            Resolved::Main => {}
+            Resolved::Branch { branch_id } => out.branch_id = branch_id,
+            Resolved::Release {
+                release_id,
+                version,
+                environment_id,
+            } => {
+                out.release_id = release_id;
+                out.release_version = version;
+                out.environment_id = environment_id.unwrap_or_default();
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_checked() {
+        assert!(check_name("release version", "v1.2.0", &['+']).is_ok());
+        assert!(check_name("release version", "v1.2.0+build.5", &['+']).is_ok());
+        assert!(check_name("branch name", "feature/links", &['/']).is_ok());
+        assert!(check_name("environment name", "prod/eu", &[]).is_err());
+        assert!(check_name("environment name", "", &[]).is_err());
+        assert!(check_name("environment name", &"a".repeat(256), &[]).is_err());
+        let err = check_name("release version", "v 1", &['+']).unwrap_err();
+        assert!(err.to_string().contains("`+`"), "{err}");
+    }
+}
