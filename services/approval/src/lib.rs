@@ -1,9 +1,52 @@
-//! kg-approval: will own proposals of governed actions, the human decisions on
-//! them and the execution of approved effects. It is a separate process no
-//! model can address: MCP can only submit proposals.
-//!
-//! Only the contract exists so far: `kg.v1.Approval` in
-//! `proto/kg/v1/approval.proto`. No server is built from this crate yet and
-//! `kgmesh up` does not start one, so nothing answers with made-up data.
+//! kg-approval: proposals of governed actions, the human decisions on them and
+//! the execution of approved effects with honest outcomes (executed, unknown,
+//! effect_failed). It is a separate process no model can address: MCP can only
+//! submit proposals through the ontology service; deciding needs an admin.
+//! Owns the `approval_proposals` / `approval_events` tables (SQLite or
+//! PostgreSQL); asks the ontology service (CheckAction) before any effect runs.
 
+mod effect;
+mod error;
+mod grpc;
+mod secret;
+mod service;
+mod signature;
+mod store;
+
+use kg_common::caller::{CallerContextLayer, ContextVerifier};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+pub use effect::{
+    DEFAULT_MAX_ATTEMPTS, DEFAULT_TIMEOUT_MS, MAX_ATTEMPTS_CAP, SecretSource, TIMEOUT_CAP_MS,
+};
+pub use error::{ApprovalError, Result};
 pub use kg_proto::v1::approval_server::{Approval, ApprovalServer};
+pub use secret::{MIN_SECRET_BYTES, load_signing_secret};
+pub use service::{ApprovalConfig, ApprovalService, DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT};
+pub use signature::{
+    IDEMPOTENCY_HEADER, PROPOSAL_HEADER, SIGNATURE_HEADER, SignatureError, canonical_json,
+    idempotency_key, sha256_hex, sign, verify,
+};
+
+/// gRPC service name (health checks).
+pub const SERVICE_NAME: &str = "kg.v1.Approval";
+
+/// Serves the approval gRPC API on `listener` until `shutdown`. Every RPC needs
+/// a caller context signed by a key `verifier` trusts.
+pub async fn serve(
+    service: ApprovalService,
+    verifier: ContextVerifier,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> Result<(), kg_common::grpc::ServeError> {
+    let routes = tonic::service::Routes::new(ApprovalServer::new(service));
+    kg_common::grpc::serve(
+        listener,
+        CallerContextLayer::new(verifier, &[]),
+        routes,
+        &[SERVICE_NAME],
+        shutdown,
+    )
+    .await
+}

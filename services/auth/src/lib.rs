@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 pub use error::{AuthError, Result};
 pub use pat::{PAT_PREFIX, looks_valid};
 pub use service::{AuthService, DenyTarget, Subject};
+pub use store::ROLE_GROUP_PREFIX;
 
 /// gRPC paths callable without a caller context: the token is the credential.
 pub const UNAUTHENTICATED_PATHS: &[&str] = &["/kg.v1.Auth/Authorize", "/kg.v1.Auth/SigningKey"];

@@ -191,11 +191,7 @@ impl AuthService {
             principal_id: principal.id.clone(),
             principal_kind: principal.kind,
             on_behalf_of: principal.acts_for.clone(),
-            roles: if principal.is_admin {
-                vec!["admin".to_owned()]
-            } else {
-                Vec::new()
-            },
+            roles: self.roles_of(&principal).await?,
             access: access.into_values().collect(),
             issued_at_ms: now,
             expires_at_ms: now + CONTEXT_TTL_MS,
@@ -208,6 +204,21 @@ impl AuthService {
             context: Some(self.signer.sign(&context)),
             decoded: Some(context),
         })
+    }
+
+    /// Roles for generated ontology tools: `admin` for admins plus the roles
+    /// granted through `role:<name>` groups. An agent acting for a user holds
+    /// only the roles both have.
+    async fn roles_of(&self, principal: &Principal) -> Result<Vec<String>> {
+        let mut roles = self.store.roles_of(&principal.id).await?;
+        if principal.kind() == PrincipalKind::Agent && !principal.acts_for.is_empty() {
+            let user = self.store.roles_of(&principal.acts_for).await?;
+            roles.retain(|r| user.contains(r));
+        }
+        if principal.is_admin {
+            roles.insert(0, "admin".to_owned());
+        }
+        Ok(roles)
     }
 
     async fn access_of(&self, principal: &Principal) -> Result<BTreeMap<String, AccessFilter>> {

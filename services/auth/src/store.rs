@@ -11,6 +11,9 @@ use crate::error::{AuthError, Result};
 use crate::resolve::{DenyRow, GrantRow};
 use crate::service::Subject;
 
+/// Groups named `role:<name>` grant the role `<name>` to their members.
+pub const ROLE_GROUP_PREFIX: &str = "role:";
+
 pub(crate) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
 pub(crate) fn permission_str(p: Permission) -> &'static str {
@@ -405,6 +408,28 @@ impl AuthStore {
             }
         }
         Ok((grants, denies))
+    }
+
+    /// Roles of a principal: the names after `role:` of the groups it is in
+    /// (`role:support` grants the role `support`), sorted.
+    pub(crate) async fn roles_of(&self, principal_id: &str) -> Result<Vec<String>> {
+        let rows = sqlx::query(
+            "SELECT g.name FROM kg_groups g JOIN kg_group_members m ON m.group_id = g.id \
+             WHERE m.principal_id = $1 AND g.name LIKE 'role:%' ORDER BY g.name",
+        )
+        .bind(principal_id)
+        .fetch_all(self.sql.pool())
+        .await?;
+        let mut roles = Vec::new();
+        for row in &rows {
+            let name: String = row.try_get(0)?;
+            if let Some(role) = name.strip_prefix(ROLE_GROUP_PREFIX)
+                && !role.is_empty()
+            {
+                roles.push(role.to_owned());
+            }
+        }
+        Ok(roles)
     }
 
     pub(crate) async fn create_group(&self, group: &Group) -> Result<()> {

@@ -1,9 +1,60 @@
-//! kg-ontology: will own each namespace's published TBox (entity and relation
-//! types the indexer extracts with) and compiled ontology projects whose
-//! objects become generated MCP tools.
-//!
-//! Only the contract exists so far: `kg.v1.Ontology` in
-//! `proto/kg/v1/ontology.proto`. No server is built from this crate yet and
-//! `kgmesh up` does not start one, so nothing answers with made-up data.
+//! kg-ontology: ontology projects (YAML objects over warehouse tables) compiled
+//! into governed MCP tools — get_/list_/traverse_ read, propose_ only ever
+//! proposes — plus CheckAction for the approval service and each namespace's
+//! TBox lifecycle (draft, review, publish into `KG_TBOX`).
+//! Reads the project's warehouse (SQLite or PostgreSQL) and writes its own
+//! TBox tables; calls only the approval service (Submit). Entry: [`serve`].
 
+mod compile;
+mod effect;
+mod error;
+mod exec;
+mod expr;
+mod grpc;
+mod project;
+mod service;
+mod tbox;
+mod warehouse;
+
+use kg_common::caller::{CallerContextLayer, ContextVerifier};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+pub use compile::{
+    Compiled, DEFAULT_LIMIT, GeneratedToolDef, MAX_LIMIT, REDACTION_NOTE, ToolTarget,
+    approval_text, check_live, check_static, compile, policy_version,
+};
+pub use error::{OntologyError, Result, ToolCode, ToolError};
+pub use exec::ProposalSink;
 pub use kg_proto::v1::ontology_server::{Ontology, OntologyServer};
+pub use project::{LoadedProject, PROJECT_FILE, Project, parse as parse_project, project_schema};
+pub use service::{Active, OntologyConfig, OntologyService, load_project, tool_proto};
+pub use tbox::TboxStore;
+pub use warehouse::{FIELD_CAP, Warehouse};
+
+/// gRPC paths served without a caller context: the compiled version number
+/// only (the gateway follows it to send `tools/list_changed`).
+pub const UNAUTHENTICATED_PATHS: &[&str] = &["/kg.v1.Ontology/WatchCompiled"];
+
+/// Serves the ontology gRPC API on `listener` until `shutdown`; every RPC but
+/// WatchCompiled needs a caller context signed by one of `verifier`'s keys.
+pub async fn serve(
+    service: OntologyService,
+    verifier: ContextVerifier,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> Result<(), kg_common::grpc::ServeError> {
+    let routes = tonic::service::Routes::new(
+        OntologyServer::new(service)
+            .max_decoding_message_size(kg_common::grpc::MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(kg_common::grpc::MAX_MESSAGE_BYTES),
+    );
+    kg_common::grpc::serve(
+        listener,
+        CallerContextLayer::new(verifier, UNAUTHENTICATED_PATHS),
+        routes,
+        &["kg.v1.Ontology"],
+        shutdown,
+    )
+    .await
+}

@@ -1,0 +1,393 @@
+//! `kgmesh ontology validate|compile|schema` (a project directory against its
+//! live warehouse; `compile` also makes a running mesh reload it, which sends
+//! `notifications/tools/list_changed` to MCP sessions) and `kgmesh tbox
+//! draft|show|review|publish` (a namespace's TBox lifecycle). Mesh calls go
+//! over gRPC to the local mesh found in the data dir, as the token's principal.
+
+use std::path::PathBuf;
+
+use anyhow::{Context as _, bail};
+use clap::{Args, Subcommand};
+use kg_proto::v1::auth_client::AuthClient;
+use kg_proto::v1::ontology_client::OntologyClient;
+use kg_proto::v1::{
+    AuthorizeRequest, EntityInstance, EntityType, GetTboxDraftRequest, PublishTboxRequest,
+    PutTboxDraftRequest, RelationType, ReloadProjectRequest, ReviewTboxDraftRequest,
+    SignedCallerContext,
+};
+use kgmesh::MeshInfo;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tonic::transport::Channel;
+
+#[derive(Args, Clone)]
+pub(crate) struct ProjectArgs {
+    /// Directory holding ontology.yaml.
+    #[arg(long)]
+    project_dir: PathBuf,
+    /// Overrides the project's warehouse URL (sqlite://... or postgres://...).
+    #[arg(long, env = "KGMESH_WAREHOUSE_URL")]
+    warehouse_url: Option<String>,
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct MeshArgs {
+    /// Data dir of the running mesh (read for its service addresses).
+    #[arg(long, default_value = ".kgmesh", env = "KGMESH_DATA_DIR")]
+    data_dir: PathBuf,
+    /// An admin PAT.
+    #[arg(long, env = "KGMESH_TOKEN", hide_env_values = true, default_value = "")]
+    token: String,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum OntologyCommand {
+    /// Check the project against the live warehouse; every problem at once.
+    Validate(ProjectArgs),
+    /// Validate, print the generated tools; with --reload, make the running mesh reload it.
+    Compile {
+        #[command(flatten)]
+        project: ProjectArgs,
+        /// Also tell the running mesh to reload the project.
+        #[arg(long)]
+        reload: bool,
+        #[command(flatten)]
+        mesh: MeshArgs,
+    },
+    /// Print the JSON Schema of ontology.yaml.
+    Schema,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum TboxCommand {
+    /// Put a draft from a YAML or JSON file ({entity_types: [...], relation_types: [...]}).
+    Draft {
+        #[arg(long, short)]
+        namespace: String,
+        /// The TBox file.
+        #[arg(long)]
+        file: PathBuf,
+        #[command(flatten)]
+        mesh: MeshArgs,
+    },
+    /// Show the current draft.
+    Show {
+        #[arg(long, short)]
+        namespace: String,
+        #[command(flatten)]
+        mesh: MeshArgs,
+    },
+    /// Mark the draft reviewed by the token's principal.
+    Review {
+        #[arg(long, short)]
+        namespace: String,
+        #[command(flatten)]
+        mesh: MeshArgs,
+    },
+    /// Publish the reviewed draft as the next version (the indexer reads it).
+    Publish {
+        #[arg(long, short)]
+        namespace: String,
+        #[command(flatten)]
+        mesh: MeshArgs,
+    },
+}
+
+fn print(value: &Value) -> anyhow::Result<()> {
+    println!("{}", serde_json::to_string_pretty(value)?);
+    Ok(())
+}
+
+/// Runs `kgmesh ontology …`; exit code 2 when validation finds problems.
+pub(crate) async fn ontology(command: OntologyCommand) -> anyhow::Result<std::process::ExitCode> {
+    match command {
+        OntologyCommand::Schema => {
+            print(&kg_ontology::project_schema())?;
+        }
+        OntologyCommand::Validate(p) => {
+            let active =
+                match kg_ontology::load_project(&p.project_dir, p.warehouse_url.as_deref()).await {
+                    Ok(active) => active,
+                    Err(problems) => return Ok(report(&problems)),
+                };
+            println!(
+                "{}: valid ({} objects, {} tools, policy version {})",
+                p.project_dir.display(),
+                active.compiled.project.objects.len(),
+                active.compiled.tools.len(),
+                active.compiled.policy_version
+            );
+        }
+        OntologyCommand::Compile {
+            project: p,
+            reload,
+            mesh,
+        } => {
+            let active =
+                match kg_ontology::load_project(&p.project_dir, p.warehouse_url.as_deref()).await {
+                    Ok(active) => active,
+                    Err(problems) => return Ok(report(&problems)),
+                };
+            let tools: Vec<Value> = active
+                .compiled
+                .tools
+                .iter()
+                .map(|t| {
+                    json!({
+                        "name": t.name, "readOnly": t.read_only, "roles": t.roles,
+                        "description": t.description, "inputSchema": t.input_schema, "outputSchema": t.output_schema
+                    })
+                })
+                .collect();
+            print(&json!({"policyVersion": active.compiled.policy_version, "tools": tools}))?;
+            if reload {
+                let (mut client, signed) = ontology_client(&mesh).await?;
+                let response = client
+                    .reload_project(with_caller(ReloadProjectRequest {}, &signed))
+                    .await
+                    .map_err(|s| anyhow::anyhow!("reload failed: {}", s.message()))?
+                    .into_inner();
+                if !response.problems.is_empty() {
+                    return Ok(report(&response.problems));
+                }
+                eprintln!(
+                    "the running mesh now serves policy version {} ({} tools); MCP sessions were notified",
+                    response.compiled_version,
+                    response.tools.len()
+                );
+            }
+        }
+    }
+    Ok(std::process::ExitCode::SUCCESS)
+}
+
+fn report(problems: &[String]) -> std::process::ExitCode {
+    eprintln!("the project has {} problem(s):", problems.len());
+    for p in problems {
+        eprintln!("  - {p}");
+    }
+    std::process::ExitCode::from(2)
+}
+
+fn with_caller<T>(message: T, signed: &SignedCallerContext) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    kg_common::caller::attach_caller(&mut request, signed);
+    request
+}
+
+/// An ontology client and a signed context for the token's principal.
+async fn ontology_client(
+    mesh: &MeshArgs,
+) -> anyhow::Result<(OntologyClient<Channel>, SignedCallerContext)> {
+    if mesh.token.trim().is_empty() {
+        bail!("set KGMESH_TOKEN (or --token) to an admin PAT");
+    }
+    let info = MeshInfo::load(&mesh.data_dir)?;
+    let addr = info
+        .ontology
+        .clone()
+        .context("the running mesh has no ontology service")?;
+    let mut auth = AuthClient::new(kg_common::grpc::channel(&info.grpc.auth)?);
+    let authorized = auth
+        .authorize(AuthorizeRequest {
+            token: mesh.token.trim().to_owned(),
+            tool: "admin:ontology".to_owned(),
+            namespaces: Vec::new(),
+            request_id: uuid::Uuid::new_v4().to_string(),
+        })
+        .await
+        .map_err(|s| anyhow::anyhow!("auth refused the token: {}", s.message()))?
+        .into_inner();
+    let signed = authorized.context.context("auth returned no context")?;
+    Ok((
+        OntologyClient::new(kg_common::grpc::channel(&addr)?),
+        signed,
+    ))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TboxFile {
+    #[serde(default)]
+    entity_types: Vec<EntityTypeFile>,
+    #[serde(default)]
+    relation_types: Vec<RelationTypeFile>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EntityTypeFile {
+    type_id: String,
+    label: String,
+    #[serde(default)]
+    aliases: Vec<String>,
+    #[serde(default)]
+    patterns: Vec<String>,
+    #[serde(default)]
+    side: String,
+    #[serde(default)]
+    instances: Vec<EntityInstanceFile>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EntityInstanceFile {
+    name: String,
+    #[serde(default)]
+    aliases: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RelationTypeFile {
+    relation_type_id: String,
+    label: String,
+    #[serde(default)]
+    source_type_id: String,
+    #[serde(default)]
+    target_type_id: String,
+    #[serde(default)]
+    patterns: Vec<String>,
+}
+
+fn draft_json(d: &kg_proto::v1::TboxDraft) -> Value {
+    json!({
+        "namespace": d.namespace,
+        "entityTypes": d.entity_types.iter().map(|t| json!({"typeId": t.type_id, "label": t.label, "aliases": t.aliases, "patterns": t.patterns, "side": t.side, "instances": t.instances.iter().map(|i| json!({"name": i.name, "aliases": i.aliases})).collect::<Vec<_>>()})).collect::<Vec<_>>(),
+        "relationTypes": d.relation_types.iter().map(|r| json!({"relationTypeId": r.relation_type_id, "label": r.label, "sourceTypeId": r.source_type_id, "targetTypeId": r.target_type_id})).collect::<Vec<_>>(),
+        "updatedBy": d.updated_by, "updatedAtMs": d.updated_at_ms,
+        "reviewedBy": d.reviewed_by, "reviewedAtMs": d.reviewed_at_ms, "nextVersion": d.next_version,
+    })
+}
+
+/// Runs `kgmesh tbox …`.
+pub(crate) async fn tbox(command: TboxCommand) -> anyhow::Result<()> {
+    let status = |s: tonic::Status| anyhow::anyhow!("{}", s.message());
+    match command {
+        TboxCommand::Draft {
+            namespace,
+            file,
+            mesh,
+        } => {
+            let text = std::fs::read_to_string(&file)
+                .with_context(|| format!("cannot read {}", file.display()))?;
+            let parsed: TboxFile = serde_yaml_ng::from_str(&text)
+                .with_context(|| format!("{} is not a TBox file", file.display()))?;
+            let (mut client, signed) = ontology_client(&mesh).await?;
+            let request = PutTboxDraftRequest {
+                namespace,
+                entity_types: parsed
+                    .entity_types
+                    .into_iter()
+                    .map(|t| EntityType {
+                        type_id: t.type_id,
+                        label: t.label,
+                        aliases: t.aliases,
+                        patterns: t.patterns,
+                        side: t.side,
+                        instances: t
+                            .instances
+                            .into_iter()
+                            .map(|i| EntityInstance {
+                                name: i.name,
+                                aliases: i.aliases,
+                            })
+                            .collect(),
+                    })
+                    .collect(),
+                relation_types: parsed
+                    .relation_types
+                    .into_iter()
+                    .map(|r| RelationType {
+                        relation_type_id: r.relation_type_id,
+                        label: r.label,
+                        source_type_id: r.source_type_id,
+                        target_type_id: r.target_type_id,
+                        patterns: r.patterns,
+                    })
+                    .collect(),
+            };
+            let d = client
+                .put_tbox_draft(with_caller(request, &signed))
+                .await
+                .map_err(status)?
+                .into_inner();
+            print(&draft_json(&d))
+        }
+        TboxCommand::Show { namespace, mesh } => {
+            let (mut client, signed) = ontology_client(&mesh).await?;
+            let d = client
+                .get_tbox_draft(with_caller(GetTboxDraftRequest { namespace }, &signed))
+                .await
+                .map_err(status)?
+                .into_inner();
+            print(&draft_json(&d))
+        }
+        TboxCommand::Review { namespace, mesh } => {
+            let (mut client, signed) = ontology_client(&mesh).await?;
+            let d = client
+                .review_tbox_draft(with_caller(ReviewTboxDraftRequest { namespace }, &signed))
+                .await
+                .map_err(status)?
+                .into_inner();
+            print(&draft_json(&d))
+        }
+        TboxCommand::Publish { namespace, mesh } => {
+            let (mut client, signed) = ontology_client(&mesh).await?;
+            let t = client
+                .publish_tbox(with_caller(PublishTboxRequest { namespace }, &signed))
+                .await
+                .map_err(status)?
+                .into_inner();
+            print(
+                &json!({"namespace": t.namespace, "version": t.version, "entityTypes": t.entity_types.len(), "relationTypes": t.relation_types.len(), "publishedAtMs": t.published_at_ms}),
+            )
+        }
+    }
+}
+
+/// Serves `dir`'s generated tools from this process (`kgmesh mcp --stdio
+/// --project-dir`): an ontology service on a loopback port that trusts the
+/// mesh's auth key and submits proposals to the mesh's approval service.
+/// Returns its gRPC address. Problems with the project fail the start.
+pub(crate) async fn serve_local(
+    info: &MeshInfo,
+    dir: &std::path::Path,
+    warehouse_url: Option<String>,
+    allow_auto_effects: bool,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> anyhow::Result<String> {
+    let mut auth = AuthClient::new(kg_common::grpc::channel(&info.grpc.auth)?);
+    let key = auth
+        .signing_key(kg_proto::v1::SigningKeyRequest {})
+        .await
+        .map_err(|s| anyhow::anyhow!("cannot reach the mesh's auth service: {}", s.message()))?
+        .into_inner();
+    let verifier = kg_common::caller::ContextVerifier::new(vec![
+        kg_common::caller::PublicKey::from_bytes(&key.public_key)
+            .context("auth sent a bad signing key")?,
+    ]);
+    let service = match kg_ontology::OntologyService::new(
+        kg_ontology::OntologyConfig {
+            project_dir: Some(dir.to_path_buf()),
+            warehouse_url,
+            approval_addr: info.approval.clone(),
+            allow_auto_effects,
+        },
+        None,
+    )
+    .await
+    {
+        Ok(service) => service,
+        Err(err) => bail!("{err}"),
+    };
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = format!("http://{}", listener.local_addr()?);
+    tokio::spawn(async move {
+        if let Err(err) = kg_ontology::serve(service, verifier, listener, shutdown).await {
+            tracing::error!(error = %err, "local ontology service stopped");
+        }
+    });
+    kgmesh::mesh::wait_serving(&addr, "kg.v1.Ontology", std::time::Duration::from_secs(10)).await?;
+    Ok(addr)
+}

@@ -1,0 +1,88 @@
+use kg_common::{ErrorCode, ErrorExt};
+
+/// Errors of the approval service. Messages of non-internal variants are shown to clients.
+#[derive(Debug, thiserror::Error)]
+pub enum ApprovalError {
+    /// Bad input; the message says what to change.
+    #[error("{0}")]
+    Invalid(String),
+    /// No such proposal.
+    #[error("proposal `{0}` not found")]
+    NotFound(String),
+    /// The proposal was decided already (or is not in a state the call needs).
+    #[error("proposal `{id}` is {state}, not pending: it cannot be decided again")]
+    AlreadyDecided {
+        /// The proposal.
+        id: String,
+        /// Its current state.
+        state: &'static str,
+    },
+    /// `execute_now` for an action that needs a human approval.
+    #[error(
+        "`{object}.{action}` needs a human approval: it cannot run at once; submit it as a pending proposal"
+    )]
+    ApprovalRequired {
+        /// Object name.
+        object: String,
+        /// Action name.
+        action: String,
+    },
+    /// The ontology service could not be asked; nothing ran.
+    #[error(
+        "the ontology service is unavailable, so the action could not be re-checked; nothing ran and the proposal is unchanged: retry shortly"
+    )]
+    OntologyUnavailable,
+    /// The ontology service answered with an error we pass on (its message is client-safe).
+    #[error("ontology: {message}")]
+    Ontology {
+        /// Its stable code.
+        code: ErrorCode,
+        /// Its message.
+        message: String,
+    },
+    /// Caller context problems (missing, not admin).
+    #[error(transparent)]
+    Caller(#[from] kg_common::caller::CallerError),
+    /// The SQL store failed.
+    #[error("sql store: {0}")]
+    Store(#[from] kg_stores::StoreError),
+    /// A query failed.
+    #[error("sql: {0}")]
+    Sql(#[from] sqlx::Error),
+    /// Stored data could not be decoded.
+    #[error("corrupt row: {0}")]
+    Corrupt(String),
+    /// The service is configured wrongly (start-up).
+    #[error("approval configuration: {0}")]
+    Config(String),
+    /// A background task failed.
+    #[error("internal: {0}")]
+    Internal(String),
+}
+
+impl ErrorExt for ApprovalError {
+    fn code(&self) -> ErrorCode {
+        match self {
+            ApprovalError::Invalid(_) => ErrorCode::InvalidArgument,
+            ApprovalError::NotFound(_) => ErrorCode::NotFound,
+            ApprovalError::AlreadyDecided { .. } => ErrorCode::FailedPrecondition,
+            ApprovalError::ApprovalRequired { .. } => ErrorCode::PermissionDenied,
+            ApprovalError::OntologyUnavailable => ErrorCode::Unavailable,
+            ApprovalError::Ontology { code, .. } => *code,
+            ApprovalError::Caller(e) => e.code(),
+            ApprovalError::Store(e) => e.code(),
+            ApprovalError::Sql(sqlx::Error::PoolTimedOut | sqlx::Error::Io(_)) => {
+                ErrorCode::Unavailable
+            }
+            ApprovalError::Sql(_)
+            | ApprovalError::Corrupt(_)
+            | ApprovalError::Config(_)
+            | ApprovalError::Internal(_) => ErrorCode::Internal,
+        }
+    }
+}
+
+kg_common::impl_status_from!(ApprovalError);
+
+/// `Result` of this crate.
+pub type Result<T, E = ApprovalError> = std::result::Result<T, E>;

@@ -1,0 +1,563 @@
+//! The approval logic: submit, list, inspect, decide, and the effect run.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kg_common::caller::{attach_caller, require_admin};
+use kg_common::sanitize::sanitize_text;
+use kg_common::{ErrorCode, ErrorExt as _};
+use kg_proto::v1::ontology_client::OntologyClient;
+use kg_proto::v1::{
+    CallerContext, CheckActionRequest, CheckActionResponse, Proposal, ProposalState,
+    SignedCallerContext, SubmitProposalRequest, WebhookEffect,
+};
+use kg_stores::sql::SqlStore;
+use tonic::transport::Channel;
+
+use crate::effect::{self, Attempt, Final, SecretSource, Step};
+use crate::error::{ApprovalError, Result};
+use crate::signature::{canonical_json, idempotency_key, sha256_hex};
+use crate::store::{Event, Outcome, ProposalStore, state_str};
+
+/// Default number of proposals a list returns.
+pub const DEFAULT_LIST_LIMIT: u32 = 100;
+/// Most proposals a list returns.
+pub const MAX_LIST_LIMIT: u32 = 1000;
+/// Largest arguments document accepted.
+const MAX_ARGUMENTS_BYTES: usize = 64 * 1024;
+/// Deadline on one CheckAction call.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(10);
+/// A proposal still `approved` this long after its decision belongs to a
+/// process that stopped (an effect run is bounded far below this).
+const INTERRUPTED_AFTER: Duration = Duration::from_secs(30 * 60);
+
+/// How the approval service runs.
+#[derive(Clone, Debug)]
+pub struct ApprovalConfig {
+    /// gRPC address of the ontology service (`http://host:port`); without it
+    /// nothing can be approved or executed (proposals are still stored).
+    pub ontology_addr: Option<String>,
+    /// Key of the `X-Kgmesh-Signature` HMAC (per deployment).
+    pub webhook_signing_secret: Vec<u8>,
+    /// Environment variables no secret header may read (the signing secret's).
+    pub protected_env: Vec<String>,
+    /// Where secret header values come from.
+    pub secrets: SecretSource,
+    /// How long Decide / Submit(execute_now) wait for the effect before
+    /// answering with the proposal still APPROVED (the run continues).
+    pub decide_wait: Duration,
+    /// First backoff between attempts; doubles each time.
+    pub backoff_base: Duration,
+}
+
+impl ApprovalConfig {
+    /// Defaults around a signing secret: secrets from the environment, 15 s
+    /// wait (under the gateway's 20 s backend deadline), 250 ms first backoff.
+    pub fn new(webhook_signing_secret: Vec<u8>, ontology_addr: Option<String>) -> Self {
+        Self {
+            ontology_addr,
+            webhook_signing_secret,
+            protected_env: Vec::new(),
+            secrets: SecretSource::Env,
+            decide_wait: Duration::from_secs(15),
+            backoff_base: Duration::from_millis(250),
+        }
+    }
+}
+
+/// The approval service: cheap to clone, constructible in-process.
+#[derive(Clone)]
+pub struct ApprovalService {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: ProposalStore,
+    ontology: Option<OntologyClient<Channel>>,
+    http: reqwest::Client,
+    config: ApprovalConfig,
+}
+
+fn state_name(state: ProposalState) -> &'static str {
+    state_str(state)
+}
+
+fn check_name(what: &str, value: &str) -> Result<()> {
+    if value.is_empty() || value.len() > 128 || value.chars().any(|c| c.is_control()) {
+        return Err(ApprovalError::Invalid(format!(
+            "{what} must be 1-128 printable characters"
+        )));
+    }
+    Ok(())
+}
+
+impl ApprovalService {
+    /// Opens the store (running migrations), connects lazily to the ontology
+    /// service, and settles proposals a stopped process left running.
+    pub async fn new(sql: SqlStore, config: ApprovalConfig) -> Result<Self> {
+        if config.webhook_signing_secret.len() < crate::secret::MIN_SECRET_BYTES {
+            return Err(ApprovalError::Config(
+                "the webhook signing secret must be at least 16 bytes".to_owned(),
+            ));
+        }
+        let store = ProposalStore::open(sql).await?;
+        let ontology = match &config.ontology_addr {
+            Some(addr) => Some(OntologyClient::new(
+                kg_common::grpc::channel(addr).map_err(|err| {
+                    ApprovalError::Config(format!("ontology address `{addr}`: {err}"))
+                })?,
+            )),
+            None => None,
+        };
+        let http =
+            effect::client().map_err(|err| ApprovalError::Config(format!("http client: {err}")))?;
+        let cutoff = kg_common::caller::now_ms()
+            - i64::try_from(INTERRUPTED_AFTER.as_millis()).unwrap_or(i64::MAX);
+        let settled = store.settle_interrupted(cutoff).await?;
+        if settled > 0 {
+            tracing::warn!(
+                settled,
+                "settled proposals left running by a stopped process"
+            );
+        }
+        Ok(Self {
+            inner: Arc::new(Inner {
+                store,
+                ontology,
+                http,
+                config,
+            }),
+        })
+    }
+
+    /// Stores a proposal for `caller` (the proposer), or with `execute_now`
+    /// runs it at once when the ontology says the action needs no approval.
+    pub async fn submit(
+        &self,
+        caller: &CallerContext,
+        signed: &SignedCallerContext,
+        request: SubmitProposalRequest,
+    ) -> Result<Proposal> {
+        check_name("object", &request.object)?;
+        check_name("action", &request.action)?;
+        if request.role.len() > 128 {
+            return Err(ApprovalError::Invalid("role is too long".to_owned()));
+        }
+        if request.arguments_json.len() > MAX_ARGUMENTS_BYTES {
+            return Err(ApprovalError::Invalid(format!(
+                "arguments_json is larger than {MAX_ARGUMENTS_BYTES} bytes"
+            )));
+        }
+        let arguments: serde_json::Value = serde_json::from_str(&request.arguments_json)
+            .map_err(|_| ApprovalError::Invalid("arguments_json is not valid JSON".to_owned()))?;
+        if !arguments.is_object() {
+            return Err(ApprovalError::Invalid(
+                "arguments_json must be a JSON object".to_owned(),
+            ));
+        }
+        if caller.principal_id.is_empty() {
+            return Err(kg_common::caller::CallerError::Missing.into());
+        }
+        let canonical = canonical_json(&arguments);
+        let arguments_sha256 = sha256_hex(canonical.as_bytes());
+        let id = format!("prp_{}", uuid::Uuid::now_v7().simple());
+        let now = kg_common::caller::now_ms();
+        let mut proposal = Proposal {
+            idempotency_key: idempotency_key(&id, &arguments_sha256),
+            id,
+            object: request.object.clone(),
+            action: request.action.clone(),
+            arguments_json: canonical,
+            arguments_sha256,
+            policy_version: request.policy_version,
+            proposer: caller.principal_id.clone(),
+            on_behalf_of: caller.on_behalf_of.clone(),
+            agent: sanitize_text(&request.agent, 200),
+            role: request.role.clone(),
+            state: ProposalState::Pending as i32,
+            created_at_ms: now,
+            execute_now: request.execute_now,
+            ..Default::default()
+        };
+        let submitted = Event::new(
+            "submitted",
+            &caller.principal_id,
+            format!(
+                "{}.{} proposed as role `{}` (policy version {})",
+                proposal.object, proposal.action, proposal.role, proposal.policy_version
+            ),
+        );
+
+        if !request.execute_now {
+            if let Some(effect) = &request.effect {
+                set_effect_summary(&mut proposal, effect);
+            }
+            self.inner.store.insert(&proposal, &[submitted]).await?;
+            tracing::info!(proposal = %proposal.id, object = %proposal.object, action = %proposal.action, "proposal stored, pending approval");
+            return Ok(proposal);
+        }
+
+        // execute_now: the ontology, not the caller, says whether a human must decide.
+        let check = self.check(&proposal, signed).await?;
+        if check.approval_required != Some(false) {
+            tracing::warn!(principal = %caller.principal_id, object = %proposal.object, action = %proposal.action,
+                "execute_now refused: the action needs approval");
+            return Err(ApprovalError::ApprovalRequired {
+                object: proposal.object,
+                action: proposal.action,
+            });
+        }
+        if let Some(effect) = &check.effect {
+            set_effect_summary(&mut proposal, effect);
+        }
+        let refusal = refusal_of(&proposal, &check);
+        let mut events = vec![submitted];
+        if let Some((code, detail)) = refusal {
+            proposal.state = ProposalState::PreconditionFailed as i32;
+            proposal.refusal = code.clone();
+            proposal.outcome_detail = detail.clone();
+            proposal.finished_at_ms = Some(now);
+            events.push(Event::new(
+                "rechecked",
+                "",
+                format!("refused: {code}: {detail}"),
+            ));
+            self.inner.store.insert(&proposal, &events).await?;
+            return Ok(proposal);
+        }
+        proposal.state = ProposalState::Approved as i32;
+        proposal.decided_at_ms = Some(now);
+        proposal.decided_by = caller.principal_id.clone();
+        proposal.decision_reason =
+            "no approval required; the server allows auto effects".to_owned();
+        events.push(Event::new(
+            "auto_approved",
+            &caller.principal_id,
+            "the action declares no approval for these arguments",
+        ));
+        events.push(Event::new(
+            "rechecked",
+            "",
+            "precondition holds on live data",
+        ));
+        self.inner.store.insert(&proposal, &events).await?;
+        let id = proposal.id.clone();
+        self.spawn_and_wait(proposal, check.effect).await?;
+        self.get_stored(&id).await
+    }
+
+    /// Proposals, newest first (admin only).
+    pub async fn list(
+        &self,
+        caller: &CallerContext,
+        state: Option<ProposalState>,
+        limit: u32,
+    ) -> Result<Vec<Proposal>> {
+        require_admin(caller)?;
+        let limit = match limit {
+            0 => DEFAULT_LIST_LIMIT,
+            n => n.min(MAX_LIST_LIMIT),
+        };
+        self.inner.store.list(state, limit).await
+    }
+
+    /// One proposal with its audit events (admin only).
+    pub async fn get(&self, caller: &CallerContext, id: &str) -> Result<Proposal> {
+        require_admin(caller)?;
+        let mut proposal = self.get_stored(id).await?;
+        proposal.events = self.inner.store.events(id).await?;
+        Ok(proposal)
+    }
+
+    async fn get_stored(&self, id: &str) -> Result<Proposal> {
+        self.inner
+            .store
+            .get(id)
+            .await?
+            .ok_or_else(|| ApprovalError::NotFound(id.to_owned()))
+    }
+
+    /// A human decision (admin only). Approving re-checks the action against
+    /// live data with the approver's context, then runs the effect once.
+    pub async fn decide(
+        &self,
+        caller: &CallerContext,
+        signed: &SignedCallerContext,
+        id: &str,
+        approve: bool,
+        reason: &str,
+    ) -> Result<Proposal> {
+        require_admin(caller)?;
+        let reason = sanitize_text(reason, 1000);
+        let proposal = self.get_stored(id).await?;
+        let by = caller.principal_id.as_str();
+        let (to, event) = if approve {
+            (
+                ProposalState::Approved,
+                Event::new("approved", by, reason.clone()),
+            )
+        } else {
+            (
+                ProposalState::Rejected,
+                Event::new("rejected", by, reason.clone()),
+            )
+        };
+        if !self
+            .inner
+            .store
+            .claim_decision(id, to, by, &reason, &event)
+            .await?
+        {
+            let current = self.get_stored(id).await?;
+            return Err(ApprovalError::AlreadyDecided {
+                id: id.to_owned(),
+                state: state_name(current.state()),
+            });
+        }
+        tracing::info!(proposal = id, by, approve, "proposal decided");
+        if !approve {
+            return self.get_stored(id).await;
+        }
+
+        let check = match self.check(&proposal, signed).await {
+            Ok(check) => check,
+            Err(err) => {
+                // Nothing was sent: hand the proposal back to the humans.
+                let note = Event::new("recheck_unavailable", "", err.to_string());
+                self.inner.store.release_claim(id, &note).await?;
+                return Err(err);
+            }
+        };
+        if let Some((code, detail)) = refusal_of(&proposal, &check) {
+            let outcome = Outcome {
+                state: ProposalState::PreconditionFailed,
+                refusal: &code,
+                detail: &detail,
+            };
+            self.inner
+                .store
+                .finish(
+                    id,
+                    &outcome,
+                    &Event::new("rechecked", "", format!("refused: {code}: {detail}")),
+                )
+                .await?;
+            return self.get_stored(id).await;
+        }
+        let (method, template, host) = check
+            .effect
+            .as_ref()
+            .map(|e| {
+                (
+                    e.method.to_ascii_uppercase(),
+                    e.url_template.as_str(),
+                    e.host.as_str(),
+                )
+            })
+            .unwrap_or_default();
+        self.inner
+            .store
+            .record_recheck(
+                id,
+                &method,
+                template,
+                host,
+                &Event::new("rechecked", "", "precondition holds on live data"),
+            )
+            .await?;
+        self.spawn_and_wait(proposal, check.effect).await?;
+        self.get_stored(id).await
+    }
+
+    /// Ontology.CheckAction with the forwarded caller context.
+    async fn check(
+        &self,
+        proposal: &Proposal,
+        signed: &SignedCallerContext,
+    ) -> Result<CheckActionResponse> {
+        let Some(client) = &self.inner.ontology else {
+            return Err(ApprovalError::OntologyUnavailable);
+        };
+        let mut request = tonic::Request::new(CheckActionRequest {
+            object: proposal.object.clone(),
+            action: proposal.action.clone(),
+            arguments_json: proposal.arguments_json.clone(),
+            role: proposal.role.clone(),
+        });
+        attach_caller(&mut request, signed);
+        request.set_timeout(CHECK_TIMEOUT);
+        match client.clone().check_action(request).await {
+            Ok(response) => Ok(response.into_inner()),
+            Err(status) => {
+                let code = kg_common::error::code_of(&status);
+                tracing::warn!(proposal = %proposal.id, grpc = ?status.code(), message = status.message(), "CheckAction failed");
+                if matches!(
+                    code,
+                    ErrorCode::Unavailable | ErrorCode::Timeout | ErrorCode::Busy
+                ) {
+                    Err(ApprovalError::OntologyUnavailable)
+                } else if code.is_server_fault() {
+                    Err(ApprovalError::Internal("CheckAction failed".to_owned()))
+                } else {
+                    Err(ApprovalError::Ontology {
+                        code,
+                        message: status.message().to_owned(),
+                    })
+                }
+            }
+        }
+    }
+
+    /// Runs the effect on its own task, so a caller that goes away (gateway
+    /// deadline, closed connection) cannot cut a run in half; waits a while.
+    async fn spawn_and_wait(
+        &self,
+        proposal: Proposal,
+        effect: Option<WebhookEffect>,
+    ) -> Result<()> {
+        let inner = self.inner.clone();
+        let wait = inner.config.decide_wait;
+        let handle = tokio::spawn(async move {
+            let id = proposal.id.clone();
+            if let Err(err) = run_effect(&inner, &proposal, effect).await {
+                tracing::error!(proposal = %id, error = %err, code = %err.code(), "effect run failed to record");
+            }
+        });
+        match tokio::time::timeout(wait, handle).await {
+            // Elapsed: the run goes on; the proposal reads APPROVED until it ends.
+            Ok(Ok(())) | Err(_) => Ok(()),
+            Ok(Err(join)) => Err(ApprovalError::Internal(format!("effect task: {join}"))),
+        }
+    }
+}
+
+fn set_effect_summary(proposal: &mut Proposal, effect: &WebhookEffect) {
+    proposal.effect_method = effect.method.to_ascii_uppercase();
+    proposal.effect_url_template = effect.url_template.clone();
+    proposal.effect_host = effect.host.clone();
+}
+
+/// A re-check refusal as (code, model-safe detail), or `None` when the action may run.
+fn refusal_of(proposal: &Proposal, check: &CheckActionResponse) -> Option<(String, String)> {
+    if !check.refusal.is_empty() {
+        return Some((check.refusal.clone(), check.detail.clone()));
+    }
+    if proposal.policy_version != 0
+        && check.policy_version != 0
+        && proposal.policy_version != check.policy_version
+    {
+        return Some((
+            "policy_changed".to_owned(),
+            format!(
+                "the action's policy changed since the proposal (version {} -> {}): propose it again",
+                proposal.policy_version, check.policy_version
+            ),
+        ));
+    }
+    None
+}
+
+/// The effect run: prepare, attempts with backoff, outcome. Every step is recorded.
+async fn run_effect(
+    inner: &Inner,
+    proposal: &Proposal,
+    effect: Option<WebhookEffect>,
+) -> Result<()> {
+    let id = proposal.id.as_str();
+    let store = &inner.store;
+    let prepared = match effect
+        .as_ref()
+        .ok_or_else(|| "the ontology rendered no effect for this action".to_owned())
+        .and_then(|e| effect::prepare(e, &inner.config.secrets, &inner.config.protected_env))
+    {
+        Ok(prepared) => prepared,
+        Err(detail) => {
+            let outcome = Outcome {
+                state: ProposalState::EffectMisconfigured,
+                refusal: "",
+                detail: &detail,
+            };
+            store
+                .finish(
+                    id,
+                    &outcome,
+                    &Event::new("outcome", "", format!("effect_misconfigured: {detail}")),
+                )
+                .await?;
+            return Ok(());
+        }
+    };
+    let mut maybe_sent = false;
+    let mut number = 0u32;
+    loop {
+        number += 1;
+        if !store.begin_attempt(id, number).await? {
+            // Someone settled it (a restart's recovery): never send then.
+            return Ok(());
+        }
+        let attempt = effect::send_once(
+            &inner.http,
+            &prepared,
+            &inner.config.webhook_signing_secret,
+            &proposal.idempotency_key,
+            id,
+        )
+        .await;
+        if matches!(attempt, Attempt::NoResponse { .. }) {
+            maybe_sent = true;
+        }
+        let step = effect::next_step(&attempt, number, prepared.max_attempts, maybe_sent);
+        let mut event = Event::new("effect_attempt", "", attempt.describe(&prepared.host));
+        event.attempt = number;
+        if let Attempt::Status(status) = attempt {
+            event.http_status = status;
+        }
+        store.record(id, &event).await?;
+        match step {
+            Step::Retry => {
+                tokio::time::sleep(effect::backoff(inner.config.backoff_base, number)).await;
+            }
+            Step::Stop(result) => {
+                let last = attempt.describe(&prepared.host);
+                let (state, detail) = match result {
+                    Final::Executed => (ProposalState::Executed, format!("executed: {last}")),
+                    Final::Unknown => (
+                        ProposalState::Unknown,
+                        format!(
+                            "unknown: a request was sent and no response came back ({last}); it may or may not have been applied: do not retry"
+                        ),
+                    ),
+                    Final::EffectFailed => {
+                        let why = match attempt {
+                            Attempt::Status(s) if (300..400).contains(&s) => {
+                                format!("{last}; redirects are not followed")
+                            }
+                            _ => last,
+                        };
+                        (
+                            ProposalState::EffectFailed,
+                            format!(
+                                "effect_failed after {number} attempt(s): {why}; nothing was applied"
+                            ),
+                        )
+                    }
+                };
+                let outcome = Outcome {
+                    state,
+                    refusal: "",
+                    detail: &detail,
+                };
+                store
+                    .finish(id, &outcome, &Event::new("outcome", "", detail.clone()))
+                    .await?;
+                tracing::info!(
+                    proposal = id,
+                    outcome = state_name(state),
+                    attempts = number,
+                    "effect finished"
+                );
+                return Ok(());
+            }
+        }
+    }
+}

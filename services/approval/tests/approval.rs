@@ -1,0 +1,981 @@
+//! The approval service end to end over real gRPC, on real SQLite and real
+//! PostgreSQL, against a real local webhook receiver (axum) and a raw TCP
+//! peer that drops connections after reading the request.
+//!
+//! CheckAction is answered by `TestOntology`: a tonic server implementing the
+//! real `kg.v1.Ontology` contract from a small table, behind the real
+//! caller-context layer. It stands in for the ontology service (built
+//! separately); the mesh end-to-end tests run the real one.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use kg_approval::{ApprovalConfig, ApprovalService, SecretSource};
+use kg_common::caller::{
+    CONTEXT_TTL_MS, CallerContextLayer, ContextSigner, ContextVerifier, attach_caller, now_ms,
+    require_caller,
+};
+use kg_common::{ErrorCode, error::code_of};
+use kg_proto::v1::approval_client::ApprovalClient;
+use kg_proto::v1::{
+    CallerContext, CheckActionRequest, CheckActionResponse, DecideRequest, GetProposalRequest,
+    ListProposalsRequest, Proposal, ProposalState, SubmitProposalRequest, WebhookEffect,
+};
+use kg_stores::sql::SqlStore;
+use serde_json::json;
+use tokio::io::AsyncReadExt as _;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tonic::codegen::{BoxFuture, Context, Poll, Service, http};
+use tonic::transport::Channel;
+
+const SIGNING_SECRET: &[u8] = b"whsec_test_0123456789abcdef";
+const SECRET_NAME: &str = "SHOP_WEBHOOK_TOKEN";
+const SECRET_VALUE: &str = "Bearer tok_SUPERSECRET_42";
+
+// ---------------------------------------------------------------- receiver
+
+#[derive(Clone, Debug)]
+struct Hit {
+    kind: String,
+    tag: String,
+    headers: HashMap<String, String>,
+    body: String,
+}
+
+#[derive(Clone, Default)]
+struct Receiver {
+    hits: Arc<Mutex<Vec<Hit>>>,
+}
+
+impl Receiver {
+    fn hits(&self, tag: &str) -> Vec<Hit> {
+        self.hits
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|h| h.tag == tag)
+            .cloned()
+            .collect()
+    }
+    fn total(&self) -> usize {
+        self.hits.lock().unwrap().len()
+    }
+}
+
+async fn webhook(
+    State(receiver): State<Receiver>,
+    Path((kind, tag)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: String,
+) -> Response {
+    let headers = headers
+        .iter()
+        .map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or("").to_owned()))
+        .collect();
+    let seen = {
+        let mut hits = receiver.hits.lock().unwrap();
+        hits.push(Hit {
+            kind: kind.clone(),
+            tag: tag.clone(),
+            headers,
+            body,
+        });
+        hits.iter().filter(|h| h.tag == tag).count()
+    };
+    match kind.as_str() {
+        "ok" => StatusCode::OK.into_response(),
+        "reject" => StatusCode::UNPROCESSABLE_ENTITY.into_response(),
+        "flaky" if seen <= 2 => StatusCode::SERVICE_UNAVAILABLE.into_response(),
+        "flaky" => StatusCode::CREATED.into_response(),
+        "down" => StatusCode::BAD_GATEWAY.into_response(),
+        "redirect" => (
+            StatusCode::FOUND,
+            [("location", format!("/ok/{tag}-redirected"))],
+        )
+            .into_response(),
+        "hang" => {
+            tokio::time::sleep(Duration::from_secs(120)).await;
+            StatusCode::OK.into_response()
+        }
+        _ => StatusCode::NOT_FOUND.into_response(),
+    }
+}
+
+async fn start_receiver() -> (Receiver, String) {
+    let receiver = Receiver::default();
+    let app = axum::Router::new()
+        .route("/{kind}/{tag}", axum::routing::any(webhook))
+        .with_state(receiver.clone());
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    });
+    (receiver, addr.to_string())
+}
+
+/// A peer that reads the request and closes the connection without answering.
+async fn start_dropper() -> (Arc<Mutex<usize>>, String) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let count = Arc::new(Mutex::new(0usize));
+    let seen = count.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut socket, _)) = listener.accept().await else {
+                return;
+            };
+            let mut buf = [0u8; 4096];
+            if socket.read(&mut buf).await.unwrap_or(0) > 0 {
+                *seen.lock().unwrap() += 1;
+            }
+            drop(socket);
+        }
+    });
+    (count, addr.to_string())
+}
+
+// ---------------------------------------------------------------- ontology
+
+/// How the test ontology answers CheckAction for one (object, action).
+#[derive(Clone, Debug)]
+struct Rule {
+    refusal: String,
+    detail: String,
+    /// `<scheme>://<host>` the effect points at.
+    base: String,
+    host: String,
+    /// First path segment at the receiver (ok, reject, flaky, ...).
+    kind: String,
+    approval_required: Option<bool>,
+    policy_version: i64,
+    max_attempts: u32,
+    timeout_ms: u32,
+    secret: Option<&'static str>,
+    unavailable: bool,
+}
+
+#[derive(Clone, Default)]
+struct TestOntology {
+    rules: Arc<Mutex<HashMap<(String, String), Rule>>>,
+    /// (object, action, principal of the forwarded context)
+    calls: Arc<Mutex<Vec<(String, String, String)>>>,
+}
+
+impl TestOntology {
+    fn set(&self, object: &str, action: &str, rule: Rule) {
+        self.rules
+            .lock()
+            .unwrap()
+            .insert((object.to_owned(), action.to_owned()), rule);
+    }
+    fn update(&self, object: &str, action: &str, f: impl FnOnce(&mut Rule)) {
+        let mut rules = self.rules.lock().unwrap();
+        f(rules
+            .get_mut(&(object.to_owned(), action.to_owned()))
+            .unwrap());
+    }
+    fn calls(&self, object: &str) -> Vec<String> {
+        self.calls
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|c| c.0 == object)
+            .map(|c| c.2.clone())
+            .collect()
+    }
+}
+
+impl TestOntology {
+    async fn check_action(
+        &self,
+        request: tonic::Request<CheckActionRequest>,
+    ) -> Result<tonic::Response<CheckActionResponse>, tonic::Status> {
+        let caller = require_caller(&request)?;
+        let req = request.into_inner();
+        self.calls.lock().unwrap().push((
+            req.object.clone(),
+            req.action.clone(),
+            caller.principal_id.clone(),
+        ));
+        let rule = self
+            .rules
+            .lock()
+            .unwrap()
+            .get(&(req.object.clone(), req.action.clone()))
+            .cloned()
+            .ok_or_else(|| tonic::Status::not_found("unknown action"))?;
+        if rule.unavailable {
+            return Err(tonic::Status::unavailable("warehouse down"));
+        }
+        let args: serde_json::Value = serde_json::from_str(&req.arguments_json).unwrap();
+        let tag = args["tag"].as_str().unwrap().to_owned();
+        let body = json!({"order_id": args["order_id"], "reason": args["reason"]}).to_string();
+        let effect = WebhookEffect {
+            method: "POST".into(),
+            // The token in the query is the secret part of the URL.
+            url: format!("{}/{}/{tag}?token=PATHSECRET", rule.base, rule.kind),
+            url_template: format!("{}/{}/{{tag}}?token=...", rule.base, rule.kind),
+            host: rule.host.clone(),
+            body,
+            headers: HashMap::from([("X-Shop".to_owned(), "orders".to_owned())]),
+            secret_headers: rule
+                .secret
+                .map(|s| HashMap::from([("Authorization".to_owned(), s.to_owned())]))
+                .unwrap_or_default(),
+            timeout_ms: rule.timeout_ms,
+            max_attempts: rule.max_attempts,
+        };
+        Ok(tonic::Response::new(CheckActionResponse {
+            refusal: rule.refusal.clone(),
+            detail: rule.detail.clone(),
+            effect: Some(effect),
+            policy_version: rule.policy_version,
+            approval_required: rule.approval_required,
+        }))
+    }
+}
+
+/// `kg.v1.Ontology` serving CheckAction only (the other RPCs answer
+/// UNIMPLEMENTED), routed and decoded the way tonic's generated server does,
+/// so this test does not depend on the rest of the ontology contract.
+#[derive(Clone)]
+struct CheckActionServer(TestOntology);
+
+impl tonic::server::NamedService for CheckActionServer {
+    const NAME: &'static str = "kg.v1.Ontology";
+}
+
+struct CheckActionUnary(TestOntology);
+
+impl tonic::server::UnaryService<CheckActionRequest> for CheckActionUnary {
+    type Response = CheckActionResponse;
+    type Future = BoxFuture<tonic::Response<CheckActionResponse>, tonic::Status>;
+    fn call(&mut self, request: tonic::Request<CheckActionRequest>) -> Self::Future {
+        let inner = self.0.clone();
+        Box::pin(async move { inner.check_action(request).await })
+    }
+}
+
+impl Service<http::Request<tonic::body::Body>> for CheckActionServer {
+    type Response = http::Response<tonic::body::Body>;
+    type Error = std::convert::Infallible;
+    type Future = BoxFuture<Self::Response, Self::Error>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
+        let inner = self.0.clone();
+        Box::pin(async move {
+            if request.uri().path() != "/kg.v1.Ontology/CheckAction" {
+                return Ok(tonic::Status::unimplemented(
+                    "the test ontology answers CheckAction only",
+                )
+                .into_http());
+            }
+            let mut grpc = tonic::server::Grpc::new(tonic_prost::ProstCodec::default());
+            Ok(grpc.unary(CheckActionUnary(inner), request).await)
+        })
+    }
+}
+
+// ---------------------------------------------------------------- harness
+
+struct Harness {
+    signer: Arc<ContextSigner>,
+    client: ApprovalClient<Channel>,
+    ontology: TestOntology,
+    receiver: Receiver,
+    receiver_addr: String,
+    dropper: (Arc<Mutex<usize>>, String),
+    _shutdown: tokio_util::sync::DropGuard,
+}
+
+fn context(principal: &str, admin: bool) -> CallerContext {
+    let now = now_ms();
+    CallerContext {
+        principal_id: principal.to_owned(),
+        on_behalf_of: if admin {
+            String::new()
+        } else {
+            "user-ada".to_owned()
+        },
+        is_admin: admin,
+        issued_at_ms: now,
+        expires_at_ms: now + CONTEXT_TTL_MS,
+        ..Default::default()
+    }
+}
+
+impl Harness {
+    async fn start(sql: SqlStore) -> Harness {
+        let signer = Arc::new(ContextSigner::generate());
+        let verifier = ContextVerifier::new(vec![signer.public_key()]);
+        let shutdown = CancellationToken::new();
+        let (receiver, receiver_addr) = start_receiver().await;
+        let dropper = start_dropper().await;
+
+        let ontology = TestOntology::default();
+        let onto_listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let onto_addr = format!("http://{}", onto_listener.local_addr().unwrap());
+        {
+            let routes = tonic::service::Routes::new(CheckActionServer(ontology.clone()));
+            let layer = CallerContextLayer::new(verifier.clone(), &[]);
+            let token = shutdown.clone();
+            tokio::spawn(async move {
+                kg_common::grpc::serve(onto_listener, layer, routes, &["kg.v1.Ontology"], token)
+                    .await
+                    .unwrap();
+            });
+        }
+
+        let mut config = ApprovalConfig::new(SIGNING_SECRET.to_vec(), Some(onto_addr));
+        config.secrets = SecretSource::Fixed(Arc::new(HashMap::from([(
+            SECRET_NAME.to_owned(),
+            SECRET_VALUE.to_owned(),
+        )])));
+        config.decide_wait = Duration::from_secs(30);
+        config.backoff_base = Duration::from_millis(20);
+        let service = ApprovalService::new(sql, config).await.unwrap();
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = format!("http://{}", listener.local_addr().unwrap());
+        {
+            let token = shutdown.clone();
+            tokio::spawn(async move {
+                kg_approval::serve(service, verifier, listener, token)
+                    .await
+                    .unwrap();
+            });
+        }
+        let client = ApprovalClient::new(kg_common::grpc::channel(&addr).unwrap());
+        Harness {
+            signer,
+            client,
+            ontology,
+            receiver,
+            receiver_addr,
+            dropper,
+            _shutdown: shutdown.drop_guard(),
+        }
+    }
+
+    fn request<T>(&self, message: T, principal: &str, admin: bool) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        attach_caller(&mut request, &self.signer.sign(&context(principal, admin)));
+        request
+    }
+
+    fn rule(&self, kind: &str) -> Rule {
+        Rule {
+            refusal: String::new(),
+            detail: String::new(),
+            base: format!("http://{}", self.receiver_addr),
+            host: self.receiver_addr.clone(),
+            kind: kind.to_owned(),
+            approval_required: Some(true),
+            policy_version: 7,
+            max_attempts: 3,
+            timeout_ms: 2_000,
+            secret: Some(SECRET_NAME),
+            unavailable: false,
+        }
+    }
+
+    async fn submit(
+        &self,
+        object: &str,
+        tag: &str,
+        execute_now: bool,
+    ) -> Result<Proposal, tonic::Status> {
+        let arguments = json!({"tag": tag, "order_id": 42, "reason": "customer asked"});
+        self.client
+            .clone()
+            .submit(self.request(
+                SubmitProposalRequest {
+                    object: object.to_owned(),
+                    action: "cancel".to_owned(),
+                    arguments_json: arguments.to_string(),
+                    role: "support".to_owned(),
+                    policy_version: 7,
+                    agent: "claude-desktop\u{1b}[31m".to_owned(),
+                    execute_now,
+                    effect: Some(WebhookEffect {
+                        method: "POST".into(),
+                        url: format!("http://{}/ok/{tag}?token=PATHSECRET", self.receiver_addr),
+                        url_template: format!("http://{}/ok/{{tag}}?token=...", self.receiver_addr),
+                        host: self.receiver_addr.clone(),
+                        ..Default::default()
+                    }),
+                },
+                "agent-1",
+                false,
+            ))
+            .await
+            .map(|r| r.into_inner())
+    }
+
+    async fn decide(&self, id: &str, approve: bool) -> Result<Proposal, tonic::Status> {
+        self.client
+            .clone()
+            .decide(self.request(
+                DecideRequest {
+                    id: id.to_owned(),
+                    approve,
+                    reason: "checked with the customer".to_owned(),
+                },
+                "admin-1",
+                true,
+            ))
+            .await
+            .map(|r| r.into_inner())
+    }
+
+    async fn get(&self, id: &str) -> Proposal {
+        self.client
+            .clone()
+            .get_proposal(self.request(GetProposalRequest { id: id.to_owned() }, "admin-1", true))
+            .await
+            .unwrap()
+            .into_inner()
+    }
+
+    /// Submits a pending proposal for `object` and approves it.
+    async fn propose_and_approve(&self, object: &str, tag: &str) -> Proposal {
+        let p = self.submit(object, tag, false).await.unwrap();
+        assert_eq!(p.state(), ProposalState::Pending);
+        self.decide(&p.id, true).await.unwrap()
+    }
+}
+
+fn kinds(p: &Proposal) -> Vec<&str> {
+    p.events.iter().map(|e| e.kind.as_str()).collect()
+}
+
+/// Nothing returned to a caller carries the resolved URL's secret or a secret header value.
+fn assert_no_secrets(p: &Proposal) {
+    let text = format!("{p:?}");
+    assert!(!text.contains("PATHSECRET"), "{text}");
+    assert!(!text.contains("SUPERSECRET"), "{text}");
+}
+
+// ---------------------------------------------------------------- scenarios
+
+async fn suite(sql: SqlStore) {
+    let h = Harness::start(sql).await;
+
+    // Pending proposal: proposer from the context, hash of the canonical args,
+    // template and host only, nothing sent, ontology not asked.
+    h.ontology.set("order", "cancel", h.rule("ok"));
+    let p = h.submit("order", "pending1", false).await.unwrap();
+    assert_eq!(p.state(), ProposalState::Pending);
+    assert_eq!(p.proposer, "agent-1");
+    assert_eq!(p.on_behalf_of, "user-ada");
+    assert_eq!(p.agent, "claude-desktop", "control sequences are stripped");
+    assert_eq!(p.role, "support");
+    assert_eq!(p.policy_version, 7);
+    let canonical = kg_approval::canonical_json(&serde_json::from_str(&p.arguments_json).unwrap());
+    assert_eq!(
+        p.arguments_sha256,
+        kg_approval::sha256_hex(canonical.as_bytes())
+    );
+    assert_eq!(p.effect_host, h.receiver_addr);
+    assert!(p.effect_url_template.contains("{tag}"));
+    assert_eq!(
+        p.idempotency_key,
+        kg_approval::idempotency_key(&p.id, &p.arguments_sha256)
+    );
+    assert_no_secrets(&p);
+    assert_eq!(h.receiver.total(), 0);
+    assert!(h.ontology.calls("order").is_empty());
+    let stored = h.get(&p.id).await;
+    assert_eq!(kinds(&stored), ["submitted"]);
+    assert_no_secrets(&stored);
+
+    // The agent (no admin) can neither decide nor read proposals.
+    for status in [
+        h.client
+            .clone()
+            .decide(h.request(
+                DecideRequest {
+                    id: p.id.clone(),
+                    approve: true,
+                    reason: String::new(),
+                },
+                "agent-1",
+                false,
+            ))
+            .await
+            .unwrap_err(),
+        h.client
+            .clone()
+            .list_proposals(h.request(ListProposalsRequest::default(), "agent-1", false))
+            .await
+            .unwrap_err(),
+        h.client
+            .clone()
+            .get_proposal(h.request(GetProposalRequest { id: p.id.clone() }, "agent-1", false))
+            .await
+            .unwrap_err(),
+    ] {
+        assert_eq!(code_of(&status), ErrorCode::PermissionDenied, "{status:?}");
+    }
+    // And without a context nothing answers at all.
+    let status = h
+        .client
+        .clone()
+        .submit(SubmitProposalRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(code_of(&status), ErrorCode::Unauthenticated);
+
+    // Approve -> 2xx: executed once, key, signature, secret header.
+    let done = h.decide(&p.id, true).await.unwrap();
+    assert_eq!(done.state(), ProposalState::Executed, "{done:?}");
+    assert_eq!(done.attempts, 1);
+    assert_eq!(done.decided_by, "admin-1");
+    assert_eq!(done.decision_reason, "checked with the customer");
+    assert_no_secrets(&done);
+    let hits = h.receiver.hits("pending1");
+    assert_eq!(hits.len(), 1);
+    let hit = &hits[0];
+    assert_eq!(hit.kind, "ok");
+    assert_eq!(hit.headers["idempotency-key"], p.idempotency_key);
+    assert_eq!(hit.headers["authorization"], SECRET_VALUE);
+    assert_eq!(hit.headers["x-shop"], "orders");
+    assert_eq!(hit.headers["x-kgmesh-proposal"], p.id);
+    kg_approval::verify(
+        SIGNING_SECRET,
+        &hit.headers["x-kgmesh-signature"],
+        hit.body.as_bytes(),
+        now_ms() / 1000,
+        300,
+    )
+    .unwrap();
+    assert!(
+        kg_approval::verify(
+            b"wrong-secret-000000",
+            &hit.headers["x-kgmesh-signature"],
+            hit.body.as_bytes(),
+            now_ms() / 1000,
+            300
+        )
+        .is_err()
+    );
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&hit.body).unwrap()["order_id"],
+        42
+    );
+    // The re-check ran with the approver's forwarded context.
+    assert_eq!(h.ontology.calls("order"), ["admin-1"]);
+    let full = h.get(&p.id).await;
+    assert_eq!(
+        kinds(&full),
+        [
+            "submitted",
+            "approved",
+            "rechecked",
+            "effect_attempt",
+            "outcome"
+        ]
+    );
+    assert_eq!(full.events[3].http_status, 200);
+    assert_eq!(full.events[1].actor, "admin-1");
+    assert_no_secrets(&full);
+    // A second decision is refused and sends nothing.
+    let again = h.decide(&p.id, true).await.unwrap_err();
+    assert_eq!(code_of(&again), ErrorCode::FailedPrecondition);
+    assert!(h.decide(&p.id, false).await.is_err());
+    assert_eq!(h.receiver.hits("pending1").len(), 1);
+
+    // 4xx: effect_failed, no retry.
+    h.ontology.set("o4xx", "cancel", h.rule("reject"));
+    let r = h.propose_and_approve("o4xx", "t4xx").await;
+    assert_eq!(r.state(), ProposalState::EffectFailed, "{r:?}");
+    assert_eq!(r.attempts, 1);
+    assert!(
+        r.outcome_detail.contains("422") && r.outcome_detail.contains("nothing was applied"),
+        "{}",
+        r.outcome_detail
+    );
+    assert_eq!(h.receiver.hits("t4xx").len(), 1);
+
+    // Stored without an effect summary (the ontology sends none for pending
+    // proposals): the re-check fills in method, template and host, never the URL.
+    h.ontology.set("onoeffect", "cancel", h.rule("ok"));
+    let bare = h
+        .client
+        .clone()
+        .submit(h.request(
+            SubmitProposalRequest {
+                object: "onoeffect".into(),
+                action: "cancel".into(),
+                arguments_json: json!({"tag": "tnoeffect", "order_id": 7}).to_string(),
+                role: "support".into(),
+                ..Default::default()
+            },
+            "agent-1",
+            false,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(bare.effect_host.is_empty());
+    let r = h.decide(&bare.id, true).await.unwrap();
+    assert_eq!(r.state(), ProposalState::Executed, "{r:?}");
+    assert_eq!(r.effect_host, h.receiver_addr);
+    assert_eq!(r.effect_method, "POST");
+    assert!(r.effect_url_template.contains("{tag}"));
+    assert_no_secrets(&r);
+
+    // 5xx twice then 2xx: executed on attempt 3, same key every time, each signed.
+    h.ontology.set("oflaky", "cancel", h.rule("flaky"));
+    let r = h.propose_and_approve("oflaky", "tflaky").await;
+    assert_eq!(r.state(), ProposalState::Executed, "{r:?}");
+    assert_eq!(r.attempts, 3);
+    let hits = h.receiver.hits("tflaky");
+    assert_eq!(hits.len(), 3);
+    for hit in &hits {
+        assert_eq!(hit.headers["idempotency-key"], r.idempotency_key);
+        kg_approval::verify(
+            SIGNING_SECRET,
+            &hit.headers["x-kgmesh-signature"],
+            hit.body.as_bytes(),
+            now_ms() / 1000,
+            300,
+        )
+        .unwrap();
+    }
+    let full = h.get(&r.id).await;
+    let statuses: Vec<u32> = full
+        .events
+        .iter()
+        .filter(|e| e.kind == "effect_attempt")
+        .map(|e| e.http_status)
+        .collect();
+    assert_eq!(statuses, [503, 503, 201]);
+
+    // Always 5xx: effect_failed after max_attempts.
+    h.ontology.set("odown", "cancel", h.rule("down"));
+    let r = h.propose_and_approve("odown", "tdown").await;
+    assert_eq!(r.state(), ProposalState::EffectFailed, "{r:?}");
+    assert_eq!(r.attempts, 3);
+    assert_eq!(h.receiver.hits("tdown").len(), 3);
+
+    // A redirect is not followed.
+    h.ontology.set("oredir", "cancel", h.rule("redirect"));
+    let r = h.propose_and_approve("oredir", "tredir").await;
+    assert_eq!(r.state(), ProposalState::EffectFailed, "{r:?}");
+    assert_eq!(r.attempts, 1);
+    assert!(
+        r.outcome_detail.contains("redirects are not followed"),
+        "{}",
+        r.outcome_detail
+    );
+    assert!(h.receiver.hits("tredir-redirected").is_empty());
+
+    // Never answers: unknown after the last timeout, "do not retry".
+    let mut hang = h.rule("hang");
+    hang.timeout_ms = 300;
+    hang.max_attempts = 2;
+    h.ontology.set("ohang", "cancel", hang);
+    let r = h.propose_and_approve("ohang", "thang").await;
+    assert_eq!(r.state(), ProposalState::Unknown, "{r:?}");
+    assert_eq!(r.attempts, 2);
+    assert!(
+        r.outcome_detail.contains("do not retry"),
+        "{}",
+        r.outcome_detail
+    );
+    let hits = h.receiver.hits("thang");
+    assert_eq!(hits.len(), 2);
+    assert_eq!(
+        hits[0].headers["idempotency-key"],
+        hits[1].headers["idempotency-key"]
+    );
+
+    // Connection closed after the request was sent: unknown.
+    let mut dropped = h.rule("x");
+    dropped.base = format!("http://{}", h.dropper.1);
+    dropped.host = h.dropper.1.clone();
+    dropped.max_attempts = 2;
+    h.ontology.set("odrop", "cancel", dropped);
+    let r = h.propose_and_approve("odrop", "tdrop").await;
+    assert_eq!(r.state(), ProposalState::Unknown, "{r:?}");
+    assert_eq!(r.attempts, 2);
+    assert_eq!(*h.dropper.0.lock().unwrap(), 2);
+
+    // Nothing listening: nothing was sent, so effect_failed (not unknown).
+    let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let closed_addr = closed.local_addr().unwrap().to_string();
+    drop(closed);
+    let mut refused = h.rule("ok");
+    refused.base = format!("http://{closed_addr}");
+    refused.host = closed_addr;
+    refused.max_attempts = 2;
+    h.ontology.set("orefused", "cancel", refused);
+    let r = h.propose_and_approve("orefused", "trefused").await;
+    assert_eq!(r.state(), ProposalState::EffectFailed, "{r:?}");
+    assert!(
+        r.outcome_detail.contains("nothing was sent"),
+        "{}",
+        r.outcome_detail
+    );
+
+    // A missing secret: effect_misconfigured, nothing sent.
+    let mut missing = h.rule("ok");
+    missing.secret = Some("NOT_CONFIGURED_SECRET");
+    h.ontology.set("osecret", "cancel", missing);
+    let r = h.propose_and_approve("osecret", "tsecret").await;
+    assert_eq!(r.state(), ProposalState::EffectMisconfigured, "{r:?}");
+    assert_eq!(r.attempts, 0);
+    assert!(r.outcome_detail.contains("NOT_CONFIGURED_SECRET"));
+    assert!(h.receiver.hits("tsecret").is_empty());
+
+    // A rendered URL pointing at another host than the declared one: misconfigured.
+    let mut other_host = h.rule("ok");
+    other_host.host = "hooks.example.com".into();
+    h.ontology.set("ohost", "cancel", other_host);
+    let r = h.propose_and_approve("ohost", "thost").await;
+    assert_eq!(r.state(), ProposalState::EffectMisconfigured, "{r:?}");
+    assert!(h.receiver.hits("thost").is_empty());
+    assert_no_secrets(&r);
+
+    // Reject: nothing runs, and it cannot be approved afterwards.
+    h.ontology.set("oreject", "cancel", h.rule("ok"));
+    let p = h.submit("oreject", "treject", false).await.unwrap();
+    let r = h.decide(&p.id, false).await.unwrap();
+    assert_eq!(r.state(), ProposalState::Rejected);
+    assert!(r.finished_at_ms.is_some());
+    let err = h.decide(&p.id, true).await.unwrap_err();
+    assert_eq!(code_of(&err), ErrorCode::FailedPrecondition);
+    assert!(h.receiver.hits("treject").is_empty());
+    assert!(h.ontology.calls("oreject").is_empty());
+    assert_eq!(kinds(&h.get(&p.id).await), ["submitted", "rejected"]);
+
+    // The precondition held at proposal time and fails at approval time.
+    h.ontology.set("oship", "cancel", h.rule("ok"));
+    let p = h.submit("oship", "tship", false).await.unwrap();
+    h.ontology.update("oship", "cancel", |rule| {
+        rule.refusal = "precondition_failed".into();
+        rule.detail = "order 42 is `shipped`; cancel requires state `open`".into();
+    });
+    let r = h.decide(&p.id, true).await.unwrap();
+    assert_eq!(r.state(), ProposalState::PreconditionFailed, "{r:?}");
+    assert_eq!(r.refusal, "precondition_failed");
+    assert!(r.outcome_detail.contains("shipped"));
+    assert!(h.receiver.hits("tship").is_empty());
+    assert_eq!(
+        kinds(&h.get(&p.id).await),
+        ["submitted", "approved", "rechecked"]
+    );
+
+    // The policy changed between proposal and approval.
+    let mut changed = h.rule("ok");
+    changed.policy_version = 8;
+    h.ontology.set("opolicy", "cancel", changed);
+    let r = h.propose_and_approve("opolicy", "tpolicy").await;
+    assert_eq!(r.state(), ProposalState::PreconditionFailed);
+    assert_eq!(r.refusal, "policy_changed");
+    assert!(h.receiver.hits("tpolicy").is_empty());
+
+    // The ontology is down: nothing runs and the proposal goes back to pending.
+    let mut down = h.rule("ok");
+    down.unavailable = true;
+    h.ontology.set("oonto", "cancel", down);
+    let p = h.submit("oonto", "tonto", false).await.unwrap();
+    let err = h.decide(&p.id, true).await.unwrap_err();
+    assert_eq!(code_of(&err), ErrorCode::Unavailable);
+    let back = h.get(&p.id).await;
+    assert_eq!(back.state(), ProposalState::Pending);
+    assert!(back.decided_at_ms.is_none());
+    assert_eq!(
+        kinds(&back),
+        ["submitted", "approved", "recheck_unavailable"]
+    );
+    h.ontology
+        .update("oonto", "cancel", |rule| rule.unavailable = false);
+    assert_eq!(
+        h.decide(&p.id, true).await.unwrap().state(),
+        ProposalState::Executed
+    );
+    assert_eq!(h.receiver.hits("tonto").len(), 1);
+
+    // Two concurrent approvals: exactly one wins, the effect runs once.
+    for round in 0..5 {
+        let tag = format!("tconc{round}");
+        h.ontology.set("oconc", "cancel", h.rule("ok"));
+        let p = h.submit("oconc", &tag, false).await.unwrap();
+        let (a, b) = tokio::join!(h.decide(&p.id, true), h.decide(&p.id, true));
+        let wins = [&a, &b].iter().filter(|r| r.is_ok()).count();
+        assert_eq!(wins, 1, "{a:?} {b:?}");
+        let loser = match (a, b) {
+            (Ok(_), Err(loser)) | (Err(loser), Ok(_)) => loser,
+            other => panic!("expected one winner: {other:?}"),
+        };
+        assert_eq!(code_of(&loser), ErrorCode::FailedPrecondition);
+        assert_eq!(h.receiver.hits(&tag).len(), 1);
+        assert_eq!(h.get(&p.id).await.state(), ProposalState::Executed);
+    }
+
+    // execute_now for an action that declares no approval: runs at once.
+    let mut auto = h.rule("ok");
+    auto.approval_required = Some(false);
+    h.ontology.set("oauto", "cancel", auto);
+    let r = h.submit("oauto", "tauto", true).await.unwrap();
+    assert_eq!(r.state(), ProposalState::Executed, "{r:?}");
+    assert!(r.execute_now);
+    assert_eq!(r.proposer, "agent-1");
+    assert_eq!(h.receiver.hits("tauto").len(), 1);
+    assert_eq!(
+        kinds(&h.get(&r.id).await),
+        [
+            "submitted",
+            "auto_approved",
+            "rechecked",
+            "effect_attempt",
+            "outcome"
+        ]
+    );
+
+    // execute_now whose live check refuses: stored as precondition_failed, nothing sent.
+    h.ontology.update("oauto", "cancel", |rule| {
+        rule.refusal = "not_found".into();
+        rule.detail = "no order with order_id 42".into();
+    });
+    let r = h.submit("oauto", "tauto2", true).await.unwrap();
+    assert_eq!(r.state(), ProposalState::PreconditionFailed);
+    assert_eq!(r.refusal, "not_found");
+    assert!(h.receiver.hits("tauto2").is_empty());
+
+    // Listing: newest first, filter by state, limit.
+    let list = h
+        .client
+        .clone()
+        .list_proposals(h.request(
+            ListProposalsRequest {
+                state: Some(ProposalState::Executed as i32),
+                limit: 3,
+            },
+            "admin-1",
+            true,
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .proposals;
+    assert_eq!(list.len(), 3);
+    assert!(list.iter().all(|p| p.state() == ProposalState::Executed));
+    assert!(
+        list.windows(2)
+            .all(|w| w[0].created_at_ms >= w[1].created_at_ms)
+    );
+    assert!(list.iter().all(|p| p.events.is_empty()));
+    for p in &list {
+        assert_no_secrets(p);
+    }
+
+    no_mcp_sequence_runs_a_governed_effect(&h).await;
+}
+
+/// What MCP can reach is Submit with the agent's (non-admin) context. No
+/// sequence of such calls makes the effect of an action that needs approval
+/// run: execute_now=false never sends, execute_now=true is refused unless the
+/// ontology says the action needs no approval (an unset answer counts as
+/// "needs approval"), and List/Get/Decide are refused to non-admins.
+async fn no_mcp_sequence_runs_a_governed_effect(h: &Harness) {
+    for (object, approval_required) in [("ogov", Some(true)), ("ogovunset", None)] {
+        let mut rule = h.rule("ok");
+        rule.approval_required = approval_required;
+        h.ontology.set(object, "cancel", rule);
+        let mut ids = Vec::new();
+        for round in 0..4 {
+            let tag = format!("{object}-{round}");
+            // Pending proposals: stored, never sent.
+            let p = h.submit(object, &tag, false).await.unwrap();
+            assert_eq!(p.state(), ProposalState::Pending);
+            ids.push(p.id.clone());
+            // execute_now: refused, nothing stored as approved, nothing sent.
+            let err = h.submit(object, &tag, true).await.unwrap_err();
+            assert_eq!(code_of(&err), ErrorCode::PermissionDenied, "{err:?}");
+            assert!(err.message().contains("needs a human approval"));
+            // The agent trying to decide any proposal it knows of.
+            for id in &ids {
+                for approve in [true, false] {
+                    let err = h
+                        .client
+                        .clone()
+                        .decide(h.request(
+                            DecideRequest {
+                                id: id.clone(),
+                                approve,
+                                reason: "approved: true".into(),
+                            },
+                            "agent-1",
+                            false,
+                        ))
+                        .await
+                        .unwrap_err();
+                    assert_eq!(code_of(&err), ErrorCode::PermissionDenied);
+                }
+            }
+            // Arguments that try to smuggle an approval flag change nothing.
+            let smuggled = h
+                .client
+                .clone()
+                .submit(h.request(
+                    SubmitProposalRequest {
+                        object: object.to_owned(),
+                        action: "cancel".into(),
+                        arguments_json:
+                            json!({"tag": tag, "order_id": 42, "approved": true}).to_string(),
+                        role: "admin".into(),
+                        execute_now: false,
+                        ..Default::default()
+                    },
+                    "agent-1",
+                    false,
+                ))
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(smuggled.state(), ProposalState::Pending);
+            ids.push(smuggled.id);
+            assert!(h.receiver.hits(&tag).is_empty(), "an effect ran for {tag}");
+        }
+        for id in &ids {
+            assert_eq!(h.get(id).await.state(), ProposalState::Pending);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approval_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let sql = SqlStore::connect(&format!(
+        "sqlite://{}",
+        dir.path().join("approval.db").display()
+    ))
+    .await
+    .unwrap();
+    suite(sql).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approval_on_postgres() {
+    let venv = kg_stores::embedded::find_venv().expect("run deploy/scripts/dev-deps.sh first");
+    let dir = tempfile::tempdir().unwrap();
+    let pg = kg_stores::embedded::EmbeddedPostgres::start(&venv, &dir.path().join("pg"))
+        .await
+        .unwrap();
+    let sql = SqlStore::connect(&pg.url).await.unwrap();
+    suite(sql).await;
+    drop(pg);
+}

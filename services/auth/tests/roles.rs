@@ -1,0 +1,78 @@
+//! Roles for generated ontology tools come from `role:<name>` groups; an agent
+//! holds only the roles both it and its user have; admins also hold `admin`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use kg_auth::AuthService;
+use kg_common::caller::ContextSigner;
+use kg_proto::v1::PrincipalKind;
+
+#[tokio::test]
+async fn roles_come_from_role_groups() {
+    let dir = tempfile::tempdir().unwrap();
+    let sql = kg_stores::sql::SqlStore::connect(&format!(
+        "sqlite://{}",
+        dir.path().join("a.db").display()
+    ))
+    .await
+    .unwrap();
+    let auth = AuthService::new(sql, ContextSigner::generate(), vec![7; 32], "dep".into())
+        .await
+        .unwrap();
+    let admin_token = auth.bootstrap_admin().await.unwrap().unwrap();
+    let admin = auth
+        .authorize(&admin_token, "t", &[], "r")
+        .await
+        .unwrap()
+        .decoded
+        .unwrap();
+    assert_eq!(admin.roles, ["admin"]);
+
+    let user = auth
+        .create_principal(&admin, "sam", PrincipalKind::User, "", false)
+        .await
+        .unwrap();
+    let agent = auth
+        .create_principal(&admin, "bot", PrincipalKind::Agent, &user.id, false)
+        .await
+        .unwrap();
+    let (user_token, _) = auth.create_pat(&admin, &user.id, "u", None).await.unwrap();
+    let (agent_token, _) = auth.create_pat(&admin, &agent.id, "a", None).await.unwrap();
+    let roles = |token: String| {
+        let auth = auth.clone();
+        async move {
+            auth.authorize(&token, "t", &[], "r")
+                .await
+                .unwrap()
+                .decoded
+                .unwrap()
+                .roles
+        }
+    };
+    assert!(roles(user_token.clone()).await.is_empty());
+
+    let support = auth.create_group(&admin, "role:support").await.unwrap();
+    let billing = auth.create_group(&admin, "role:billing").await.unwrap();
+    let plain = auth.create_group(&admin, "support-team").await.unwrap();
+    auth.add_group_member(&admin, &support.id, &user.id)
+        .await
+        .unwrap();
+    auth.add_group_member(&admin, &plain.id, &user.id)
+        .await
+        .unwrap();
+    auth.add_group_member(&admin, &billing.id, &agent.id)
+        .await
+        .unwrap();
+    auth.add_group_member(&admin, &support.id, &agent.id)
+        .await
+        .unwrap();
+    assert_eq!(roles(user_token.clone()).await, ["support"]);
+    // The agent holds support and billing, its user only support.
+    assert_eq!(roles(agent_token.clone()).await, ["support"]);
+
+    // Revocation takes effect on the next call.
+    auth.remove_group_member(&admin, &support.id, &user.id)
+        .await
+        .unwrap();
+    assert!(roles(user_token).await.is_empty());
+    assert!(roles(agent_token).await.is_empty());
+}

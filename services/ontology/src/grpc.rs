@@ -1,0 +1,199 @@
+//! `impl kg_proto::v1::ontology_server::Ontology` for [`OntologyService`]: a
+//! few lines per RPC; the logic is in the service.
+
+use std::pin::Pin;
+
+use futures::Stream;
+use kg_common::caller::{CALLER_METADATA_KEY, access_for, require_admin, require_caller};
+use kg_proto::v1::ontology_server::Ontology;
+use kg_proto::v1::{
+    CallGeneratedToolRequest, CallGeneratedToolResponse, CheckActionRequest, CheckActionResponse,
+    CompiledVersion, GetPublishedTboxRequest, GetTboxDraftRequest, ListGeneratedToolsRequest,
+    ListGeneratedToolsResponse, PublishTboxRequest, PutTboxDraftRequest, ReloadProjectRequest,
+    ReloadProjectResponse, ReviewTboxDraftRequest, SignedCallerContext, Tbox, TboxDraft,
+    WatchCompiledRequest,
+};
+use prost::Message as _;
+use tonic::{Request, Response, Status};
+
+use crate::error::OntologyError;
+use crate::service::{OntologyService, tool_proto};
+use crate::tbox::TboxStore;
+
+fn signed_of<T>(request: &Request<T>) -> Option<SignedCallerContext> {
+    let value = request.metadata().get_bin(CALLER_METADATA_KEY)?;
+    let bytes = value.to_bytes().ok()?;
+    SignedCallerContext::decode(bytes.as_ref()).ok()
+}
+
+fn tbox_store(service: &OntologyService) -> Result<&TboxStore, Status> {
+    service.tbox().ok_or_else(|| {
+        OntologyError::Conflict("this ontology service keeps no TBoxes (no SQL store)".into())
+            .into()
+    })
+}
+
+#[tonic::async_trait]
+impl Ontology for OntologyService {
+    async fn get_published_tbox(
+        &self,
+        request: Request<GetPublishedTboxRequest>,
+    ) -> Result<Response<Tbox>, Status> {
+        let caller = require_caller(&request)?;
+        let ns = request.into_inner().namespace;
+        access_for(&caller, &ns).map_err(|e| kg_common::error::to_status(&e))?;
+        Ok(Response::new(tbox_store(self)?.published(&ns).await?))
+    }
+
+    async fn list_generated_tools(
+        &self,
+        request: Request<ListGeneratedToolsRequest>,
+    ) -> Result<Response<ListGeneratedToolsResponse>, Status> {
+        require_caller(&request)?;
+        let r = request.into_inner();
+        let (tools, compiled_version) = self.tools_for(&r.role, &r.roles);
+        Ok(Response::new(ListGeneratedToolsResponse {
+            tools,
+            compiled_version,
+        }))
+    }
+
+    async fn call_generated_tool(
+        &self,
+        request: Request<CallGeneratedToolRequest>,
+    ) -> Result<Response<CallGeneratedToolResponse>, Status> {
+        require_caller(&request)?;
+        let signed = signed_of(&request);
+        let r = request.into_inner();
+        let result = self
+            .call_tool(
+                &r.name,
+                &r.arguments_json,
+                &r.role,
+                &r.roles,
+                &r.agent,
+                signed,
+            )
+            .await;
+        Ok(Response::new(CallGeneratedToolResponse {
+            result_json: result.to_string(),
+        }))
+    }
+
+    async fn check_action(
+        &self,
+        request: Request<CheckActionRequest>,
+    ) -> Result<Response<CheckActionResponse>, Status> {
+        require_caller(&request)?;
+        let r = request.into_inner();
+        Ok(Response::new(
+            OntologyService::check_action(self, &r.object, &r.action, &r.arguments_json, &r.role)
+                .await?,
+        ))
+    }
+
+    async fn reload_project(
+        &self,
+        request: Request<ReloadProjectRequest>,
+    ) -> Result<Response<ReloadProjectResponse>, Status> {
+        let caller = require_caller(&request)?;
+        require_admin(&caller).map_err(|e| kg_common::error::to_status(&e))?;
+        match self.reload().await {
+            Ok(active) => Ok(Response::new(ReloadProjectResponse {
+                compiled_version: active.compiled.policy_version,
+                problems: Vec::new(),
+                tools: active.compiled.tools.iter().map(tool_proto).collect(),
+            })),
+            Err(OntologyError::Invalid(problems)) => Ok(Response::new(ReloadProjectResponse {
+                compiled_version: self.active().map_or(0, |a| a.compiled.policy_version),
+                problems,
+                tools: Vec::new(),
+            })),
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    type WatchCompiledStream = Pin<Box<dyn Stream<Item = Result<CompiledVersion, Status>> + Send>>;
+
+    async fn watch_compiled(
+        &self,
+        _request: Request<WatchCompiledRequest>,
+    ) -> Result<Response<Self::WatchCompiledStream>, Status> {
+        let rx = self.subscribe();
+        let stream = futures::stream::unfold((rx, true), |(mut rx, first)| async move {
+            if !first && rx.changed().await.is_err() {
+                return None;
+            }
+            let v = *rx.borrow_and_update();
+            Some((
+                Ok(CompiledVersion {
+                    compiled_version: v,
+                }),
+                (rx, false),
+            ))
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn put_tbox_draft(
+        &self,
+        request: Request<PutTboxDraftRequest>,
+    ) -> Result<Response<TboxDraft>, Status> {
+        let caller = require_caller(&request)?;
+        require_admin(&caller).map_err(|e| kg_common::error::to_status(&e))?;
+        let r = request.into_inner();
+        kg_common::access::validate_namespace(&r.namespace)
+            .map_err(|e| Status::from(OntologyError::BadRequest(e.to_string())))?;
+        let tbox = Tbox {
+            namespace: r.namespace,
+            version: 0,
+            entity_types: r.entity_types,
+            relation_types: r.relation_types,
+            published_at_ms: 0,
+        };
+        Ok(Response::new(
+            tbox_store(self)?
+                .put_draft(&tbox, &caller.principal_id)
+                .await?,
+        ))
+    }
+
+    async fn get_tbox_draft(
+        &self,
+        request: Request<GetTboxDraftRequest>,
+    ) -> Result<Response<TboxDraft>, Status> {
+        let caller = require_caller(&request)?;
+        require_admin(&caller).map_err(|e| kg_common::error::to_status(&e))?;
+        Ok(Response::new(
+            tbox_store(self)?
+                .draft(&request.into_inner().namespace)
+                .await?,
+        ))
+    }
+
+    async fn review_tbox_draft(
+        &self,
+        request: Request<ReviewTboxDraftRequest>,
+    ) -> Result<Response<TboxDraft>, Status> {
+        let caller = require_caller(&request)?;
+        require_admin(&caller).map_err(|e| kg_common::error::to_status(&e))?;
+        Ok(Response::new(
+            tbox_store(self)?
+                .review(&request.into_inner().namespace, &caller.principal_id)
+                .await?,
+        ))
+    }
+
+    async fn publish_tbox(
+        &self,
+        request: Request<PublishTboxRequest>,
+    ) -> Result<Response<Tbox>, Status> {
+        let caller = require_caller(&request)?;
+        require_admin(&caller).map_err(|e| kg_common::error::to_status(&e))?;
+        Ok(Response::new(
+            tbox_store(self)?
+                .publish(&request.into_inner().namespace, &caller.principal_id)
+                .await?,
+        ))
+    }
+}

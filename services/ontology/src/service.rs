@@ -1,0 +1,385 @@
+//! The ontology service: the compiled project in force (swapped atomically on
+//! reload), generated tool calls, CheckAction for the approval service, and
+//! the TBox lifecycle.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use kg_proto::v1::approval_client::ApprovalClient;
+use kg_proto::v1::{
+    CheckActionResponse, GeneratedTool, Proposal, SignedCallerContext, SubmitProposalRequest,
+};
+use serde_json::Value;
+use tokio::sync::watch;
+use tonic::transport::Channel;
+
+use crate::compile::{self, Compiled, GeneratedToolDef};
+use crate::error::{OntologyError, Result, ToolCode, ToolError};
+use crate::exec::{self, CallOptions, ProposalSink};
+use crate::project::{ApprovalDef, ApprovalMode, LoadedProject};
+use crate::tbox::TboxStore;
+use crate::warehouse::Warehouse;
+
+/// How the service runs.
+#[derive(Debug, Clone, Default)]
+pub struct OntologyConfig {
+    /// The project directory (holding `ontology.yaml`); None serves no generated tools.
+    pub project_dir: Option<PathBuf>,
+    /// Overrides the project's warehouse URL.
+    pub warehouse_url: Option<String>,
+    /// gRPC address of the approval service.
+    pub approval_addr: Option<String>,
+    /// Actions without approval may run at once (`--allow-auto-effects`).
+    pub allow_auto_effects: bool,
+}
+
+/// A compiled project and its warehouse.
+#[derive(Debug)]
+pub struct Active {
+    /// The compiled project.
+    pub compiled: Compiled,
+    /// Its warehouse.
+    pub warehouse: Warehouse,
+}
+
+/// Loads, validates (static and live) and compiles a project: every problem at once.
+pub async fn load_project(
+    dir: &Path,
+    warehouse_url: Option<&str>,
+) -> std::result::Result<Active, Vec<String>> {
+    let loaded = LoadedProject::load(dir).map_err(|e| vec![e.to_string()])?;
+    let mut problems = compile::check_static(&loaded.project);
+    let url = match loaded.warehouse_url(warehouse_url) {
+        Ok(url) => url,
+        Err(err) => {
+            problems.push(err.to_string());
+            return Err(problems);
+        }
+    };
+    let warehouse = match Warehouse::connect(&url).await {
+        Ok(w) => w,
+        Err(err) => {
+            tracing::warn!(error = %err, "cannot connect to the warehouse");
+            problems.push("warehouse: cannot connect (check the URL and that the database runs; details in the log)".into());
+            return Err(problems);
+        }
+    };
+    problems.extend(compile::check_live(&loaded.project, &warehouse).await);
+    if !problems.is_empty() {
+        warehouse.close().await;
+        return Err(problems);
+    }
+    match compile::compile(&loaded.project) {
+        Ok(compiled) => Ok(Active {
+            compiled,
+            warehouse,
+        }),
+        Err(problems) => Err(problems),
+    }
+}
+
+/// The proto form of a tool.
+pub fn tool_proto(t: &GeneratedToolDef) -> GeneratedTool {
+    GeneratedTool {
+        name: t.name.clone(),
+        description: t.description.clone(),
+        input_schema_json: t.input_schema.to_string(),
+        output_schema_json: t.output_schema.to_string(),
+        read_only: t.read_only,
+    }
+}
+
+/// Submits over gRPC with the caller's signed context.
+struct GrpcSink {
+    client: ApprovalClient<Channel>,
+    signed: SignedCallerContext,
+}
+
+#[async_trait::async_trait]
+impl ProposalSink for GrpcSink {
+    async fn submit(
+        &self,
+        request: SubmitProposalRequest,
+    ) -> std::result::Result<Proposal, tonic::Status> {
+        let mut request = tonic::Request::new(request);
+        kg_common::caller::attach_caller(&mut request, &self.signed);
+        request.set_timeout(std::time::Duration::from_secs(60));
+        self.client
+            .clone()
+            .submit(request)
+            .await
+            .map(tonic::Response::into_inner)
+    }
+}
+
+struct Inner {
+    config: OntologyConfig,
+    active: RwLock<Option<Arc<Active>>>,
+    version: watch::Sender<i64>,
+    approval: Option<ApprovalClient<Channel>>,
+    tbox: Option<TboxStore>,
+}
+
+/// The ontology service; cheap to clone.
+#[derive(Clone)]
+pub struct OntologyService {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for OntologyService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("OntologyService").finish_non_exhaustive()
+    }
+}
+
+fn effective_roles(role: &str, roles: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = roles.iter().filter(|r| !r.is_empty()).cloned().collect();
+    if !role.is_empty() && !out.iter().any(|r| r == role) {
+        out.push(role.to_owned());
+    }
+    out
+}
+
+impl OntologyService {
+    /// Builds the service and loads the project when one is configured; a
+    /// project with problems is an error listing all of them.
+    pub async fn new(config: OntologyConfig, tbox: Option<TboxStore>) -> Result<Self> {
+        let approval = match &config.approval_addr {
+            Some(addr) => Some(ApprovalClient::new(
+                kg_common::grpc::channel(addr).map_err(|e| {
+                    OntologyError::BadRequest(format!("approval address `{addr}`: {e}"))
+                })?,
+            )),
+            None => None,
+        };
+        let (version, _) = watch::channel(0);
+        let service = Self {
+            inner: Arc::new(Inner {
+                config,
+                active: RwLock::new(None),
+                version,
+                approval,
+                tbox,
+            }),
+        };
+        if service.inner.config.project_dir.is_some() {
+            service.reload().await?;
+        }
+        Ok(service)
+    }
+
+    /// Reloads the project directory; on problems the previous tool set stays.
+    pub async fn reload(&self) -> Result<Arc<Active>> {
+        let dir = self
+            .inner
+            .config
+            .project_dir
+            .clone()
+            .ok_or(OntologyError::NoProject)?;
+        let active = Arc::new(
+            load_project(&dir, self.inner.config.warehouse_url.as_deref())
+                .await
+                .map_err(OntologyError::Invalid)?,
+        );
+        let old = self
+            .inner
+            .active
+            .write()
+            .map(|mut g| g.replace(active.clone()))
+            .map_err(|_| OntologyError::Store("active project lock poisoned".into()))?;
+        let version = active.compiled.policy_version;
+        self.inner.version.send_replace(version);
+        tracing::info!(
+            version,
+            tools = active.compiled.tools.len(),
+            "ontology project compiled"
+        );
+        if let Some(old) = old
+            && Arc::strong_count(&old) == 1
+        {
+            old.warehouse.close().await;
+        }
+        Ok(active)
+    }
+
+    /// The compiled project in force.
+    pub fn active(&self) -> Option<Arc<Active>> {
+        self.inner.active.read().ok().and_then(|g| g.clone())
+    }
+
+    /// Follows the compiled version (0 before any project is loaded).
+    pub fn subscribe(&self) -> watch::Receiver<i64> {
+        self.inner.version.subscribe()
+    }
+
+    /// The TBox store, when configured.
+    pub fn tbox(&self) -> Option<&TboxStore> {
+        self.inner.tbox.as_ref()
+    }
+
+    /// Tools visible to the roles; (tools, compiled version).
+    pub fn tools_for(&self, role: &str, roles: &[String]) -> (Vec<GeneratedTool>, i64) {
+        let Some(active) = self.active() else {
+            return (Vec::new(), 0);
+        };
+        let roles = effective_roles(role, roles);
+        (
+            active
+                .compiled
+                .tools_for(&roles)
+                .into_iter()
+                .map(tool_proto)
+                .collect(),
+            active.compiled.policy_version,
+        )
+    }
+
+    /// Runs a generated tool; the result JSON (a tool error as `{"error", "message"}`).
+    pub async fn call_tool(
+        &self,
+        name: &str,
+        arguments_json: &str,
+        role: &str,
+        roles: &[String],
+        agent: &str,
+        signed: Option<SignedCallerContext>,
+    ) -> Value {
+        let Some(active) = self.active() else {
+            return ToolError::new(
+                ToolCode::UnknownTool,
+                format!("no generated tool `{name}`: no ontology project is loaded"),
+            )
+            .to_json();
+        };
+        let roles = effective_roles(role, roles);
+        let sink = match (&self.inner.approval, signed) {
+            (Some(client), Some(signed)) => Some(GrpcSink {
+                client: client.clone(),
+                signed,
+            }),
+            _ => None,
+        };
+        let opts = CallOptions {
+            roles: &roles,
+            approval: sink.as_ref().map(|s| s as &dyn ProposalSink),
+            allow_auto_effects: self.inner.config.allow_auto_effects,
+            agent,
+        };
+        match exec::call(
+            &active.compiled,
+            &active.warehouse,
+            name,
+            arguments_json,
+            &opts,
+        )
+        .await
+        {
+            Ok(v) => v,
+            Err(e) => e.to_json(),
+        }
+    }
+
+    /// Runs a generated tool with a custom proposal sink (in-process callers and tests).
+    pub async fn call_tool_with(
+        &self,
+        name: &str,
+        arguments_json: &str,
+        roles: &[String],
+        agent: &str,
+        sink: Option<&dyn ProposalSink>,
+    ) -> Value {
+        let Some(active) = self.active() else {
+            return ToolError::new(
+                ToolCode::UnknownTool,
+                format!("no generated tool `{name}`: no ontology project is loaded"),
+            )
+            .to_json();
+        };
+        let opts = CallOptions {
+            roles,
+            approval: sink,
+            allow_auto_effects: self.inner.config.allow_auto_effects,
+            agent,
+        };
+        match exec::call(
+            &active.compiled,
+            &active.warehouse,
+            name,
+            arguments_json,
+            &opts,
+        )
+        .await
+        {
+            Ok(v) => v,
+            Err(e) => e.to_json(),
+        }
+    }
+
+    /// CheckAction: role, identity, precondition against live data, approval
+    /// requirement and the rendered effect. Refusals are in the response.
+    pub async fn check_action(
+        &self,
+        object: &str,
+        action: &str,
+        arguments_json: &str,
+        role: &str,
+    ) -> Result<CheckActionResponse> {
+        let active = self.active().ok_or(OntologyError::NoProject)?;
+        let compiled = &active.compiled;
+        let args = match serde_json::from_str::<Value>(arguments_json) {
+            Ok(Value::Object(m)) => m,
+            _ => {
+                return Err(OntologyError::BadRequest(
+                    "arguments_json must be a JSON object".into(),
+                ));
+            }
+        };
+        let refusal = |e: ToolError| CheckActionResponse {
+            refusal: e.code.as_str().to_owned(),
+            detail: e.message,
+            effect: None,
+            policy_version: compiled.policy_version,
+            approval_required: None,
+        };
+        let roles = effective_roles(role, &[]);
+        match exec::prepare(compiled, object, action, &active.warehouse, &args, &roles).await {
+            Ok((prep, _)) => {
+                let act = compiled
+                    .project
+                    .objects
+                    .get(object)
+                    .and_then(|o| o.actions.get(action))
+                    .ok_or_else(|| {
+                        OntologyError::NotFound(format!("no action `{object}.{action}`"))
+                    })?;
+                let approval_required = match &act.approval {
+                    ApprovalDef::Mode(ApprovalMode::Always) => Some(true),
+                    ApprovalDef::Mode(ApprovalMode::Never) => Some(false),
+                    ApprovalDef::When { .. } => compiled
+                        .when
+                        .get(&(object.to_owned(), action.to_owned()))
+                        .and_then(|e| e.eval_bool(&prep.params).ok()),
+                };
+                Ok(CheckActionResponse {
+                    refusal: String::new(),
+                    detail: String::new(),
+                    effect: Some(prep.effect),
+                    policy_version: compiled.policy_version,
+                    approval_required,
+                })
+            }
+            Err(e) => match e.code {
+                ToolCode::DeniedRole
+                | ToolCode::PreconditionFailed
+                | ToolCode::NotFound
+                | ToolCode::AmbiguousIdentity => Ok(refusal(e)),
+                ToolCode::UnknownObject | ToolCode::UnknownTool => {
+                    Err(OntologyError::NotFound(e.message))
+                }
+                ToolCode::InvalidArguments => Err(OntologyError::BadRequest(e.message)),
+                ToolCode::EffectMisconfigured => Err(OntologyError::Conflict(e.message)),
+                _ => Err(OntologyError::Store(e.message)),
+            },
+        }
+    }
+}

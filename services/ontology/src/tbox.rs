@@ -1,0 +1,197 @@
+//! The TBox lifecycle of each namespace: a draft is put, reviewed by someone,
+//! then published as the next version (kept in SQL, and put into the
+//! `KG_TBOX` bucket the indexer reads).
+
+use base64::Engine as _;
+use kg_common::caller::now_ms;
+use kg_proto::v1::{Tbox, TboxDraft};
+use kg_stores::sql::SqlStore;
+use kg_stores::tbox::TboxBucket;
+use prost::Message as _;
+use sqlx::Row as _;
+
+use crate::error::{OntologyError, Result};
+
+pub(crate) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+/// Draft, review and publish TBoxes.
+#[derive(Clone, Debug)]
+pub struct TboxStore {
+    sql: SqlStore,
+    bucket: Option<TboxBucket>,
+}
+
+fn encode(tbox: &Tbox) -> String {
+    base64::engine::general_purpose::STANDARD.encode(tbox.encode_to_vec())
+}
+
+fn decode(text: &str) -> Result<Tbox> {
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(text)
+        .map_err(|e| OntologyError::Store(format!("tbox body: {e}")))?;
+    Tbox::decode(bytes.as_slice()).map_err(|e| OntologyError::Store(format!("tbox body: {e}")))
+}
+
+fn check(tbox: &Tbox) -> Result<()> {
+    let mut problems = Vec::new();
+    let mut ids = std::collections::BTreeSet::new();
+    for t in &tbox.entity_types {
+        if t.type_id.trim().is_empty() || t.label.trim().is_empty() {
+            problems.push("every entity type needs a type_id and a label".to_owned());
+        }
+        if !ids.insert(t.type_id.clone()) {
+            problems.push(format!("entity type `{}` is declared twice", t.type_id));
+        }
+    }
+    let mut rels = std::collections::BTreeSet::new();
+    for r in &tbox.relation_types {
+        if r.relation_type_id.trim().is_empty() {
+            problems.push("every relation type needs a relation_type_id".to_owned());
+        }
+        if !rels.insert(r.relation_type_id.clone()) {
+            problems.push(format!(
+                "relation type `{}` is declared twice",
+                r.relation_type_id
+            ));
+        }
+        for end in [&r.source_type_id, &r.target_type_id] {
+            if !end.is_empty() && !ids.contains(end) {
+                problems.push(format!(
+                    "relation type `{}` names the entity type `{end}`, which the draft does not declare",
+                    r.relation_type_id
+                ));
+            }
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(OntologyError::Invalid(problems))
+    }
+}
+
+impl TboxStore {
+    /// Runs the migrations; `bucket` receives published TBoxes (None: SQL only).
+    pub async fn open(sql: SqlStore, bucket: Option<TboxBucket>) -> Result<Self> {
+        sql.migrate(&MIGRATOR).await?;
+        Ok(Self { sql, bucket })
+    }
+
+    async fn latest_version(&self, namespace: &str) -> Result<i64> {
+        let row = sqlx::query("SELECT MAX(version) FROM kg_tbox_versions WHERE namespace = $1")
+            .bind(namespace.to_owned())
+            .fetch_one(self.sql.pool())
+            .await?;
+        Ok(row.try_get::<Option<i64>, _>(0)?.unwrap_or(0))
+    }
+
+    /// Replaces the draft of `tbox.namespace`; clears any review.
+    pub async fn put_draft(&self, tbox: &Tbox, by: &str) -> Result<TboxDraft> {
+        check(tbox)?;
+        let now = now_ms();
+        sqlx::query("DELETE FROM kg_tbox_drafts WHERE namespace = $1")
+            .bind(tbox.namespace.clone())
+            .execute(self.sql.pool())
+            .await?;
+        sqlx::query(
+            "INSERT INTO kg_tbox_drafts (namespace, body, updated_by, updated_at_ms, reviewed_by, reviewed_at_ms) \
+             VALUES ($1, $2, $3, $4, NULL, NULL)",
+        )
+        .bind(tbox.namespace.clone())
+        .bind(encode(tbox))
+        .bind(by.to_owned())
+        .bind(now)
+        .execute(self.sql.pool())
+        .await?;
+        self.draft(&tbox.namespace).await
+    }
+
+    /// The draft of `namespace`.
+    pub async fn draft(&self, namespace: &str) -> Result<TboxDraft> {
+        let row = sqlx::query(
+            "SELECT body, updated_by, updated_at_ms, reviewed_by, reviewed_at_ms FROM kg_tbox_drafts WHERE namespace = $1",
+        )
+        .bind(namespace.to_owned())
+        .fetch_optional(self.sql.pool())
+        .await?
+        .ok_or_else(|| OntologyError::NotFound(format!("namespace `{namespace}` has no TBox draft; put one first")))?;
+        let tbox = decode(&row.try_get::<String, _>(0)?)?;
+        Ok(TboxDraft {
+            namespace: namespace.to_owned(),
+            entity_types: tbox.entity_types,
+            relation_types: tbox.relation_types,
+            updated_by: row.try_get(1)?,
+            updated_at_ms: row.try_get(2)?,
+            reviewed_by: row.try_get::<Option<String>, _>(3)?.unwrap_or_default(),
+            reviewed_at_ms: row.try_get(4)?,
+            next_version: self.latest_version(namespace).await? + 1,
+        })
+    }
+
+    /// Marks the draft reviewed by `by`.
+    pub async fn review(&self, namespace: &str, by: &str) -> Result<TboxDraft> {
+        let done = sqlx::query(
+            "UPDATE kg_tbox_drafts SET reviewed_by = $1, reviewed_at_ms = $2 WHERE namespace = $3",
+        )
+        .bind(by.to_owned())
+        .bind(now_ms())
+        .bind(namespace.to_owned())
+        .execute(self.sql.pool())
+        .await?;
+        if done.rows_affected() == 0 {
+            return Err(OntologyError::NotFound(format!(
+                "namespace `{namespace}` has no TBox draft"
+            )));
+        }
+        self.draft(namespace).await
+    }
+
+    /// Publishes the reviewed draft as the next version.
+    pub async fn publish(&self, namespace: &str, by: &str) -> Result<Tbox> {
+        let draft = self.draft(namespace).await?;
+        if draft.reviewed_by.is_empty() {
+            return Err(OntologyError::Conflict(format!(
+                "the TBox draft of `{namespace}` is not reviewed; review it (kgmesh tbox review) before publishing"
+            )));
+        }
+        let now = now_ms();
+        let tbox = Tbox {
+            namespace: namespace.to_owned(),
+            version: draft.next_version,
+            entity_types: draft.entity_types,
+            relation_types: draft.relation_types,
+            published_at_ms: now,
+        };
+        sqlx::query(
+            "INSERT INTO kg_tbox_versions (namespace, version, body, published_by, reviewed_by, published_at_ms) \
+             VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(namespace.to_owned())
+        .bind(tbox.version)
+        .bind(encode(&tbox))
+        .bind(by.to_owned())
+        .bind(draft.reviewed_by)
+        .bind(now)
+        .execute(self.sql.pool())
+        .await?;
+        if let Some(bucket) = &self.bucket {
+            bucket.put(&tbox).await?;
+        }
+        tracing::info!(namespace, version = tbox.version, by, "tbox published");
+        Ok(tbox)
+    }
+
+    /// The latest published TBox (SQL is the record; the bucket is the indexer's copy).
+    pub async fn published(&self, namespace: &str) -> Result<Tbox> {
+        let row = sqlx::query(
+            "SELECT body FROM kg_tbox_versions WHERE namespace = $1 ORDER BY version DESC LIMIT 1",
+        )
+        .bind(namespace.to_owned())
+        .fetch_optional(self.sql.pool())
+        .await?
+        .ok_or_else(|| {
+            OntologyError::NotFound(format!("namespace `{namespace}` has no published TBox"))
+        })?;
+        decode(&row.try_get::<String, _>(0)?)
+    }
+}

@@ -1,0 +1,285 @@
+//! The warehouse side: identifier quoting, the SELECT lists generated tools
+//! run (sensitive columns never appear in them), schema introspection and row
+//! decoding over sqlx Any (SQLite or PostgreSQL). Every value is bound.
+
+use kg_stores::sql::{SqlBackend, SqlStore};
+use serde_json::{Map, Value};
+use sqlx::any::{AnyArguments, AnyRow};
+use sqlx::query::Query;
+use sqlx::{Any, AssertSqlSafe, Row as _};
+
+use crate::error::ToolError;
+use crate::project::{ObjectDef, ValueType};
+
+/// Longest string value returned to a model, in characters.
+pub const FIELD_CAP: usize = 2000;
+
+/// Column alias of the computed state.
+pub(crate) const STATE_ALIAS: &str = "__kg_state";
+
+/// A typed value bound into a query.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Bound {
+    /// BIGINT.
+    Int(i64),
+    /// DOUBLE PRECISION.
+    Float(f64),
+    /// TEXT.
+    Text(String),
+    /// BOOLEAN.
+    Bool(bool),
+}
+
+/// Quotes one identifier: `"name"` with inner quotes doubled.
+pub fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// Quotes a table name, `schema.table` as two identifiers.
+pub fn quote_table(name: &str) -> String {
+    name.split('.')
+        .map(quote_ident)
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
+/// A SQL string literal.
+fn literal(text: &str) -> String {
+    format!("'{}'", text.replace('\'', "''"))
+}
+
+/// The SELECT expression of one property: cast so both backends decode it the same way.
+pub(crate) fn column_expr(alias: Option<&str>, column: &str, ty: ValueType) -> String {
+    let col = match alias {
+        Some(a) => format!("{a}.{}", quote_ident(column)),
+        None => quote_ident(column),
+    };
+    match ty {
+        ValueType::Integer => format!("CAST({col} AS BIGINT)"),
+        ValueType::Number => format!("CAST({col} AS DOUBLE PRECISION)"),
+        ValueType::String => format!("CAST({col} AS TEXT)"),
+        ValueType::Boolean => {
+            format!(
+                "CAST(CASE WHEN {col} IS NULL THEN NULL WHEN {col} THEN 1 ELSE 0 END AS BIGINT)"
+            )
+        }
+    }
+}
+
+/// `CASE WHEN (e1) THEN 'n1' … END`, or None for an object without states.
+pub(crate) fn state_expr(obj: &ObjectDef) -> Option<String> {
+    if obj.states.is_empty() {
+        return None;
+    }
+    let arms: String = obj
+        .states
+        .iter()
+        .map(|(name, expr)| format!(" WHEN ({expr}) THEN {}", literal(name)))
+        .collect();
+    Some(format!("CAST(CASE{arms} ELSE NULL END AS TEXT)"))
+}
+
+/// The readable (non-sensitive) properties, in declared order.
+pub(crate) fn readable(obj: &ObjectDef) -> impl Iterator<Item = (&String, ValueType)> {
+    obj.properties
+        .iter()
+        .filter(|(_, p)| !p.sensitive)
+        .map(|(n, p)| (n, p.value_type))
+}
+
+/// The SELECT list of an object's rows: readable properties and the state.
+pub(crate) fn select_list(obj: &ObjectDef) -> String {
+    let mut cols: Vec<String> = readable(obj)
+        .map(|(n, t)| format!("{} AS {}", column_expr(None, n, t), quote_ident(n)))
+        .collect();
+    if let Some(state) = state_expr(obj) {
+        cols.push(format!("{state} AS {}", quote_ident(STATE_ALIAS)));
+    }
+    cols.join(", ")
+}
+
+/// `"a" = $1 AND "b" = $2`, numbering from `first`.
+pub(crate) fn identity_where(obj: &ObjectDef, first: usize) -> String {
+    obj.identity
+        .iter()
+        .enumerate()
+        .map(|(i, c)| format!("{} = ${}", quote_ident(c), first + i))
+        .collect::<Vec<_>>()
+        .join(" AND ")
+}
+
+/// `ORDER BY` the identity columns.
+pub(crate) fn identity_order(obj: &ObjectDef) -> String {
+    obj.identity
+        .iter()
+        .map(|c| quote_ident(c))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Binds values in order.
+pub(crate) fn bind_all<'q>(
+    mut query: Query<'q, Any, AnyArguments>,
+    values: &[Bound],
+) -> Query<'q, Any, AnyArguments> {
+    for v in values {
+        query = match v {
+            Bound::Int(i) => query.bind(*i),
+            Bound::Float(f) => query.bind(*f),
+            Bound::Text(s) => query.bind(s.clone()),
+            Bound::Bool(b) => query.bind(*b),
+        };
+    }
+    query
+}
+
+/// Coerces a JSON argument to a property type; None when it does not fit.
+pub(crate) fn coerce(value: &Value, ty: ValueType) -> Option<Bound> {
+    match (ty, value) {
+        (ValueType::Integer, Value::Number(n)) => n.as_i64().map(Bound::Int),
+        (ValueType::Integer, Value::String(s)) => s.trim().parse().ok().map(Bound::Int),
+        (ValueType::Number, Value::Number(n)) => n.as_f64().map(Bound::Float),
+        (ValueType::Number, Value::String(s)) => s.trim().parse().ok().map(Bound::Float),
+        (ValueType::String, Value::String(s)) => Some(Bound::Text(s.clone())),
+        (ValueType::String, Value::Number(n)) => Some(Bound::Text(n.to_string())),
+        (ValueType::Boolean, Value::Bool(b)) => Some(Bound::Bool(*b)),
+        _ => None,
+    }
+}
+
+/// The JSON form of a bound value.
+pub(crate) fn bound_json(b: &Bound) -> Value {
+    match b {
+        Bound::Int(i) => Value::from(*i),
+        Bound::Float(f) => Value::from(*f),
+        Bound::Text(s) => Value::String(s.clone()),
+        Bound::Bool(b) => Value::Bool(*b),
+    }
+}
+
+/// Reads column `idx` as `ty`, sanitising text.
+pub(crate) fn decode(row: &AnyRow, idx: usize, ty: ValueType) -> Result<Value, sqlx::Error> {
+    Ok(match ty {
+        ValueType::Integer => row
+            .try_get::<Option<i64>, _>(idx)?
+            .map_or(Value::Null, Value::from),
+        ValueType::Number => row
+            .try_get::<Option<f64>, _>(idx)?
+            .map_or(Value::Null, Value::from),
+        ValueType::Boolean => row
+            .try_get::<Option<i64>, _>(idx)?
+            .map_or(Value::Null, |b| Value::Bool(b != 0)),
+        ValueType::String => row
+            .try_get::<Option<String>, _>(idx)?
+            .map_or(Value::Null, |s| {
+                Value::String(kg_common::sanitize::sanitize_text(&s, FIELD_CAP))
+            }),
+    })
+}
+
+/// One object row as JSON: readable properties then `state`.
+pub(crate) fn row_json(row: &AnyRow, obj: &ObjectDef) -> Result<Map<String, Value>, sqlx::Error> {
+    let mut out = Map::new();
+    let mut idx = 0;
+    for (name, ty) in readable(obj) {
+        out.insert(name.clone(), decode(row, idx, ty)?);
+        idx += 1;
+    }
+    if !obj.states.is_empty() {
+        out.insert("state".into(), decode(row, idx, ValueType::String)?);
+    }
+    Ok(out)
+}
+
+/// The warehouse a project reads.
+#[derive(Clone, Debug)]
+pub struct Warehouse {
+    store: SqlStore,
+}
+
+impl Warehouse {
+    /// Connects to `url`.
+    pub async fn connect(url: &str) -> Result<Self, kg_stores::StoreError> {
+        Ok(Self {
+            store: SqlStore::connect(url).await?,
+        })
+    }
+
+    /// The backend.
+    pub fn backend(&self) -> SqlBackend {
+        self.store.backend()
+    }
+
+    /// The pool.
+    pub(crate) fn pool(&self) -> &sqlx::AnyPool {
+        self.store.pool()
+    }
+
+    /// Closes the pool.
+    pub async fn close(&self) {
+        self.store.close().await;
+    }
+
+    /// Runs a statement (fetch all rows) with bound values.
+    pub(crate) async fn fetch(
+        &self,
+        sql: String,
+        values: &[Bound],
+    ) -> Result<Vec<AnyRow>, ToolError> {
+        tracing::debug!(sql = %sql, "warehouse query");
+        let query = bind_all(sqlx::query(AssertSqlSafe(sql)), values);
+        Ok(query.fetch_all(self.pool()).await?)
+    }
+
+    /// Column names of `table`; an empty list when the table does not exist.
+    pub(crate) async fn columns(&self, table: &str) -> Result<Vec<String>, sqlx::Error> {
+        let (schema, name) = match table.split_once('.') {
+            Some((s, n)) => (Some(s.to_owned()), n.to_owned()),
+            None => (None, table.to_owned()),
+        };
+        let rows = match self.backend() {
+            SqlBackend::Sqlite => {
+                let sql = match &schema {
+                    Some(s) => format!("SELECT name FROM {}.pragma_table_info($1)", quote_ident(s)),
+                    None => "SELECT name FROM pragma_table_info($1)".to_owned(),
+                };
+                sqlx::query(AssertSqlSafe(sql)).bind(name).fetch_all(self.pool()).await?
+            }
+            SqlBackend::Postgres => {
+                sqlx::query(
+                    "SELECT CAST(column_name AS TEXT) FROM information_schema.columns \
+                     WHERE table_name = $1 AND table_schema = COALESCE($2, current_schema()) ORDER BY ordinal_position",
+                )
+                .bind(name)
+                .bind(schema)
+                .fetch_all(self.pool())
+                .await?
+            }
+        };
+        rows.iter().map(|r| r.try_get::<String, _>(0)).collect()
+    }
+
+    /// Prepares `sql` without reading rows (`LIMIT 0`); the database's error on failure.
+    pub(crate) async fn compiles(&self, sql: String) -> Result<(), String> {
+        sqlx::query(AssertSqlSafe(sql))
+            .fetch_all(self.pool())
+            .await
+            .map(|_| ())
+            .map_err(|err| match err {
+                sqlx::Error::Database(db) => db.message().to_owned(),
+                other => other.to_string(),
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identifiers_are_quoted() {
+        assert_eq!(quote_ident("a\"b"), "\"a\"\"b\"");
+        assert_eq!(quote_table("s.t"), "\"s\".\"t\"");
+        assert_eq!(literal("it's"), "'it''s'");
+    }
+}
