@@ -27,6 +27,12 @@ pub enum RetrievalError {
     /// The gRPC server stopped with an error.
     #[error(transparent)]
     Serve(#[from] ServeError),
+    /// A backing service (the embedder, the vector index) failed; the lane soft-fails.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The service was built with parts that do not fit together.
+    #[error("{0}")]
+    Config(String),
 }
 
 impl RetrievalError {
@@ -42,7 +48,10 @@ impl ErrorExt for RetrievalError {
             RetrievalError::Caller(err) => err.code(),
             RetrievalError::Name(err) => err.code(),
             RetrievalError::Store(err) => err.code(),
-            RetrievalError::UnexpectedReply(_) | RetrievalError::Serve(_) => ErrorCode::Internal,
+            RetrievalError::Unavailable(_) => ErrorCode::Unavailable,
+            RetrievalError::UnexpectedReply(_)
+            | RetrievalError::Serve(_)
+            | RetrievalError::Config(_) => ErrorCode::Internal,
         }
     }
 }

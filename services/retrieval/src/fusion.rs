@@ -2,7 +2,7 @@
 //!
 //! A chunk at 1-based rank `r` in lane `l` contributes `w_l / (k + r)`; its fused score is
 //! the sum over lanes. The display score divides that by the best fused score possible for
-//! the lanes that ran (rank 1 in every one of them: `Σ w_l / (k + 1)`), so it lies in 0..=1,
+//! the lanes that ran and found something (rank 1 in every one of them: `Σ w_l / (k + 1)`), so it lies in 0..=1,
 //! reaches 1 only for a chunk every lane ranked first, and does not depend on `k`'s scale.
 
 use std::collections::HashMap;
@@ -41,7 +41,12 @@ pub(crate) struct FusedHit {
 /// Fuses the lanes with constant `k`; best first. Ties fall to the better best rank, then
 /// to the chunk key, so equal inputs always give the same order.
 pub(crate) fn fuse(lanes: &[LaneHits], k: f64) -> Vec<FusedHit> {
-    let best: f64 = lanes.iter().map(|l| l.weight / (k + 1.0)).sum();
+    // A lane that ran but found nothing cannot rank anything first: it does not count.
+    let best: f64 = lanes
+        .iter()
+        .filter(|l| !l.hits.is_empty())
+        .map(|l| l.weight / (k + 1.0))
+        .sum();
     let mut order: Vec<String> = Vec::new();
     let mut fused: HashMap<String, (FusedHit, u32)> = HashMap::new();
     for lane in lanes {

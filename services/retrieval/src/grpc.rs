@@ -23,9 +23,10 @@ impl Retrieval for RetrievalService {
         &self,
         request: Request<EntitySearchRequest>,
     ) -> Result<Response<EntitySearchResponse>, Status> {
-        require_caller(&request)?;
-        Err(Status::unimplemented(
-            "kg.v1.Retrieval/EntitySearch arrives in a later kgmesh release; this server does not serve it yet",
+        let caller = require_caller(&request)?;
+        Ok(Response::new(
+            self.entity_search_for(&caller, request.into_inner())
+                .await?,
         ))
     }
 }

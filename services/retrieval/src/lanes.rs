@@ -58,16 +58,14 @@ impl Lane {
 
     /// Whether this release can run the lane.
     pub(crate) fn is_available(self) -> bool {
-        matches!(self, Lane::Fulltext)
+        matches!(
+            self,
+            Lane::Fulltext | Lane::Vector | Lane::GraphExpand | Lane::CoAnnotation
+        )
     }
 }
 
-/// What narrows a lane besides the caller's access.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct LaneFilters {
-    /// Normalised folder prefix ("" for the whole namespace, else `a/b/`).
-    pub(crate) folder_prefix: String,
-}
+pub(crate) use crate::filters::LaneFilters;
 
 /// Full-text lane: FalkorDB's full-text index on `Chunk.text`, the access predicate on the
 /// chunk and its FileRef inside the query, best first.
@@ -96,20 +94,17 @@ pub(crate) async fn fulltext(
     params.insert("termCount".into(), Value::from(terms.len() as f64));
     params.insert("terms".into(), Value::Array(terms));
     params.insert("pool".into(), Value::from(LANE_POOL as i64));
-    let folder_clause = if filters.folder_prefix.is_empty() {
-        ""
-    } else {
-        params.insert("folder".into(), Value::from(filters.folder_prefix.as_str()));
-        " AND node.path STARTS WITH $folder"
-    };
+    let folder_clause = filters.where_clauses("node", "f", &mut params);
+    let relation = filters.relation_stage("node", "node, term, score", access, &mut params);
     // Every access predicate comes before the first WITH: FalkorDB 4.16 evaluates a list
     // predicate (`any(p IN $list WHERE x.path ...)`) over a variable bound after a WITH as
     // false, which would silently hide readable chunks.
     let cypher = format!(
         "UNWIND $terms AS term \
          CALL db.idx.fulltext.queryNodes('Chunk', term) YIELD node, score \
-         WHERE {node}{folder_clause} \
-         MATCH (node)-[:PART_OF]->(f:FileRef) WHERE {file} \
+         WHERE {node} \
+         MATCH (node)-[:PART_OF]->(f:FileRef) WHERE {file}{folder_clause} \
+         {relation} \
          WITH node, count(DISTINCT term) AS matched, sum(score) AS total \
          WITH node, total * matched / $termCount AS relevance \
          RETURN node.chunkKey, node.fileId, relevance \
@@ -158,6 +153,6 @@ mod tests {
             "unknown lane `bm25`; valid lanes: fulltext, vector, graph_expand, co_annotation"
         );
         assert!(!Lane::DEFAULT.contains(&Lane::CoAnnotation));
-        assert!(Lane::Fulltext.is_available() && !Lane::Vector.is_available());
+        assert!(Lane::Fulltext.is_available() && Lane::GraphExpand.is_available());
     }
 }

@@ -1,20 +1,26 @@
 //! kg-retrieval: the retrieval service. It serves `kg.v1.Retrieval` over one namespace at a
-//! time: Search runs the requested lanes (this release builds the full-text lane over
-//! FalkorDB's full-text index; vector, graph_expand and co_annotation soft-fail as
-//! `lane_unavailable`) and fuses them with reciprocal rank fusion. It only reads FalkorDB,
-//! with the caller's access predicate inside the query, and never calls another service.
-//! Entry point: [`serve`]; in-process callers use [`RetrievalService::search_for`].
+//! time: Search runs the requested lanes (full-text, graph_expand from the hits' entities,
+//! the opt-in co_annotation lane with its grounding report) and fuses them with reciprocal
+//! rank fusion; EntitySearch finds entities by name and alias. It only reads FalkorDB, with
+//! the caller's access predicate and the search filters inside every query, and never calls
+//! another service. Entry point: [`serve`]; in-process callers use [`RetrievalService::search_for`].
 
 // The FalkorDB driver's query future nests deeply; computing its layout needs more than
 // the default query depth.
 #![recursion_limit = "256"]
 
+mod co_annotation;
 mod config;
+mod entity_search;
 mod error;
+mod filters;
 mod fusion;
+mod graph_expand;
 mod grpc;
 mod lanes;
+pub mod roles;
 mod service;
+mod vector_lane;
 
 use kg_common::caller::{CallerContextLayer, ContextVerifier};
 use kg_proto::v1::retrieval_server::RetrievalServer;
@@ -23,6 +29,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::service::Routes;
 
 pub use config::RetrievalConfig;
+pub use entity_search::{EVIDENCE as ENTITY_EVIDENCE_CAP, LIMIT as ENTITY_LIMIT_CAP};
 pub use error::{Result, RetrievalError};
 pub use service::RetrievalService;
 

@@ -2,17 +2,22 @@
 
 use std::time::Instant;
 
-use kg_common::access::{normalize_folder_prefix, validate_namespace};
+use kg_common::access::validate_namespace;
 use kg_common::caller::access_for;
+use kg_embed::SharedEmbedder;
 use kg_proto::v1::{
-    CallerContext, LaneTrace, Ranking, SearchFilters, SearchHit, SearchRequest, SearchResponse,
+    CallerContext, EntitySearchRequest, EntitySearchResponse, LaneTrace, Ranking, SearchFilters,
+    SearchHit, SearchRequest, SearchResponse, VectorWidening,
 };
 use kg_stores::graph::GraphStore;
+use kg_stores::vector::VectorIndex;
 
 use crate::config::RetrievalConfig;
 use crate::error::{Result, RetrievalError};
 use crate::fusion::{LaneHits, fuse};
 use crate::lanes::{self, Lane, LaneFilters};
+use crate::vector_lane::VectorLane;
+use crate::{co_annotation, entity_search, graph_expand};
 
 /// Default and hard maximum of hits per search.
 const TOP_K: (u32, u32) = (8, 32);
@@ -27,6 +32,8 @@ pub(crate) const LANE_UNAVAILABLE: &str = "lane_unavailable";
 #[derive(Clone, Debug)]
 pub struct RetrievalService {
     store: GraphStore,
+    /// The vector lane, when the deployment has an embedder and a vector index.
+    vectors: Option<VectorLane>,
 }
 
 /// A validated search request.
@@ -43,7 +50,17 @@ struct Plan {
 impl RetrievalService {
     /// A service over an existing FalkorDB handle.
     pub fn new(store: GraphStore) -> Self {
-        Self { store }
+        Self {
+            store,
+            vectors: None,
+        }
+    }
+
+    /// Adds the vector lane over `index`, embedding queries with `embedder` (the one that
+    /// wrote the index). Without it the lane reports `lane_unavailable`.
+    pub fn with_vectors(mut self, index: VectorIndex, embedder: SharedEmbedder) -> Result<Self> {
+        self.vectors = Some(VectorLane::new(index, embedder)?);
+        Ok(self)
     }
 
     /// Connects to the FalkorDB named in `config`.
@@ -66,10 +83,13 @@ impl RetrievalService {
         let query = request.query.trim();
 
         let mut traces = Vec::with_capacity(plan.lanes.len());
-        let mut ran = Vec::new();
+        let mut ran: Vec<LaneHits> = Vec::new();
         let mut first_failure: Option<RetrievalError> = None;
+        let mut grounding = None;
+        let mut vector_widening = None;
         for &lane in &plan.lanes {
-            if !lane.is_available() {
+            let configured = lane != Lane::Vector || self.vectors.is_some();
+            if !lane.is_available() || !configured {
                 traces.push(LaneTrace {
                     lane: lane.as_str().to_owned(),
                     ok: false,
@@ -91,8 +111,52 @@ impl RetrievalService {
                     )
                     .await
                 }
-                // is_available() admits only the lanes matched above.
-                Lane::Vector | Lane::GraphExpand | Lane::CoAnnotation => Ok(Vec::new()),
+                Lane::GraphExpand => {
+                    let fulltext = ran.iter().find(|l| l.lane == Lane::Fulltext);
+                    graph_expand::graph_expand(
+                        &self.store,
+                        &request.namespace,
+                        access,
+                        query,
+                        &plan.filters,
+                        fulltext.map(|l| l.hits.as_slice()),
+                    )
+                    .await
+                }
+                Lane::CoAnnotation => co_annotation::co_annotation(
+                    &self.store,
+                    &request.namespace,
+                    access,
+                    query,
+                    &plan.filters,
+                )
+                .await
+                .map(|(hits, report)| {
+                    grounding = Some(report);
+                    hits
+                }),
+                Lane::Vector => match &self.vectors {
+                    Some(vectors) => vectors
+                        .search(
+                            &self.store,
+                            &request.namespace,
+                            access,
+                            query,
+                            &plan.filters,
+                            lanes::LANE_POOL,
+                        )
+                        .await
+                        .map(|(hits, widening)| {
+                            vector_widening = Some(VectorWidening {
+                                pool: u32::try_from(widening.pool).unwrap_or(u32::MAX),
+                                rounds: widening.rounds,
+                                cap_reached: widening.cap_reached,
+                            });
+                            hits
+                        }),
+                    // `configured` above skips the lane without a vector index.
+                    None => Ok(Vec::new()),
+                },
             };
             let millis = started.elapsed().as_secs_f64() * 1000.0;
             match result {
@@ -150,7 +214,19 @@ impl RetrievalService {
                 .collect(),
             lanes: traces,
             total_candidates,
+            vector_widening,
+            grounding,
         })
+    }
+
+    /// Entities by text over names and aliases, only those a readable chunk mentions (see
+    /// the `entity_search` module for scoring, roles and evidence).
+    pub async fn entity_search_for(
+        &self,
+        caller: &CallerContext,
+        request: EntitySearchRequest,
+    ) -> Result<EntitySearchResponse> {
+        entity_search::entity_search(&self.store, caller, request).await
     }
 }
 
@@ -241,26 +317,7 @@ fn ranking(ranking: Option<&Ranking>) -> Result<RankingParts> {
 }
 
 fn filters(filters: Option<&SearchFilters>) -> Result<LaneFilters> {
-    let Some(filters) = filters else {
-        return Ok(LaneFilters::default());
-    };
-    // Collections, dates and relation types need data later releases index; refusing them
-    // beats silently searching without them.
-    let unsupported = [
-        ("collections", !filters.collections.is_empty()),
-        ("date_from", filters.date_from.is_some()),
-        ("date_to", filters.date_to.is_some()),
-        ("effective_at", filters.effective_at.is_some()),
-        ("relation_type_ids", !filters.relation_type_ids.is_empty()),
-    ];
-    if let Some((name, _)) = unsupported.iter().find(|(_, set)| *set) {
-        return Err(RetrievalError::invalid(format!(
-            "filters.{name} is not supported by this release; only filters.folder_prefix is"
-        )));
-    }
-    Ok(LaneFilters {
-        folder_prefix: normalize_folder_prefix(&filters.folder_prefix)?,
-    })
+    LaneFilters::parse(filters)
 }
 
 #[cfg(test)]
@@ -354,7 +411,7 @@ mod tests {
                 date_from: Some("2024".into()),
                 ..Default::default()
             }))
-            .contains("date_from")
+            .contains("filters.date_from `2024` is not a date")
         );
         assert!(
             err(filters(SearchFilters {

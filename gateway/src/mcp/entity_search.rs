@@ -1,0 +1,400 @@
+//! kg_entity_search (entities by name or alias, with mention evidence packages), plus the
+//! kg_search pieces that belong to the graph lanes: the `filters` argument and the
+//! co_annotation `trace.grounding` entries.
+
+use futures::future::join_all;
+use kg_proto::v1::{
+    EntityHit, EntitySearchRequest, Grounding, PackageCaps, PackagesRequest, SearchFilters,
+};
+use serde::Deserialize;
+use serde_json::{Map, Value, json};
+
+use super::args::{Int, MAX_NAMESPACES, RawCaps, bounded, caps, namespace, parse};
+use super::package::{number, package_json};
+use super::registry::{ToolEntry, ToolKind, caps_input, namespace_input, package_schema};
+use super::search::interleave;
+use super::tools::resolve_namespaces;
+use crate::error::ClientError;
+use crate::state::{Caller, GatewayState};
+
+/// Hits (default, hard max); the retrieval service enforces the same.
+pub(crate) const ENTITY_LIMIT: (u32, u32) = (8, 32);
+/// Evidence packages per hit (default, hard max).
+pub(crate) const EVIDENCE_LIMIT: (u32, u32) = (3, 8);
+/// Longest entity search text.
+const MAX_TEXT_CHARS: usize = 512;
+
+/// The `filters` argument of kg_search, as the agent writes it.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub(crate) struct RawFilters {
+    collections: Option<Vec<String>>,
+    folder_prefix: Option<String>,
+    date_from: Option<String>,
+    date_to: Option<String>,
+    effective_at: Option<String>,
+    relation_type_ids: Option<Vec<String>>,
+}
+
+/// Turns `filters` into the wire form; the retrieval service validates the values (dates
+/// as YYYY-MM-DD, list sizes) and names the field in its error.
+pub(crate) fn search_filters(raw: Option<RawFilters>) -> Option<SearchFilters> {
+    let raw = raw?;
+    Some(SearchFilters {
+        collections: raw.collections.unwrap_or_default(),
+        folder_prefix: raw.folder_prefix.unwrap_or_default(),
+        date_from: raw.date_from,
+        date_to: raw.date_to,
+        effective_at: raw.effective_at,
+        relation_type_ids: raw.relation_type_ids.unwrap_or_default(),
+    })
+}
+
+/// JSON Schema of kg_search's `filters`.
+pub(crate) fn filters_input() -> Value {
+    let date = |what: &str| json!({"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$", "description": what});
+    json!({
+        "type": "object",
+        "properties": {
+            "collections": {"type": "array", "items": {"type": "string"}, "maxItems": 64, "description": "Keep files in any of these collections."},
+            "folderPrefix": {"type": "string", "description": "Keep files under this folder."},
+            "dateFrom": date("Keep files whose documentDate is on or after this day (YYYY-MM-DD)."),
+            "dateTo": date("Keep files whose documentDate is on or before this day (YYYY-MM-DD)."),
+            "effectiveAt": date("Keep files whose effective window (effectiveFrom..effectiveTo, either end open) contains this day."),
+            "relationTypeIds": {"type": "array", "items": {"type": "string"}, "maxItems": 64,
+                                "description": "Keep chunks mentioning an entity in a relation of one of these types, stated by a file you may read."}
+        },
+        "additionalProperties": false
+    })
+}
+
+/// One namespace's co_annotation grounding, as `trace.grounding[]` shows it.
+pub(crate) fn grounding_json(grounding: &Grounding) -> Value {
+    let mut out = json!({
+        "namespace": grounding.namespace,
+        "entities": grounding.entities.iter().map(|e| json!({
+            "entityKey": e.entity_key, "name": e.name, "typeId": e.type_id,
+            "phrase": e.phrase, "degree": e.degree, "role": e.role,
+        })).collect::<Vec<_>>(),
+        "pair": grounding.pair,
+        "directCount": grounding.direct_count,
+        "bridgeCount": grounding.bridge_count,
+    });
+    if !grounding.reason.is_empty() {
+        out["reason"] = json!(grounding.reason);
+    }
+    out
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawEntitySearch {
+    text: String,
+    namespaces: Option<Vec<String>>,
+    limit: Option<Int>,
+    evidence_limit: Option<Int>,
+    caps: Option<RawCaps>,
+}
+
+/// Validated `kg_entity_search` arguments.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct EntitySearchArgs {
+    pub(crate) text: String,
+    pub(crate) namespaces: Vec<String>,
+    pub(crate) limit: u32,
+    pub(crate) evidence_limit: u32,
+    pub(crate) caps: PackageCaps,
+}
+
+pub(crate) fn entity_search_args(
+    args: &Map<String, Value>,
+) -> Result<EntitySearchArgs, ClientError> {
+    let raw: RawEntitySearch = parse(args)?;
+    let text = raw.text.trim().to_owned();
+    if text.is_empty() {
+        return Err(ClientError::invalid(
+            "text must not be empty: pass the entity name or alias to look up",
+        ));
+    }
+    if text.chars().count() > MAX_TEXT_CHARS {
+        return Err(ClientError::invalid(format!(
+            "text is longer than {MAX_TEXT_CHARS} characters"
+        )));
+    }
+    let mut namespaces: Vec<String> = Vec::new();
+    for ns in raw.namespaces.unwrap_or_default() {
+        let ns = namespace("namespaces", &ns)?;
+        if !namespaces.contains(&ns) {
+            namespaces.push(ns);
+        }
+    }
+    if namespaces.len() > MAX_NAMESPACES {
+        return Err(ClientError::invalid(format!(
+            "namespaces names {} namespaces; pass at most {MAX_NAMESPACES}",
+            namespaces.len()
+        )));
+    }
+    Ok(EntitySearchArgs {
+        text,
+        namespaces,
+        limit: bounded("limit", raw.limit, 1, ENTITY_LIMIT.0, ENTITY_LIMIT.1)?,
+        evidence_limit: bounded(
+            "evidenceLimit",
+            raw.evidence_limit,
+            0,
+            EVIDENCE_LIMIT.0,
+            EVIDENCE_LIMIT.1,
+        )?,
+        caps: caps(raw.caps)?,
+    })
+}
+
+/// Runs `kg_entity_search`: EntitySearch per namespace (a failed namespace soft-fails and
+/// is reported), hits interleaved by rank, then evidence packages per namespace.
+pub(crate) async fn run(
+    state: &GatewayState,
+    caller: &Caller,
+    args: &Map<String, Value>,
+) -> Result<Value, ClientError> {
+    let args = entity_search_args(args)?;
+    let namespaces = resolve_namespaces(caller.context(), &args.namespaces)?;
+    let calls = namespaces.iter().map(|ns| {
+        let mut client = state.backends.retrieval.clone();
+        let request = caller.request(EntitySearchRequest {
+            namespace: ns.clone(),
+            text: args.text.clone(),
+            limit: args.limit,
+            // 0 would mean "the default" to the service; asking for none needs no keys.
+            evidence_limit: args.evidence_limit.max(1),
+        });
+        async move {
+            client
+                .entity_search(request)
+                .await
+                .map(|r| r.into_inner().hits)
+                .map_err(|status| ClientError::from_status("retrieval", &status))
+        }
+    });
+    let mut trace = Vec::new();
+    let mut lists: Vec<Vec<EntityHit>> = Vec::new();
+    let mut first_error = None;
+    for (ns, result) in namespaces.iter().zip(join_all(calls).await) {
+        match result {
+            Ok(hits) => {
+                trace.push(json!({"namespace": ns, "ok": true}));
+                lists.push(hits);
+            }
+            Err(err) => {
+                tracing::warn!(namespace = %ns, code = %err.code, "entity search soft-failed");
+                trace.push(json!({"namespace": ns, "ok": false, "errorCode": err.code.as_str()}));
+                lists.push(Vec::new());
+                first_error.get_or_insert(err);
+            }
+        }
+    }
+    if let Some(err) = first_error
+        && trace.iter().all(|t| t["ok"] == false)
+    {
+        return Err(err);
+    }
+    let winners = interleave(lists, args.limit as usize);
+    let evidence = evidence_packages(state, caller, &namespaces, &winners, &args).await;
+    let hits: Vec<Value> = winners
+        .iter()
+        .map(|(index, hit)| {
+            let ns = namespaces.get(*index).map_or("", String::as_str);
+            let packages: Vec<Value> = hit
+                .evidence_chunk_keys
+                .iter()
+                .take(args.evidence_limit as usize)
+                .filter_map(|key| evidence.get(&(ns.to_owned(), key.clone())))
+                .cloned()
+                .collect();
+            json!({
+                "namespace": ns,
+                "entityKey": hit.entity_key,
+                "name": hit.name,
+                "typeId": hit.type_id,
+                "typeLabels": hit.type_labels,
+                "degree": hit.degree,
+                "role": hit.role,
+                "score": number(hit.score),
+                "evidence": packages,
+                "evidenceTruncated": hit.evidence_truncated || packages.len() < hit.evidence_chunk_keys.len(),
+            })
+        })
+        .collect();
+    Ok(json!({"hits": hits, "trace": {"namespaces": trace}}))
+}
+
+/// Evidence packages by (namespace, chunk key); a namespace whose Packages call fails
+/// contributes none (its hits keep their keys and say evidenceTruncated).
+async fn evidence_packages(
+    state: &GatewayState,
+    caller: &Caller,
+    namespaces: &[String],
+    winners: &[(usize, EntityHit)],
+    args: &EntitySearchArgs,
+) -> std::collections::HashMap<(String, String), Value> {
+    let mut keys: Vec<Vec<String>> = vec![Vec::new(); namespaces.len()];
+    for (index, hit) in winners {
+        if let Some(list) = keys.get_mut(*index) {
+            for key in hit
+                .evidence_chunk_keys
+                .iter()
+                .take(args.evidence_limit as usize)
+            {
+                if !list.contains(key) {
+                    list.push(key.clone());
+                }
+            }
+        }
+    }
+    let calls = namespaces.iter().zip(keys).map(|(ns, chunk_keys)| {
+        let mut client = state.backends.graph.clone();
+        let empty = chunk_keys.is_empty();
+        let request = caller.request(PackagesRequest {
+            namespace: ns.clone(),
+            chunk_keys,
+            caps: Some(args.caps),
+        });
+        async move {
+            if empty {
+                return Vec::new();
+            }
+            match client.packages(request).await {
+                Ok(response) => response.into_inner().packages,
+                Err(status) => {
+                    tracing::warn!(code = ?status.code(), "entity evidence packages soft-failed");
+                    Vec::new()
+                }
+            }
+        }
+    });
+    let mut out = std::collections::HashMap::new();
+    for (ns, packages) in namespaces.iter().zip(join_all(calls).await) {
+        for package in packages {
+            out.insert(
+                (ns.clone(), package.chunk_key.clone()),
+                package_json(&package),
+            );
+        }
+    }
+    out
+}
+
+/// The tool definition, built by the registry's `entry`.
+pub(crate) fn tool_entry(
+    entry: impl Fn(ToolKind, &'static str, &str, &'static str, Value, Value) -> ToolEntry,
+) -> ToolEntry {
+    entry(
+        ToolKind::EntitySearch,
+        "kg_entity_search",
+        "Find entities by name",
+        DESCRIPTION,
+        input_schema(),
+        output_schema(),
+    )
+}
+
+const DESCRIPTION: &str = "Named-entity entry: find entities by name or alias (full-text over entity names and aliases), then read the chunks that mention them. \
+Each hit has entityKey, name, typeId, typeLabels, degree (how many chunks you may read mention it), role and evidence: the first mentioning chunks as chunk packages, so answers stay citation-backed. \
+role: bridge (at most 25 mentioning chunks: specific enough to connect the question to evidence), filter (26-250: narrows a question, does not connect chunks), ignore (over 250: too common to connect anything). \
+Only entities mentioned by a chunk you may read are returned. Continue with kg_open {entityKey} for more mentions or kg_hop from the entityKey.";
+
+fn input_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "text": {"type": "string", "minLength": 1, "maxLength": MAX_TEXT_CHARS, "description": "The entity name or alias to look up."},
+            "namespaces": {"type": "array", "items": namespace_input(), "maxItems": MAX_NAMESPACES,
+                           "description": "Namespaces to search; omit for every namespace you may read."},
+            "limit": {"type": "integer", "minimum": 1, "maximum": ENTITY_LIMIT.1, "default": ENTITY_LIMIT.0, "description": "Most entities to return (hard max 32)."},
+            "evidenceLimit": {"type": "integer", "minimum": 0, "maximum": EVIDENCE_LIMIT.1, "default": EVIDENCE_LIMIT.0,
+                              "description": "Evidence packages per entity (hard max 8)."},
+            "caps": caps_input(),
+        },
+        "required": ["text"],
+        "additionalProperties": false
+    })
+}
+
+fn output_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "hits": {"type": "array", "items": {"type": "object", "properties": {
+                "namespace": {"type": "string"}, "entityKey": {"type": "string"}, "name": {"type": "string"},
+                "typeId": {"type": "string"}, "typeLabels": {"type": "array", "items": {"type": "string"}},
+                "degree": {"type": "integer"}, "role": {"type": "string", "enum": ["bridge", "filter", "ignore"]},
+                "score": {"type": "number"}, "evidence": {"type": "array", "items": package_schema()},
+                "evidenceTruncated": {"type": "boolean"}
+            }, "required": ["namespace", "entityKey", "name", "degree", "role", "evidence"]}},
+            "trace": {"type": "object", "properties": {
+                "namespaces": {"type": "array", "items": {"type": "object", "properties": {
+                    "namespace": {"type": "string"}, "ok": {"type": "boolean"}, "errorCode": {"type": "string"}
+                }, "required": ["namespace", "ok"]}}
+            }, "required": ["namespaces"]}
+        },
+        "required": ["hits", "trace"]
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use kg_proto::v1::GroundedEntity;
+
+    fn args(value: Value) -> Map<String, Value> {
+        value.as_object().unwrap().clone()
+    }
+
+    #[test]
+    fn entity_search_arguments_are_checked() {
+        let ok =
+            entity_search_args(&args(json!({"text": " Acme ", "namespaces": ["a", "a"]}))).unwrap();
+        assert_eq!(
+            (
+                ok.text.as_str(),
+                ok.namespaces.len(),
+                ok.limit,
+                ok.evidence_limit
+            ),
+            ("Acme", 1, 8, 3)
+        );
+        assert!(entity_search_args(&args(json!({"text": " "}))).is_err());
+        assert!(entity_search_args(&args(json!({"text": "x", "limit": 33}))).is_err());
+        assert!(entity_search_args(&args(json!({"text": "x", "evidenceLimit": 9}))).is_err());
+        assert!(entity_search_args(&args(json!({"text": "x", "bogus": 1}))).is_err());
+    }
+
+    #[test]
+    fn filters_and_grounding_map_to_json() {
+        let raw: RawFilters = serde_json::from_value(json!({
+            "collections": ["policies"], "dateFrom": "2024-01-01", "effectiveAt": "2024-06-01",
+            "folderPrefix": "docs", "relationTypeIds": ["owns"]
+        }))
+        .unwrap();
+        let wire = search_filters(Some(raw)).unwrap();
+        assert_eq!(wire.collections, ["policies"]);
+        assert_eq!(wire.effective_at.as_deref(), Some("2024-06-01"));
+        assert!(search_filters(None).is_none());
+        assert!(serde_json::from_value::<RawFilters>(json!({"date": "x"})).is_err());
+
+        let value = grounding_json(&Grounding {
+            namespace: "demo".into(),
+            entities: vec![GroundedEntity {
+                entity_key: "ent:org:acme".into(),
+                role: "bridge".into(),
+                degree: 2,
+                ..Default::default()
+            }],
+            reason: "too_few_bridges".into(),
+            ..Default::default()
+        });
+        assert_eq!(value["reason"], "too_few_bridges");
+        assert_eq!(value["entities"][0]["role"], "bridge");
+        assert_eq!(value["directCount"], 0);
+    }
+}

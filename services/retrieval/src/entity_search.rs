@@ -1,0 +1,251 @@
+//! EntitySearch: named-entity entry by text over entity names and aliases.
+//!
+//! Candidates come from the full-text index on `Entity` name and `aliasText`; each query term
+//! is looked up on its own and scored like the full-text lane (sum of term scores times the
+//! share of terms matched), and an entity whose normalised name or alias equals the whole
+//! query gets [`EXACT_BONUS`]. Only entities that a chunk the caller may read mentions are
+//! returned, so a search never reveals an entity known only from unreadable files. `degree`
+//! counts those readable chunks and sets the role (see [`crate::roles`]); the evidence is the
+//! first readable mentioning chunks in file and chunk order.
+
+use kg_common::access::{cypher_predicate, validate_namespace};
+use kg_common::caller::access_for;
+use kg_proto::v1::{
+    AccessFilter, CallerContext, EntityHit, EntitySearchRequest, EntitySearchResponse,
+};
+use kg_stores::graph::{GraphStore, Params, fulltext_query};
+use serde_json::Value;
+
+use crate::error::{Result, RetrievalError};
+use crate::graph_expand::strings;
+use crate::roles::{Role, degrees};
+
+/// Default and hard maximum of hits.
+pub const LIMIT: (u32, u32) = (8, 32);
+/// Default and hard maximum of evidence chunk keys per hit.
+pub const EVIDENCE: (u32, u32) = (3, 8);
+/// Added to the score of an entity whose name or alias is exactly the query.
+const EXACT_BONUS: f64 = 10.0;
+/// Candidates read from the index before the readable ones are kept.
+const CANDIDATES: usize = 200;
+/// Longest query text accepted, in characters.
+const MAX_TEXT_CHARS: usize = 512;
+/// Server-side limit on one query.
+const TIMEOUT_MS: u64 = 5_000;
+
+struct Candidate {
+    key: String,
+    name: String,
+    type_id: String,
+    labels: Vec<String>,
+    score: f64,
+}
+
+/// Runs an entity search for a verified caller.
+pub(crate) async fn entity_search(
+    store: &GraphStore,
+    caller: &CallerContext,
+    request: EntitySearchRequest,
+) -> Result<EntitySearchResponse> {
+    validate_namespace(&request.namespace)?;
+    let access = access_for(caller, &request.namespace)?;
+    let text = request.text.trim();
+    if text.is_empty() {
+        return Err(RetrievalError::invalid("text is empty"));
+    }
+    if text.chars().count() > MAX_TEXT_CHARS {
+        return Err(RetrievalError::invalid(format!(
+            "text is longer than {MAX_TEXT_CHARS} characters"
+        )));
+    }
+    let limit = cap("limit", request.limit, LIMIT)?;
+    let evidence = cap("evidence_limit", request.evidence_limit, EVIDENCE)?;
+    let ns = request.namespace.as_str();
+
+    let mut candidates = candidates(store, ns, text).await?;
+    let keys: Vec<String> = candidates.iter().map(|c| c.key.clone()).collect();
+    let degree = degrees(store, ns, access, &keys).await?;
+    // No readable mention, no hit: the degree map only holds readable entities.
+    candidates.retain(|c| degree.contains_key(&c.key));
+    candidates.sort_by(|a, b| {
+        b.score
+            .total_cmp(&a.score)
+            .then_with(|| degree[&b.key].cmp(&degree[&a.key]))
+            .then_with(|| a.key.cmp(&b.key))
+    });
+    candidates.truncate(limit);
+    let keys: Vec<String> = candidates.iter().map(|c| c.key.clone()).collect();
+    let mut chunks = evidence_chunks(store, ns, access, &keys, evidence).await?;
+    let hits = candidates
+        .into_iter()
+        .map(|c| {
+            let degree = degree[&c.key];
+            let evidence_chunk_keys = chunks.remove(&c.key).unwrap_or_default();
+            EntityHit {
+                evidence_truncated: (evidence_chunk_keys.len() as u64) < degree,
+                evidence_chunk_keys,
+                entity_key: c.key,
+                name: c.name,
+                type_label: c.labels.first().cloned().unwrap_or_default(),
+                type_labels: c.labels,
+                type_id: c.type_id,
+                degree,
+                role: Role::of(degree).as_str().to_owned(),
+                score: c.score,
+            }
+        })
+        .collect();
+    Ok(EntitySearchResponse { hits })
+}
+
+fn cap(field: &str, value: u32, (default, max): (u32, u32)) -> Result<usize> {
+    match value {
+        0 => Ok(default as usize),
+        v if v > max => Err(RetrievalError::invalid(format!(
+            "{field} = {v} is over its hard maximum of {max}"
+        ))),
+        v => Ok(v as usize),
+    }
+}
+
+fn norm(text: &str) -> String {
+    text.split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .map(str::to_lowercase)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+async fn candidates(store: &GraphStore, ns: &str, text: &str) -> Result<Vec<Candidate>> {
+    let Some(terms) = fulltext_query(text) else {
+        return Ok(Vec::new());
+    };
+    let terms: Vec<Value> = terms.split('|').map(Value::from).collect();
+    let mut params = Params::new();
+    params.insert("termCount".into(), Value::from(terms.len() as f64));
+    params.insert("terms".into(), Value::Array(terms));
+    params.insert("limit".into(), Value::from(CANDIDATES as i64));
+    let rows = store
+        .ro_query(
+            ns,
+            "UNWIND $terms AS term \
+             CALL db.idx.fulltext.queryNodes('Entity', term) YIELD node, score \
+             WITH node, count(DISTINCT term) AS matched, sum(score) AS total \
+             WITH node, total * matched / $termCount AS relevance \
+             ORDER BY relevance DESC, node.entityKey LIMIT $limit \
+             OPTIONAL MATCH (node)-[:INSTANCE_OF]->(t:EntityType) \
+             RETURN node.entityKey, node.name, node.typeId, node.aliases, relevance, \
+                    collect(DISTINCT t.label)",
+            &params,
+            TIMEOUT_MS,
+        )
+        .await?;
+    let wanted = norm(text);
+    rows.rows
+        .iter()
+        .map(|row| {
+            let (Some(key), Some(name), Some(relevance)) = (
+                row.first().and_then(Value::as_str),
+                row.get(1).and_then(Value::as_str),
+                row.get(4).and_then(Value::as_f64),
+            ) else {
+                return Err(RetrievalError::UnexpectedReply(format!(
+                    "entity search row {row:?}"
+                )));
+            };
+            let aliases: Vec<&str> = row
+                .get(3)
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
+            let exact = norm(name) == wanted || aliases.iter().any(|a| norm(a) == wanted);
+            let mut labels: Vec<String> = row
+                .get(5)
+                .and_then(Value::as_array)
+                .map(|l| {
+                    l.iter()
+                        .filter_map(Value::as_str)
+                        .map(str::to_owned)
+                        .collect()
+                })
+                .unwrap_or_default();
+            labels.sort();
+            Ok(Candidate {
+                key: key.to_owned(),
+                name: name.to_owned(),
+                type_id: row
+                    .get(2)
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned(),
+                labels,
+                score: relevance + if exact { EXACT_BONUS } else { 0.0 },
+            })
+        })
+        .collect()
+}
+
+/// Up to `per_entity` readable mentioning chunks per entity, in file and chunk order.
+async fn evidence_chunks(
+    store: &GraphStore,
+    ns: &str,
+    access: &AccessFilter,
+    keys: &[String],
+    per_entity: usize,
+) -> Result<std::collections::HashMap<String, Vec<String>>> {
+    if keys.is_empty() {
+        return Ok(Default::default());
+    }
+    let chunk = cypher_predicate(access, "c", "path", "acl_c_");
+    let file = cypher_predicate(access, "f", "vfsPath", "acl_f_");
+    let mut params = Params::new();
+    params.extend(chunk.params);
+    params.extend(file.params);
+    params.insert("keys".into(), strings(keys));
+    params.insert("n".into(), Value::from(per_entity as i64));
+    let cypher = format!(
+        "UNWIND $keys AS k \
+         MATCH (:Entity {{entityKey: k}})<-[:MENTIONS]-(c:Chunk) WHERE {chunk} \
+         MATCH (c)-[:PART_OF]->(f:FileRef) WHERE {file} \
+         WITH DISTINCT k, c ORDER BY c.fileId, c.chunkIndex, c.chunkKey \
+         WITH k, collect(c.chunkKey) AS cs \
+         RETURN k, cs[0..$n]",
+        chunk = chunk.text,
+        file = file.text,
+    );
+    let rows = store.ro_query(ns, &cypher, &params, TIMEOUT_MS).await?;
+    Ok(rows
+        .rows
+        .iter()
+        .filter_map(|row| {
+            let key = row.first().and_then(Value::as_str)?;
+            let chunks = row
+                .get(1)
+                .and_then(Value::as_array)?
+                .iter()
+                .filter_map(Value::as_str)
+                .map(str::to_owned)
+                .collect();
+            Some((key.to_owned(), chunks))
+        })
+        .collect())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn caps_and_normalisation() {
+        assert_eq!(cap("limit", 0, LIMIT).unwrap(), 8);
+        assert_eq!(cap("limit", 32, LIMIT).unwrap(), 32);
+        assert!(
+            cap("evidence_limit", 9, EVIDENCE)
+                .unwrap_err()
+                .to_string()
+                .contains("evidence_limit = 9 is over its hard maximum of 8")
+        );
+        assert_eq!(norm("  Acme-Corp. "), "acme corp");
+    }
+}

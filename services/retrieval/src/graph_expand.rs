@@ -1,0 +1,174 @@
+//! The graph_expand lane: from the entities of the best full-text hits to other readable
+//! chunks that mention them.
+//!
+//! Seeds are the first [`SEED_HITS`] full-text hits of the same request (the full-text lane
+//! runs for them when it was not requested). Every entity a seed mentions gets an idf-like
+//! weight `ln(1 + N / df)`, where `N` is the namespace's chunk count and `df` the number of
+//! chunks the caller may read that mention the entity, so a rare entity pulls harder than a
+//! common one. Entities whose role is `ignore` (see [`crate::roles`]) are dropped outright, and
+//! each remaining entity contributes at most [`PER_ENTITY_CAP`] chunks, so one ubiquitous
+//! entity cannot flood the lane. A candidate's score is the sum of the weights of the seed
+//! entities it mentions; seeds themselves are left out (the full-text lane already has them).
+//! Access predicates (chunk and FileRef) and the search filters sit inside the Cypher.
+
+use kg_common::access::cypher_predicate;
+use kg_proto::v1::AccessFilter;
+use kg_stores::graph::{GraphStore, Params};
+use serde_json::Value;
+
+use crate::error::{Result, RetrievalError};
+use crate::filters::LaneFilters;
+use crate::fusion::LaneHit;
+use crate::lanes::{self, LANE_POOL};
+use crate::roles::{Role, degrees};
+
+/// Full-text hits whose entities seed the expansion.
+pub(crate) const SEED_HITS: usize = 5;
+/// Most chunks one seed entity contributes.
+pub(crate) const PER_ENTITY_CAP: usize = 25;
+/// Server-side limit on one query of this lane.
+const TIMEOUT_MS: u64 = 5_000;
+
+/// Runs the lane. `fulltext_hits` are the full-text lane's hits of this request when it
+/// already ran; otherwise the full-text lane runs here for the seeds.
+pub(crate) async fn graph_expand(
+    store: &GraphStore,
+    namespace: &str,
+    access: &AccessFilter,
+    query_text: &str,
+    filters: &LaneFilters,
+    fulltext_hits: Option<&[LaneHit]>,
+) -> Result<Vec<LaneHit>> {
+    let seeds: Vec<String> = match fulltext_hits {
+        Some(hits) => hits
+            .iter()
+            .take(SEED_HITS)
+            .map(|h| h.chunk_key.clone())
+            .collect(),
+        None => lanes::fulltext(store, namespace, access, query_text, filters)
+            .await?
+            .into_iter()
+            .take(SEED_HITS)
+            .map(|h| h.chunk_key)
+            .collect(),
+    };
+    if seeds.is_empty() {
+        return Ok(Vec::new());
+    }
+    let entities = seed_entities(store, namespace, access, &seeds).await?;
+    let degree = degrees(store, namespace, access, &entities).await?;
+    let total = chunk_count(store, namespace).await?.max(1);
+    let weighted: Vec<Value> = entities
+        .iter()
+        .filter_map(|key| {
+            let df = *degree.get(key)?;
+            (Role::of(df) != Role::Ignore).then(|| {
+                let weight = (1.0 + total as f64 / df as f64).ln();
+                Value::Array(vec![Value::from(key.as_str()), Value::from(weight)])
+            })
+        })
+        .collect();
+    if weighted.is_empty() {
+        return Ok(Vec::new());
+    }
+
+    let chunk = cypher_predicate(access, "c", "path", "acl_c_");
+    let file = cypher_predicate(access, "f", "vfsPath", "acl_f_");
+    let mut params = Params::new();
+    params.extend(chunk.params);
+    params.extend(file.params);
+    let filter_clauses = filters.where_clauses("c", "f", &mut params);
+    let relation = filters.relation_stage("c", "x, c", access, &mut params);
+    params.insert("ents".into(), Value::Array(weighted));
+    params.insert("seeds".into(), strings(&seeds));
+    params.insert("cap".into(), Value::from(PER_ENTITY_CAP as i64));
+    params.insert("pool".into(), Value::from(LANE_POOL as i64));
+    let cypher = format!(
+        "UNWIND $ents AS x \
+         MATCH (:Entity {{entityKey: x[0]}})<-[:MENTIONS]-(c:Chunk) \
+         WHERE {chunk} AND NOT c.chunkKey IN $seeds \
+         MATCH (c)-[:PART_OF]->(f:FileRef) WHERE {file}{filter_clauses} \
+         {relation} \
+         WITH x, collect(DISTINCT c)[0..$cap] AS cs \
+         UNWIND cs AS c \
+         WITH c, sum(x[1]) AS score \
+         RETURN c.chunkKey, c.fileId, score \
+         ORDER BY score DESC, c.chunkKey \
+         LIMIT $pool",
+        chunk = chunk.text,
+        file = file.text,
+    );
+    let rows = store
+        .ro_query(namespace, &cypher, &params, TIMEOUT_MS)
+        .await?;
+    rows.rows
+        .iter()
+        .map(|row| hit(row, "graph_expand"))
+        .collect()
+}
+
+/// Distinct entities the (readable) seed chunks mention, in key order.
+async fn seed_entities(
+    store: &GraphStore,
+    namespace: &str,
+    access: &AccessFilter,
+    seeds: &[String],
+) -> Result<Vec<String>> {
+    let seed = cypher_predicate(access, "s", "path", "acl_s_");
+    let mut params = Params::new();
+    params.extend(seed.params);
+    params.insert("seeds".into(), strings(seeds));
+    let cypher = format!(
+        "MATCH (s:Chunk)-[:MENTIONS]->(e:Entity) WHERE s.chunkKey IN $seeds AND {pred} \
+         RETURN DISTINCT e.entityKey ORDER BY e.entityKey",
+        pred = seed.text
+    );
+    let rows = store
+        .ro_query(namespace, &cypher, &params, TIMEOUT_MS)
+        .await?;
+    Ok(rows
+        .rows
+        .iter()
+        .filter_map(|r| r.first().and_then(Value::as_str).map(str::to_owned))
+        .collect())
+}
+
+/// All chunks of the namespace (a label count: cheap, and the same for every caller).
+async fn chunk_count(store: &GraphStore, namespace: &str) -> Result<u64> {
+    let rows = store
+        .ro_query(
+            namespace,
+            "MATCH (c:Chunk) RETURN count(c)",
+            &Params::new(),
+            TIMEOUT_MS,
+        )
+        .await?;
+    Ok(rows
+        .rows
+        .first()
+        .and_then(|r| r.first())
+        .and_then(Value::as_u64)
+        .unwrap_or(0))
+}
+
+pub(crate) fn strings(values: &[String]) -> Value {
+    Value::Array(values.iter().map(|v| Value::from(v.as_str())).collect())
+}
+
+/// A `[chunkKey, fileId, score]` row as a lane hit.
+pub(crate) fn hit(row: &[Value], lane: &str) -> Result<LaneHit> {
+    match (
+        row.first().and_then(Value::as_str),
+        row.get(1).and_then(Value::as_str),
+        row.get(2).and_then(Value::as_f64),
+    ) {
+        (Some(key), Some(file_id), Some(score)) => Ok(LaneHit {
+            chunk_key: key.to_owned(),
+            file_id: file_id.to_owned(),
+            raw_score: score,
+        }),
+        _ => Err(RetrievalError::UnexpectedReply(format!(
+            "{lane} row {row:?}"
+        ))),
+    }
+}

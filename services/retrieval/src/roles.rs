@@ -1,0 +1,119 @@
+//! Entity roles from degree, shared by graph_expand, co_annotation and EntitySearch.
+//!
+//! `degree` is the number of chunks the caller may read that mention the entity. Fixed
+//! thresholds (not shares of the namespace) keep a role stable as a corpus grows and make
+//! it the same for every caller with the same view:
+//! - `bridge`: 1..=[`BRIDGE_MAX_DEGREE`] chunks. Specific enough that two bridges mentioned
+//!   together, or one relation apart, are evidence connecting the question's parts.
+//! - `filter`: up to [`FILTER_MAX_DEGREE`]. Common enough to narrow a question (a product,
+//!   a team) but a co-mention with it connects little.
+//! - `ignore`: more than [`FILTER_MAX_DEGREE`]. Boilerplate-level frequency: expanding from it
+//!   floods results, so graph_expand and co_annotation skip it.
+
+use std::collections::HashMap;
+
+use kg_common::access::cypher_predicate;
+use kg_proto::v1::AccessFilter;
+use kg_stores::graph::{GraphStore, Params};
+use serde_json::Value;
+
+use crate::error::{Result, RetrievalError};
+
+/// Server-side limit on one degree query.
+const DEGREE_TIMEOUT_MS: u64 = 5_000;
+
+/// Highest degree of a `bridge` entity.
+pub const BRIDGE_MAX_DEGREE: u64 = 25;
+/// Highest degree of a `filter` entity; above it the role is `ignore`.
+pub const FILTER_MAX_DEGREE: u64 = 250;
+
+/// The role of an entity by how many readable chunks mention it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    Bridge,
+    Filter,
+    Ignore,
+}
+
+impl Role {
+    pub(crate) fn of(degree: u64) -> Role {
+        if degree <= BRIDGE_MAX_DEGREE {
+            Role::Bridge
+        } else if degree <= FILTER_MAX_DEGREE {
+            Role::Filter
+        } else {
+            Role::Ignore
+        }
+    }
+
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Role::Bridge => "bridge",
+            Role::Filter => "filter",
+            Role::Ignore => "ignore",
+        }
+    }
+}
+
+/// Degree of each entity in `keys` for this caller: chunks it may read (access predicate on
+/// the chunk and its FileRef) that mention the entity. Entities no readable chunk mentions are
+/// absent from the map, so callers can drop them without learning they exist.
+pub(crate) async fn degrees(
+    store: &GraphStore,
+    namespace: &str,
+    access: &AccessFilter,
+    keys: &[String],
+) -> Result<HashMap<String, u64>> {
+    if keys.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let chunk = cypher_predicate(access, "c", "path", "acl_c_");
+    let file = cypher_predicate(access, "f", "vfsPath", "acl_f_");
+    let mut params = Params::new();
+    params.extend(chunk.params);
+    params.extend(file.params);
+    params.insert(
+        "keys".into(),
+        Value::Array(keys.iter().map(|k| Value::from(k.as_str())).collect()),
+    );
+    let cypher = format!(
+        "UNWIND $keys AS k \
+         MATCH (:Entity {{entityKey: k}})<-[:MENTIONS]-(c:Chunk) WHERE {chunk} \
+         MATCH (c)-[:PART_OF]->(f:FileRef) WHERE {file} \
+         RETURN k, count(DISTINCT c)",
+        chunk = chunk.text,
+        file = file.text,
+    );
+    let rows = store
+        .ro_query(namespace, &cypher, &params, DEGREE_TIMEOUT_MS)
+        .await?;
+    rows.rows
+        .iter()
+        .map(|row| {
+            match (
+                row.first().and_then(Value::as_str),
+                row.get(1).and_then(Value::as_u64),
+            ) {
+                (Some(key), Some(degree)) => Ok((key.to_owned(), degree)),
+                _ => Err(RetrievalError::UnexpectedReply(format!(
+                    "degree row {row:?}"
+                ))),
+            }
+        })
+        .filter(|r| !matches!(r, Ok((_, 0))))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thresholds_are_inclusive() {
+        assert_eq!(Role::of(1), Role::Bridge);
+        assert_eq!(Role::of(BRIDGE_MAX_DEGREE), Role::Bridge);
+        assert_eq!(Role::of(BRIDGE_MAX_DEGREE + 1), Role::Filter);
+        assert_eq!(Role::of(FILTER_MAX_DEGREE), Role::Filter);
+        assert_eq!(Role::of(FILTER_MAX_DEGREE + 1).as_str(), "ignore");
+    }
+}
