@@ -59,3 +59,28 @@ bench-files: deps
 bench-quality: deps
 	$(CARGO) build --release --bin kgmesh
 	$(PYTHON) bench/quality/run.py $(BENCH_ARGS)
+
+# Ingest throughput: end-to-end chunks/s and peak RSS of `kgmesh up` for >= 2,000 chunks
+# (copies of ../shared/bench/docs-qa/docs), next to all-MiniLM-L6-v2 alone on the same
+# chunk texts; providers minilm and none. Not part of `make test`.
+# BENCH_ARGS="--providers none --min-chunks 500" for a quicker run.
+.PHONY: bench-ingest
+bench-ingest: deps
+	$(CARGO) build --release --bin kgmesh --bin kg-embed-bench
+	$(PYTHON) bench/ingest/run.py $(BENCH_ARGS)
+
+# kg_cypher's parse + validate + rewrite under fuzzing for FUZZ_SECS (default 60): libFuzzer via
+# cargo-fuzz when it is installed (`cargo install cargo-fuzz`; RUSTC_BOOTSTRAP lets the stable
+# toolchain build it), else the stable grammar-aware harness. Fails on a panic, a print/parse
+# round trip that changes the tree, or a rewrite missing an access predicate.
+FUZZ_SECS ?= 60
+.PHONY: fuzz-cypher fuzz-cypher-stable
+fuzz-cypher:
+	@if $(CARGO) fuzz --version >/dev/null 2>&1; then \
+		cd services/graph/fuzz && RUSTC_BOOTSTRAP=1 $(CARGO) fuzz run cypher --sanitizer none -- -max_total_time=$(FUZZ_SECS); \
+	else \
+		$(MAKE) --no-print-directory fuzz-cypher-stable; \
+	fi
+
+fuzz-cypher-stable:
+	$(CARGO) run --manifest-path services/graph/fuzz/Cargo.toml --no-default-features --bin cypher-stable -- $(FUZZ_SECS)

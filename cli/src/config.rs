@@ -47,6 +47,48 @@ pub struct UpConfig {
     /// File tools.
     #[serde(default)]
     pub files: FilesSection,
+    /// The approval service.
+    #[serde(default)]
+    pub approval: ApprovalSection,
+    /// Which embedder the indexer (and vector search) use.
+    #[serde(default)]
+    pub embedding: kg_embed::EmbeddingConfig,
+    /// Where vectors live.
+    #[serde(default)]
+    pub vector: VectorSection,
+    /// Indexer throughput.
+    #[serde(default)]
+    pub indexer: IndexerSection,
+}
+
+/// `[vector]`: embedded qdrant-edge under the data dir unless a server is named.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VectorSection {
+    /// gRPC URL of a Qdrant server, e.g. `http://qdrant:6334`.
+    pub qdrant_url: Option<String>,
+    /// Environment variable holding the Qdrant API key.
+    pub api_key_env: Option<String>,
+    /// Collection on the server (default `kgmesh`).
+    pub collection: Option<String>,
+}
+
+/// `[indexer]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IndexerSection {
+    /// Events indexed at once (default 4); one file's events never overlap.
+    pub concurrency: Option<usize>,
+}
+
+/// `[approval]`: how approved effects are signed.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalSection {
+    /// Name of the environment variable holding the webhook signing secret
+    /// (at least 16 bytes). Unset: a random secret is generated once and kept
+    /// in `<data_dir>/secrets/webhook-signing.secret`.
+    pub webhook_signing_secret_env: Option<String>,
 }
 
 /// `[files]`: limits of kg_files / kg_file.
@@ -123,6 +165,33 @@ pub fn resolve(
     {
         problems.push("public_base_url: expected http://... or https://...".to_owned());
     }
+    if let Some(name) = &config.approval.webhook_signing_secret_env {
+        let valid = !name.is_empty()
+            && name
+                .chars()
+                .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_');
+        if !valid {
+            problems.push(format!(
+                "approval.webhook_signing_secret_env: `{name}` is not an environment variable name (A-Z, 0-9, _)"
+            ));
+        } else if name.starts_with(kg_common::config::ENV_PREFIX) {
+            // KGMESH_* variables are read as config keys; a secret there would be refused as unknown.
+            problems.push(format!(
+                "approval.webhook_signing_secret_env: `{name}` starts with KGMESH_, which is reserved for configuration; pick another name"
+            ));
+        }
+    }
+    problems.extend(config.embedding.problems());
+    if let Some(url) = &config.vector.qdrant_url
+        && !(url.starts_with("http://") || url.starts_with("https://"))
+    {
+        problems.push("vector.qdrant_url: expected http://HOST:6334".to_owned());
+    }
+    if let Some(n) = config.indexer.concurrency
+        && !(1..=64).contains(&n)
+    {
+        problems.push(format!("indexer.concurrency: expected 1..=64, got {n}"));
+    }
     let mut telemetry = config.telemetry;
     telemetry.log_json |= flags.log_json;
     if let Some(filter) = &telemetry.log_filter
@@ -150,6 +219,19 @@ pub fn resolve(
             public_base_url: config.public_base_url,
             max_query_file_bytes: config.files.max_query_file_bytes,
             max_upload_bytes: config.max_upload_bytes,
+            approval: crate::mesh::ApprovalOptions {
+                webhook_signing_secret_env: config.approval.webhook_signing_secret_env,
+            },
+            indexer: kg_indexer::IndexerSettings {
+                embedding: config.embedding,
+                qdrant_url: config.vector.qdrant_url,
+                qdrant_api_key_env: config.vector.api_key_env,
+                collection: config
+                    .vector
+                    .collection
+                    .unwrap_or_else(|| kg_indexer::settings::DEFAULT_COLLECTION.to_owned()),
+                concurrency: config.indexer.concurrency.unwrap_or(4),
+            },
         },
         telemetry,
     ))
@@ -194,6 +276,29 @@ mod tests {
         let err = resolve(Some(&file), UpFlags::default()).unwrap_err();
         assert_eq!(err.problems.len(), 4, "{:?}", err.problems);
         assert!(err.problems[0].contains("http_addr"));
+
+        std::fs::write(
+            &file,
+            "[approval]\nwebhook_signing_secret_env = \"SHOP_SIGNING_SECRET\"\n",
+        )
+        .unwrap();
+        let (options, _) = resolve(Some(&file), UpFlags::default()).unwrap();
+        assert_eq!(
+            options.approval.webhook_signing_secret_env.as_deref(),
+            Some("SHOP_SIGNING_SECRET")
+        );
+        for bad in ["KGMESH_SECRET", "lower-case"] {
+            std::fs::write(
+                &file,
+                format!("[approval]\nwebhook_signing_secret_env = \"{bad}\"\n"),
+            )
+            .unwrap();
+            let err = resolve(Some(&file), UpFlags::default()).unwrap_err();
+            assert!(
+                err.to_string().contains("webhook_signing_secret_env"),
+                "{err}"
+            );
+        }
 
         std::fs::write(&file, "no_such_key = 1\n").unwrap();
         let err = resolve(Some(&file), UpFlags::default()).unwrap_err();

@@ -73,8 +73,38 @@ enum Command {
         #[command(subcommand)]
         command: FileCommand,
     },
+    /// Preview branches of a namespace: create, list, upload a file to one.
+    Branch {
+        #[command(subcommand)]
+        command: commands::versions::BranchCommand,
+    },
+    /// Immutable releases (snapshots of file versions): create, list.
+    Release {
+        #[command(subcommand)]
+        command: commands::versions::ReleaseCommand,
+    },
+    /// Environments pointing at a release: deploy, list (with history).
+    Env {
+        #[command(subcommand)]
+        command: commands::versions::EnvCommand,
+    },
     /// Query the audit log of tool calls.
     Audit(AuditArgs),
+    /// Proposals of governed actions: list, show, approve, reject (admin).
+    Approvals {
+        #[command(subcommand)]
+        command: commands::approvals::ApprovalsCommand,
+    },
+    /// Ontology projects: validate or compile against the live warehouse.
+    Ontology {
+        #[command(subcommand)]
+        command: commands::ontology::OntologyCommand,
+    },
+    /// A namespace's TBox: draft, show, review, publish (admin).
+    Tbox {
+        #[command(subcommand)]
+        command: commands::ontology::TboxCommand,
+    },
 }
 
 #[derive(Args)]
@@ -109,6 +139,15 @@ struct UpArgs {
     /// Load a folder into a namespace at start, as the local operator: DIR:NAMESPACE.
     #[arg(long, value_name = "DIR:NAMESPACE")]
     seed: Vec<String>,
+    /// Ontology project directory (ontology.yaml) whose objects become generated tools.
+    #[arg(long, env = "KGMESH_ONTOLOGY_PROJECT_DIR")]
+    project_dir: Option<PathBuf>,
+    /// Overrides the ontology project's warehouse URL.
+    #[arg(long, env = "KGMESH_WAREHOUSE_URL")]
+    warehouse_url: Option<String>,
+    /// Let actions that declare no approval run their effect at once.
+    #[arg(long)]
+    allow_auto_effects: bool,
 }
 
 #[derive(Args)]
@@ -136,6 +175,20 @@ struct McpArgs {
     /// The PAT every tool call runs as.
     #[arg(long, env = "KGMESH_TOKEN", hide_env_values = true, default_value = "")]
     token: String,
+    /// The role generated propose_ tools run as (asserted by whoever launches
+    /// this process); without it only read tools are served.
+    #[arg(long)]
+    role: Option<String>,
+    /// Serve the generated tools of this ontology project (in this process)
+    /// instead of the mesh's project.
+    #[arg(long)]
+    project_dir: Option<PathBuf>,
+    /// Overrides the project's warehouse URL.
+    #[arg(long, env = "KGMESH_WAREHOUSE_URL")]
+    warehouse_url: Option<String>,
+    /// With --project-dir: let actions without approval run their effect at once.
+    #[arg(long)]
+    allow_auto_effects: bool,
 }
 
 fn main() -> ExitCode {
@@ -171,7 +224,15 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Deny { command } => commands::access::deny(command).await.map(success),
         Command::Pat { command } => commands::pats::pat(command).await.map(success),
         Command::File { command } => commands::files::file(command).await.map(success),
+        Command::Branch { command } => commands::versions::branch(command).await.map(success),
+        Command::Release { command } => commands::versions::release(command).await.map(success),
+        Command::Env { command } => commands::versions::env(command).await.map(success),
         Command::Audit(args) => commands::audit::audit(args).await.map(success),
+        Command::Ontology { command } => commands::ontology::ontology(command).await,
+        Command::Tbox { command } => commands::ontology::tbox(command).await.map(success),
+        Command::Approvals { command } => {
+            commands::approvals::approvals(command).await.map(success)
+        }
     }
 }
 
@@ -221,7 +282,15 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let _telemetry = kg_common::telemetry::init("kgmesh", &telemetry)?;
-    let mesh = Mesh::start(options).await?;
+    let mesh = Mesh::start_with(
+        options,
+        kgmesh::mesh::OntologyOptions {
+            project_dir: args.project_dir,
+            warehouse_url: args.warehouse_url,
+            allow_auto_effects: args.allow_auto_effects,
+        },
+    )
+    .await?;
     if let Some(path) = &args.ready_file {
         let info = &mesh.info;
         let ready = json!({
@@ -353,10 +422,25 @@ async fn mcp(args: McpArgs) -> anyhow::Result<ExitCode> {
         anyhow::bail!("set KGMESH_TOKEN (or --token) to a PAT: every tool call runs as it");
     }
     let info = MeshInfo::load(&args.data_dir)?;
-    let config = kg_gateway::GatewayConfig::new(info.grpc);
-    kg_gateway::serve_stdio(config, args.token.trim().to_owned())
+    let mut config = kg_gateway::GatewayConfig::new(info.grpc.clone());
+    config.ontology_addr = info.ontology.clone();
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    if let Some(dir) = &args.project_dir {
+        let addr = commands::ontology::serve_local(
+            &info,
+            dir,
+            args.warehouse_url.clone(),
+            args.allow_auto_effects,
+            shutdown.clone(),
+        )
+        .await?;
+        config.ontology_addr = Some(addr);
+    }
+    let served = kg_gateway::serve_stdio_with_role(config, args.token.trim().to_owned(), args.role)
         .await
-        .context("stdio MCP server failed")?;
+        .context("stdio MCP server failed");
+    shutdown.cancel();
+    served?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -508,6 +592,38 @@ mod tests {
             "5"
         ]));
         assert!(parses(&["pat", "rotate", "pat_1"]));
+        assert!(parses(&["approvals", "list", "--state", "pending"]));
+        assert!(parses(&["approvals", "approve", "prp_1", "--reason", "ok"]));
+        assert!(parses(&["approvals", "reject", "prp_1"]));
+        assert!(!parses(&["approvals", "approve"]));
+        assert!(parses(&[
+            "ontology",
+            "validate",
+            "--project-dir",
+            "examples/shop"
+        ]));
+        assert!(parses(&[
+            "ontology",
+            "compile",
+            "--project-dir",
+            "x",
+            "--reload"
+        ]));
+        assert!(parses(&["tbox", "publish", "--namespace", "demo"]));
+        assert!(parses(&[
+            "mcp",
+            "--stdio",
+            "--role",
+            "support",
+            "--project-dir",
+            "examples/shop"
+        ]));
+        assert!(parses(&[
+            "up",
+            "--project-dir",
+            "examples/shop",
+            "--allow-auto-effects"
+        ]));
         assert!(parses(&["group", "add-member", "grp_1", "usr_1"]));
         assert!(!parses(&["group", "add-member", "grp_1"]));
     }

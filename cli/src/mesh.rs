@@ -44,6 +44,29 @@ pub struct MeshOptions {
     pub max_query_file_bytes: Option<u64>,
     /// Override of the admin REST upload limit (default 32 MiB).
     pub max_upload_bytes: Option<usize>,
+    /// The approval service (`[approval]`).
+    pub approval: ApprovalOptions,
+    /// Embeddings, vector index and indexer concurrency (`[embedding]`, `[vector]`, `[indexer]`).
+    pub indexer: kg_indexer::IndexerSettings,
+}
+
+/// `[approval]` of `kgmesh up`.
+#[derive(Debug, Clone, Default)]
+pub struct ApprovalOptions {
+    /// Environment variable holding the webhook signing secret; when unset a
+    /// random secret is kept in `<data_dir>/secrets/webhook-signing.secret`.
+    pub webhook_signing_secret_env: Option<String>,
+}
+
+/// The ontology project `kgmesh up` serves generated tools from.
+#[derive(Debug, Clone, Default)]
+pub struct OntologyOptions {
+    /// Directory holding `ontology.yaml`; None serves no generated tools.
+    pub project_dir: Option<PathBuf>,
+    /// Overrides the project's warehouse URL.
+    pub warehouse_url: Option<String>,
+    /// Actions that declare no approval may run at once (`--allow-auto-effects`).
+    pub allow_auto_effects: bool,
 }
 
 /// Where a running mesh listens; written to `<data_dir>/mesh.json`.
@@ -59,6 +82,12 @@ pub struct MeshInfo {
     pub data_dir: PathBuf,
     /// Process id of `kgmesh up`.
     pub pid: u32,
+    /// gRPC address of the ontology service.
+    #[serde(default)]
+    pub ontology: Option<String>,
+    /// gRPC address of the approval service.
+    #[serde(default)]
+    pub approval: Option<String>,
 }
 
 impl MeshInfo {
@@ -140,12 +169,20 @@ impl Mesh {
     /// Starts stores, services and gateway; returns once every gRPC service
     /// reports SERVING and the gateway answers.
     pub async fn start(options: MeshOptions) -> anyhow::Result<Mesh> {
-        // Boxed: the composed future is deep enough to overflow the compiler's
-        // layout recursion in every caller otherwise.
-        Box::pin(Self::start_inner(options)).await
+        Self::start_with(options, OntologyOptions::default()).await
     }
 
-    async fn start_inner(options: MeshOptions) -> anyhow::Result<Mesh> {
+    /// [`Mesh::start`] serving the generated tools of an ontology project.
+    pub async fn start_with(
+        options: MeshOptions,
+        ontology: OntologyOptions,
+    ) -> anyhow::Result<Mesh> {
+        // Boxed: the composed future is deep enough to overflow the compiler's
+        // layout recursion in every caller otherwise.
+        Box::pin(Self::start_inner(options, ontology)).await
+    }
+
+    async fn start_inner(options: MeshOptions, ontology: OntologyOptions) -> anyhow::Result<Mesh> {
         let data_dir = &options.data_dir;
         std::fs::create_dir_all(data_dir)
             .with_context(|| format!("cannot create {}", data_dir.display()))?;
@@ -204,6 +241,17 @@ impl Mesh {
         let graph = GraphStore::connect(&falkordb_url).await?;
         let jetstream = kg_stores::events::connect(&nats_url).await?;
         let blobs = BlobStore::new(data_dir.join("blobs"));
+        // One embedder and one vector index for the process (qdrant-edge under the data dir).
+        let vectors = options
+            .indexer
+            .open_vectors(&data_dir.join("vectors"))
+            .await
+            .context("cannot start embeddings and the vector index")?;
+        let indexer_config = kg_indexer::IndexerConfig {
+            concurrency: options.indexer.concurrency,
+            vectors: vectors.clone(),
+            ..kg_indexer::IndexerConfig::default()
+        };
 
         let auth = kg_auth::AuthService::new(sql.clone(), signer, pat_key, deployment_id).await?;
         let mut files = kg_files::FilesService::new(
@@ -284,49 +332,103 @@ impl Mesh {
             tasks.spawn(async move {
                 (
                     "indexer",
-                    kg_indexer::run(
-                        kg_indexer::IndexerConfig::default(),
-                        graph,
-                        blobs,
-                        js,
-                        token,
-                    )
-                    .await
-                    .map_err(Into::into),
-                )
-            });
-        }
-        {
-            let config = kg_retrieval::RetrievalConfig {
-                falkordb_url: falkordb_url.clone(),
-            };
-            let verifier = verifier.clone();
-            let token = shutdown.clone();
-            tasks.spawn(async move {
-                (
-                    "retrieval",
-                    kg_retrieval::serve(config, verifier, retrieval_listener, token)
+                    kg_indexer::run(indexer_config, graph, blobs, js, token)
                         .await
                         .map_err(Into::into),
                 )
             });
         }
         {
-            let config = kg_graph::GraphConfig {
-                falkordb_url: falkordb_url.clone(),
-            };
+            // The vector lane embeds queries with the embedder that wrote the index.
+            let mut service = kg_retrieval::RetrievalService::new(graph.clone());
+            if let Some(vectors) = &vectors {
+                service = service.with_vectors(vectors.index.clone(), vectors.embedder.clone())?;
+            }
+            let verifier = verifier.clone();
+            let token = shutdown.clone();
+            tasks.spawn(async move {
+                (
+                    "retrieval",
+                    kg_retrieval::serve_with(service, verifier, retrieval_listener, token)
+                        .await
+                        .map_err(Into::into),
+                )
+            });
+        }
+        {
+            // The graph service reads published TBoxes (kg_ontology) from JetStream KV and
+            // shares the indexer's vector index (similar hops, similarFiles).
+            let mut service = kg_graph::GraphService::new(graph.clone())
+                .with_tbox(kg_stores::tbox::TboxBucket::open(&jetstream).await?);
+            if let Some(vectors) = &vectors {
+                service = service.with_vectors(vectors.index.clone());
+            }
             let verifier = verifier.clone();
             let token = shutdown.clone();
             tasks.spawn(async move {
                 (
                     "graph",
-                    kg_graph::serve(config, verifier, graph_listener, token)
+                    kg_graph::serve_with(service, verifier, graph_listener, token)
+                        .await
+                        .map_err(Into::into),
+                )
+            });
+        }
+        // Ontology and approval call each other (Submit, CheckAction): bind both first.
+        let (ontology_listener, ontology_addr) = bind_loopback().await?;
+        let (approval_listener, approval_addr) = bind_loopback().await?;
+        {
+            let tbox = kg_ontology::TboxStore::open(
+                sql.clone(),
+                Some(kg_stores::tbox::TboxBucket::open(&jetstream).await?),
+            )
+            .await?;
+            let service = kg_ontology::OntologyService::new(
+                kg_ontology::OntologyConfig {
+                    project_dir: ontology.project_dir.clone(),
+                    warehouse_url: ontology.warehouse_url.clone(),
+                    approval_addr: Some(approval_addr.clone()),
+                    allow_auto_effects: ontology.allow_auto_effects,
+                },
+                Some(tbox),
+            )
+            .await?;
+            let verifier = verifier.clone();
+            let token = shutdown.clone();
+            tasks.spawn(async move {
+                (
+                    "ontology",
+                    kg_ontology::serve(service, verifier, ontology_listener, token)
+                        .await
+                        .map_err(Into::into),
+                )
+            });
+        }
+        {
+            // `[approval] webhook_signing_secret_env`, else a generated hex secret in
+            // secrets/webhook-signing.secret that receivers are configured with.
+            let env_name = options.approval.webhook_signing_secret_env.clone();
+            let secret = kg_approval::load_signing_secret(
+                env_name.as_deref(),
+                &secrets.join("webhook-signing.secret"),
+            )?;
+            let mut config = kg_approval::ApprovalConfig::new(secret, Some(ontology_addr.clone()));
+            config.protected_env.extend(env_name);
+            let service = kg_approval::ApprovalService::new(sql.clone(), config).await?;
+            let verifier = verifier.clone();
+            let token = shutdown.clone();
+            tasks.spawn(async move {
+                (
+                    "approval",
+                    kg_approval::serve(service, verifier, approval_listener, token)
                         .await
                         .map_err(Into::into),
                 )
             });
         }
         for (name, addr) in [
+            ("kg.v1.Ontology", &ontology_addr),
+            ("kg.v1.Approval", &approval_addr),
             ("kg.v1.Auth", &backends.auth),
             ("kg.v1.Files", &backends.files),
             ("kg.v1.Retrieval", &backends.retrieval),
@@ -344,6 +446,8 @@ impl Mesh {
         if let Some(max) = options.max_upload_bytes {
             gateway_config.max_upload_bytes = max;
         }
+        gateway_config.ontology_addr = Some(ontology_addr.clone());
+        gateway_config.approval_addr = Some(approval_addr.clone());
         gateway_config.validate()?;
         {
             let token = shutdown.clone();
@@ -365,6 +469,8 @@ impl Mesh {
             grpc: backends,
             data_dir: data_dir.clone(),
             pid: std::process::id(),
+            ontology: Some(ontology_addr),
+            approval: Some(approval_addr),
         };
         write_private(
             &data_dir.join(MESH_FILE),

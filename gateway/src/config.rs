@@ -44,6 +44,14 @@ pub struct GatewayConfig {
     /// Largest file accepted by the upload endpoint, in bytes.
     #[serde(default = "default_max_upload_bytes")]
     pub max_upload_bytes: usize,
+    /// gRPC address of the approval service, for the admin REST
+    /// `/api/v1/approvals` (503 without it). Never used by MCP.
+    #[serde(default)]
+    pub approval_addr: Option<String>,
+    /// gRPC address of the ontology service: generated tools (get_/list_/
+    /// traverse_/propose_) are served only when set.
+    #[serde(default)]
+    pub ontology_addr: Option<String>,
 }
 
 fn default_allowed_hosts() -> Vec<String> {
@@ -67,6 +75,8 @@ impl GatewayConfig {
             allowed_origins: Vec::new(),
             public_base_url: None,
             max_upload_bytes: DEFAULT_MAX_UPLOAD_BYTES,
+            approval_addr: None,
+            ontology_addr: None,
         }
     }
 
@@ -86,6 +96,26 @@ impl GatewayConfig {
             if !ok {
                 problems.push(format!("{name}: expected `http://host:port`, got `{addr}`"));
             }
+        }
+        if let Some(addr) = &self.ontology_addr
+            && !((addr.starts_with("http://") || addr.starts_with("https://"))
+                && addr
+                    .parse::<http::Uri>()
+                    .is_ok_and(|u| u.authority().is_some()))
+        {
+            problems.push(format!(
+                "ontology_addr: expected `http://host:port`, got `{addr}`"
+            ));
+        }
+        if let Some(addr) = &self.approval_addr
+            && !((addr.starts_with("http://") || addr.starts_with("https://"))
+                && addr
+                    .parse::<http::Uri>()
+                    .is_ok_and(|u| u.authority().is_some()))
+        {
+            problems.push(format!(
+                "approval_addr: expected `http://host:port`, got `{addr}`"
+            ));
         }
         for host in &self.allowed_hosts {
             if crate::http::guard::parse_host_entry(host).is_none() {

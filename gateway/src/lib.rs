@@ -43,7 +43,18 @@ pub async fn serve(
 /// Serves MCP over stdin/stdout with a fixed PAT, authorized on every tool
 /// call. stdout carries only JSON-RPC frames; diagnostics go to stderr.
 pub async fn serve_stdio(config: GatewayConfig, token: String) -> Result<(), GatewayError> {
-    let state = GatewayState::new(config, CancellationToken::new())?;
+    serve_stdio_with_role(config, token, None).await
+}
+
+/// [`serve_stdio`] with the role the launcher asserts for generated tools
+/// (`--role`; None: read tools only).
+pub async fn serve_stdio_with_role(
+    config: GatewayConfig,
+    token: String,
+    role: Option<String>,
+) -> Result<(), GatewayError> {
+    let mut state = GatewayState::new(config, CancellationToken::new())?;
+    state.generated = state.generated.with_role(role);
     let server = mcp::McpServer::for_token(state, mcp::ToolRegistry::builtin(), token);
     let running = server
         .serve(rmcp::transport::stdio())

@@ -63,6 +63,8 @@ pub struct GatewayState {
     pub(crate) shutdown: CancellationToken,
     /// Where every tool call's audit event goes (to auth, off the call path).
     pub(crate) audit: AuditSink,
+    /// Tools generated from the compiled ontology (off without `ontology_addr`).
+    pub(crate) generated: crate::mcp::Generated,
 }
 
 impl GatewayState {
@@ -72,7 +74,9 @@ impl GatewayState {
         config.validate()?;
         let backends = Backends::connect(&config)?;
         let audit = AuditSink::new(backends.auth.clone(), AUDIT_QUEUE_CAPACITY);
+        let generated = crate::mcp::Generated::connect(config.ontology_addr.as_deref())?;
         Ok(Self {
+            generated,
             config: Arc::new(config),
             backends,
             shutdown,

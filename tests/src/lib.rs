@@ -22,6 +22,8 @@ pub async fn start_mesh() -> anyhow::Result<(Mesh, tempfile::TempDir)> {
         public_base_url: None,
         max_query_file_bytes: None,
         max_upload_bytes: None,
+        approval: Default::default(),
+        indexer: Default::default(),
     })
     .await?;
     Ok((mesh, dir))

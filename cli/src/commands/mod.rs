@@ -2,9 +2,12 @@
 //! (`/api/v1`), printing its JSON answer (pretty, or compact with `--json`).
 
 pub(crate) mod access;
+pub(crate) mod approvals;
 pub(crate) mod audit;
 pub(crate) mod files;
+pub(crate) mod ontology;
 pub(crate) mod pats;
+pub(crate) mod versions;
 
 use clap::Args;
 use kgmesh::client::AdminClient;

@@ -2,8 +2,10 @@
 //! Streamable HTTP MCP endpoint and the admin REST API.
 
 mod admin;
+mod approvals;
 mod dto;
 pub(crate) mod guard;
+mod versions;
 
 use std::sync::Arc;
 
@@ -41,6 +43,20 @@ pub fn router(state: GatewayState) -> Router {
         },
         require_bearer,
     ));
+    let approvals = approvals::routes(&state).route_layer(from_fn_with_state(
+        BearerGuard {
+            state: state.clone(),
+            tool: "admin",
+        },
+        require_bearer,
+    ));
+    let versions = versions::routes(state.clone()).route_layer(from_fn_with_state(
+        BearerGuard {
+            state: state.clone(),
+            tool: "admin",
+        },
+        require_bearer,
+    ));
     Router::new()
         .route("/health", get(health))
         .route("/metrics", get(metrics))
@@ -55,6 +71,8 @@ pub fn router(state: GatewayState) -> Router {
         .with_state(state)
         .merge(mcp)
         .merge(admin)
+        .merge(versions)
+        .merge(approvals)
         .fallback(not_found)
         .layer(tower_http::trace::TraceLayer::new_for_http())
 }

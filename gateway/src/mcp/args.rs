@@ -45,7 +45,7 @@ pub(crate) const CAPS: [(&str, u32, u32); 6] = [
 
 /// A JSON number that must be a whole number (agents sometimes send `8.0`).
 #[derive(Debug, Clone, Copy)]
-struct Int(i64);
+pub(crate) struct Int(pub(crate) i64);
 
 impl<'de> Deserialize<'de> for Int {
     fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -64,12 +64,12 @@ impl<'de> Deserialize<'de> for Int {
     }
 }
 
-fn parse<T: DeserializeOwned>(args: &Map<String, Value>) -> Result<T, ClientError> {
+pub(crate) fn parse<T: DeserializeOwned>(args: &Map<String, Value>) -> Result<T, ClientError> {
     serde_json::from_value(Value::Object(args.clone()))
         .map_err(|err| ClientError::invalid(format!("invalid arguments: {err}")))
 }
 
-fn bounded(
+pub(crate) fn bounded(
     name: &str,
     value: Option<Int>,
     min: u32,
@@ -87,12 +87,12 @@ fn bounded(
     u32::try_from(v).map_err(|_| ClientError::invalid(format!("{name} is out of range")))
 }
 
-fn namespace(name: &str, value: &str) -> Result<String, ClientError> {
+pub(crate) fn namespace(name: &str, value: &str) -> Result<String, ClientError> {
     validate_namespace(value).map_err(|err| ClientError::invalid(format!("{name}: {err}")))?;
     Ok(value.to_owned())
 }
 
-fn key(name: &str, value: &str) -> Result<String, ClientError> {
+pub(crate) fn key(name: &str, value: &str) -> Result<String, ClientError> {
     let value = value.trim();
     if value.is_empty() {
         return Err(ClientError::invalid(format!("{name} must not be empty")));
@@ -107,7 +107,7 @@ fn key(name: &str, value: &str) -> Result<String, ClientError> {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct RawCaps {
+pub(crate) struct RawCaps {
     mentions: Option<Int>,
     rel: Option<Int>,
     ancestors: Option<Int>,
@@ -118,7 +118,7 @@ struct RawCaps {
 
 /// Resolves caps: defaults filled in, each value from 0 to its hard max.
 /// Services always receive explicit values (0 means an empty list).
-fn caps(raw: Option<RawCaps>) -> Result<PackageCaps, ClientError> {
+pub(crate) fn caps(raw: Option<RawCaps>) -> Result<PackageCaps, ClientError> {
     let raw = raw.unwrap_or_default();
     let values = [
         raw.mentions,
@@ -171,6 +171,7 @@ struct RawSearch {
     token_budget: Option<Int>,
     ranking: Option<RawRanking>,
     caps: Option<RawCaps>,
+    filters: Option<super::entity_search::RawFilters>,
 }
 
 /// Validated `kg_search` arguments.
@@ -185,6 +186,7 @@ pub(crate) struct SearchArgs {
     pub(crate) token_budget: Option<u32>,
     pub(crate) ranking: Option<kg_proto::v1::Ranking>,
     pub(crate) caps: PackageCaps,
+    pub(crate) filters: Option<kg_proto::v1::SearchFilters>,
 }
 
 fn lane(name: &str, value: &str) -> Result<String, ClientError> {
@@ -266,6 +268,7 @@ pub(crate) fn search_args(args: &Map<String, Value>) -> Result<SearchArgs, Clien
         token_budget,
         ranking,
         caps: caps(raw.caps)?,
+        filters: super::entity_search::search_filters(raw.filters),
     })
 }
 
@@ -765,8 +768,10 @@ mod tests {
                 .contains("tokenBudget")
         );
         assert!(
-            refused(search_args(&obj(json!({"query": "q", "filters": {}}))))
-                .contains("unknown field `filters`")
+            refused(search_args(&obj(
+                json!({"query": "q", "filters": {"folder": "x"}})
+            )))
+            .contains("unknown field `folder`")
         );
     }
 

@@ -3,7 +3,12 @@
 //! with an authorized caller is metered, logged and audited.
 
 mod args;
+mod cypher;
+mod entity_search;
 mod files;
+mod generated;
+mod knowledge_graph;
+mod navigation;
 mod package;
 mod registry;
 mod search;
@@ -22,6 +27,7 @@ use rmcp::model::{
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
 
+pub(crate) use generated::Generated;
 pub(crate) use registry::ToolRegistry;
 
 use crate::audit::Transport;
@@ -128,20 +134,31 @@ pub(crate) fn error_result(err: &ClientError) -> CallToolResult {
 
 impl ServerHandler for McpServer {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(
-                Implementation::new("kgmesh", env!("CARGO_PKG_VERSION"))
-                    .with_title("kgmesh knowledge graph"),
-            )
-            .with_instructions(INSTRUCTIONS)
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tool_list_changed()
+                .build(),
+        )
+        .with_server_info(
+            Implementation::new("kgmesh", env!("CARGO_PKG_VERSION"))
+                .with_title("kgmesh knowledge graph"),
+        )
+        .with_instructions(INSTRUCTIONS)
     }
 
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
-        Ok(ListToolsResult::with_all_items(self.registry.tools()))
+        let mut tools = self.registry.tools();
+        tools.extend(self.generated_tools(&context).await);
+        Ok(ListToolsResult::with_all_items(tools))
+    }
+
+    async fn on_initialized(&self, context: rmcp::service::NotificationContext<RoleServer>) {
+        generated::on_initialized(self, context);
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
@@ -154,6 +171,9 @@ impl ServerHandler for McpServer {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
         let Some(entry) = self.registry.get(&request.name) else {
+            if let Some(result) = self.call_generated(&request, &context).await {
+                return Ok(CallToolResponse::Complete(result));
+            }
             return Err(McpError::invalid_params(
                 format!(
                     "unknown tool `{}`: call tools/list for the tools this server offers",

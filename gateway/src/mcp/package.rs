@@ -120,6 +120,7 @@ pub(crate) fn package_json(p: &ChunkPackage) -> Value {
             v.insert("method".into(), clean(&m.method));
             v.insert("quote".into(), clean(&m.quote));
             put_opt(&mut v, "charStart", m.char_start);
+            put_opt(&mut v, "charEnd", m.char_end);
             Value::Object(v)
         })
         .collect();
@@ -134,6 +135,13 @@ pub(crate) fn package_json(p: &ChunkPackage) -> Value {
                 "targetEntityKey": clean(&r.target_entity_key),
                 "targetName": clean(&r.target_name),
                 "statedInFileId": clean(&r.stated_in_file_id),
+                "sourceName": clean(&r.source_name),
+                "direction": clean(&r.direction),
+                "entityKey": clean(&r.entity_key),
+                "otherEntityKey": clean(&r.other_entity_key),
+                "otherName": clean(&r.other_name),
+                "otherTypeId": clean(&r.other_type_id),
+                "statedInChunkKey": clean(&r.stated_in_chunk_key),
             })
         })
         .collect();

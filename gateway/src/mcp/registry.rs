@@ -21,6 +21,13 @@ pub(crate) enum ToolKind {
     Outline,
     Files,
     File,
+    Hop,
+    Ontology,
+    FileEntities,
+    FileTriples,
+    Cypher,
+    KnowledgeGraph,
+    EntitySearch,
 }
 
 /// One registered tool.
@@ -39,7 +46,7 @@ pub(crate) struct ToolRegistry {
 impl ToolRegistry {
     /// The tool set: kg_namespaces, kg_search, kg_open, kg_outline, kg_files, kg_file.
     pub(crate) fn builtin() -> Self {
-        let entries = vec![
+        let mut entries = vec![
             entry(
                 ToolKind::Namespaces,
                 "kg_namespaces",
@@ -89,6 +96,10 @@ impl ToolRegistry {
                 file_output(),
             ),
         ];
+        entries.extend(super::navigation::entries(entry));
+        entries.push(super::cypher::tool_entry(entry));
+        entries.push(super::knowledge_graph::tool_entry(entry));
+        entries.push(super::entity_search::tool_entry(entry));
         Self {
             entries: Arc::new(entries),
         }
@@ -137,7 +148,9 @@ Call it first when you do not know which namespace holds the answer; pass the na
 Takes no arguments. Returns {namespaces: [{name, permission}]}.";
 
 const SEARCH_DESCRIPTION: &str = "Find the chunks of text that answer a question, across one or more namespaces, when you do not yet know the file or key. \
-Runs retrieval lanes (full-text today) fused with reciprocal rank fusion; several namespaces interleave by rank, never by raw score. \
+Runs retrieval lanes (default fulltext, vector, graph_expand) fused with reciprocal rank fusion; several namespaces interleave by rank, never by raw score. \
+Add co_annotation to lanes when you want chunks that mention two entities named in the question: trace.grounding then lists per namespace the grounded entities with roles, the chosen pair, directCount, bridgeCount or a reason (no_grounded_entities, too_few_bridges, no_evidence). \
+filters narrow every lane: collections (any of), folderPrefix, dateFrom/dateTo (documentDate, YYYY-MM-DD), effectiveAt (inside the effective window), relationTypeIds (chunks whose entities take part in such a relation). \
 Returns up to topK chunk packages (default 8, hard max 32), best first. Each package has the chunk text, contextHeader (Document › Heading trail), \
 citation (namespace/path › section, pages when known) to quote in your answer, position (chunkIndex, char and line span, tokenCount, prevChunkKey/nextChunkKey) \
 and its outline section with ancestors, siblings and children. total counts the readable candidates and truncated says more exist than were returned. \
@@ -175,7 +188,7 @@ lineNumber, or omit query and pass startLine and endLine (1-based, inclusive) fo
 Errors are {code, message}: not_found for a path you cannot read, invalid_argument with the position of a SQL error, \
 resource_exhausted or timeout when a query is too costly, PAYLOAD_TOO_LARGE for a file or result that is too big.";
 
-fn caps_input() -> Value {
+pub(super) fn caps_input() -> Value {
     let mut properties = serde_json::Map::new();
     for (name, default, max) in CAPS {
         properties.insert(
@@ -194,7 +207,7 @@ fn caps_input() -> Value {
     })
 }
 
-fn namespace_input() -> Value {
+pub(super) fn namespace_input() -> Value {
     json!({"type": "string", "description": "A namespace you may read (see kg_namespaces).", "pattern": "^[a-z0-9][a-z0-9_-]{0,62}$"})
 }
 
@@ -225,6 +238,7 @@ fn search_input() -> Value {
                 "additionalProperties": false
             },
             "caps": caps_input(),
+            "filters": super::entity_search::filters_input(),
         },
         "required": ["query"],
         "additionalProperties": false,
@@ -362,11 +376,13 @@ pub(crate) fn package_schema() -> Value {
             },
             "mentions": {"type": "array", "items": {"type": "object", "properties": {
                 "entityKey": string, "name": string, "typeId": string, "typeLabel": string,
-                "method": string, "quote": string, "charStart": int
+                "method": string, "quote": string, "charStart": int, "charEnd": int
             }}},
             "relNeighbors": {"type": "array", "items": {"type": "object", "properties": {
                 "sourceEntityKey": string, "relationTypeId": string, "targetEntityKey": string,
-                "targetName": string, "statedInFileId": string
+                "targetName": string, "statedInFileId": string, "sourceName": string,
+                "direction": {"type": "string", "description": "out when the mentioned entity (entityKey) is the source, in when it is the target."}, "entityKey": string,
+                "otherEntityKey": string, "otherName": string, "otherTypeId": string, "statedInChunkKey": string
             }}},
             "dates": {"type": "object", "properties": {
                 "documentDate": string, "effectiveFrom": string, "effectiveTo": string,
@@ -405,7 +421,15 @@ fn search_output() -> Value {
                     "tokenBudget": {"type": "object", "properties": {
                         "budget": {"type": "integer"}, "used": {"type": "integer"},
                         "omitted": {"type": "integer"}, "truncated": {"type": "boolean"}
-                    }, "required": ["budget", "used", "omitted", "truncated"]}
+                    }, "required": ["budget", "used", "omitted", "truncated"]},
+                    "grounding": {"type": "array", "items": {"type": "object", "properties": {
+                        "namespace": {"type": "string"}, "entities": {"type": "array"}, "pair": {"type": "array", "items": {"type": "string"}},
+                        "directCount": {"type": "integer"}, "bridgeCount": {"type": "integer"}, "reason": {"type": "string"}
+                    }, "required": ["namespace", "entities", "pair", "directCount", "bridgeCount"]}},
+                    "vectorWidening": {"type": "array", "items": {"type": "object", "properties": {
+                        "namespace": {"type": "string"}, "pool": {"type": "integer"}, "rounds": {"type": "integer"},
+                        "capReached": {"type": "boolean"}
+                    }, "required": ["namespace", "pool", "rounds", "capReached"]}}
                 },
                 "required": ["lanes", "namespaces"]
             }
@@ -414,7 +438,7 @@ fn search_output() -> Value {
     })
 }
 
-fn packages_output() -> Value {
+pub(super) fn packages_output() -> Value {
     json!({
         "type": "object",
         "properties": {
@@ -580,7 +604,14 @@ mod tests {
                 "kg_open",
                 "kg_outline",
                 "kg_files",
-                "kg_file"
+                "kg_file",
+                "kg_hop",
+                "kg_ontology",
+                "kg_file_entities",
+                "kg_file_triples",
+                "kg_cypher",
+                "get_knowledge_graph",
+                "kg_entity_search"
             ]
         );
         for tool in &tools {
@@ -610,7 +641,10 @@ mod tests {
             registry.get("kg_open").map(|e| e.kind),
             Some(ToolKind::Open)
         );
-        assert!(registry.get("kg_cypher").is_none());
+        assert_eq!(
+            registry.get("kg_cypher").map(|e| e.kind),
+            Some(ToolKind::Cypher)
+        );
 
         // Input schemas accept what validation accepts and refuse unknown fields.
         let input =

@@ -66,6 +66,12 @@ pub(crate) async fn run(
             Ok(args) => super::files::query_file(state, caller, args).await,
             Err(err) => Err(err),
         },
+        ToolKind::Hop | ToolKind::Ontology | ToolKind::FileEntities | ToolKind::FileTriples => {
+            super::navigation::run(state, caller, kind, args).await
+        }
+        ToolKind::Cypher => super::cypher::run(state, caller, args).await,
+        ToolKind::KnowledgeGraph => super::knowledge_graph::run(state, caller, args).await,
+        ToolKind::EntitySearch => super::entity_search::run(state, caller, args).await,
     };
     Outcome { result, namespaces }
 }
@@ -74,7 +80,11 @@ pub(crate) async fn run(
 /// when other arguments are invalid. Only well-formed names are kept, so no
 /// other argument text can reach the audit log.
 pub(crate) fn requested_namespaces(args: &Map<String, Value>) -> Vec<String> {
-    let single = args.get("namespace").and_then(Value::as_str);
+    // get_knowledge_graph names its namespace `project_reference`.
+    let single = args
+        .get("namespace")
+        .or_else(|| args.get("project_reference"))
+        .and_then(Value::as_str);
     let many = args
         .get("namespaces")
         .and_then(Value::as_array)
@@ -155,6 +165,10 @@ struct NamespaceOutcome {
 struct SearchRound {
     outcomes: Vec<NamespaceOutcome>,
     lanes: Vec<Value>,
+    /// co_annotation grounding per namespace, for trace.grounding.
+    grounding: Vec<Value>,
+    /// Vector-lane pool widening per namespace, for trace.vectorWidening.
+    vector_widening: Vec<Value>,
 }
 
 /// Folds per-namespace Search answers: a failed namespace soft-fails (empty,
@@ -164,6 +178,8 @@ fn collect_searches(
     responses: Vec<Result<SearchResponse, ClientError>>,
 ) -> Result<SearchRound, ClientError> {
     let mut lanes = Vec::new();
+    let mut grounding = Vec::new();
+    let mut vector_widening = Vec::new();
     let mut outcomes = Vec::new();
     let mut first_error = None;
     for (ns, response) in namespaces.iter().zip(responses) {
@@ -177,6 +193,14 @@ fn collect_searches(
                         entry["errorCode"] = json!(lane.error_code);
                     }
                     lanes.push(entry);
+                }
+                if let Some(report) = &response.grounding {
+                    grounding.push(super::entity_search::grounding_json(report));
+                }
+                if let Some(w) = &response.vector_widening {
+                    vector_widening.push(json!({
+                        "namespace": ns, "pool": w.pool, "rounds": w.rounds, "capReached": w.cap_reached,
+                    }));
                 }
                 outcomes.push(NamespaceOutcome {
                     namespace: ns.clone(),
@@ -200,7 +224,12 @@ fn collect_searches(
     // Soft-fail means "continue with the others"; with nothing left it is an error.
     match first_error {
         Some(err) if outcomes.iter().all(|o| o.error.is_some()) => Err(err),
-        _ => Ok(SearchRound { outcomes, lanes }),
+        _ => Ok(SearchRound {
+            outcomes,
+            lanes,
+            grounding,
+            vector_widening,
+        }),
     }
 }
 
@@ -215,6 +244,8 @@ fn assemble(
     let SearchRound {
         mut outcomes,
         lanes,
+        grounding,
+        vector_widening,
     } = round;
     let mut packages: Vec<HashMap<String, ChunkPackage>> = Vec::with_capacity(outcomes.len());
     for (outcome, result) in outcomes.iter_mut().zip(package_lists) {
@@ -249,6 +280,12 @@ fn assemble(
     if let Some(report) = budget {
         trace["tokenBudget"] = json!(report);
     }
+    if !grounding.is_empty() {
+        trace["grounding"] = json!(grounding);
+    }
+    if !vector_widening.is_empty() {
+        trace["vectorWidening"] = json!(vector_widening);
+    }
     let total: u64 = outcomes
         .iter()
         .filter(|o| o.error.is_none())
@@ -276,7 +313,7 @@ async fn search(
             query: args.query.clone(),
             lanes: args.lanes.clone(),
             top_k: args.top_k,
-            filters: None,
+            filters: args.filters.clone(),
             ranking: args.ranking.clone(),
         });
         async move {
@@ -515,6 +552,28 @@ mod tests {
         );
         assert_eq!(result["trace"]["lanes"].as_array().unwrap().len(), 2);
         assert!(result["trace"].get("tokenBudget").is_none());
+        assert!(result["trace"].get("grounding").is_none());
+    }
+
+    #[test]
+    fn co_annotation_grounding_lands_in_the_trace() {
+        let mut grounded = response(Vec::new(), 0);
+        grounded.grounding = Some(kg_proto::v1::Grounding {
+            namespace: "a".into(),
+            reason: "too_few_bridges".into(),
+            ..Default::default()
+        });
+        let round = collect_searches(
+            &["a".to_owned(), "b".to_owned()],
+            vec![Ok(grounded), Ok(response(Vec::new(), 0))],
+        )
+        .unwrap();
+        let result = assemble(round, &[], vec![Ok(Vec::new()), Ok(Vec::new())], None);
+        assert_eq!(
+            result["trace"]["grounding"],
+            json!([{"namespace": "a", "entities": [], "pair": [], "directCount": 0,
+                    "bridgeCount": 0, "reason": "too_few_bridges"}])
+        );
     }
 
     #[test]

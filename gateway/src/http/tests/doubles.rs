@@ -385,6 +385,51 @@ impl Files for TestFiles {
         self.recorded.note(&request)?;
         Ok(Response::new(DeleteFileResponse { deleted: true }))
     }
+    async fn create_branch(&self, _: tonic::Request<CreateBranchRequest>) -> Res<Branch> {
+        unimplemented()
+    }
+    async fn list_branches(
+        &self,
+        _: tonic::Request<ListBranchesRequest>,
+    ) -> Res<ListBranchesResponse> {
+        unimplemented()
+    }
+    async fn upload_to_branch(&self, _: tonic::Request<UploadToBranchRequest>) -> Res<BranchFile> {
+        unimplemented()
+    }
+    async fn create_release(&self, _: tonic::Request<CreateReleaseRequest>) -> Res<Release> {
+        unimplemented()
+    }
+    async fn list_releases(
+        &self,
+        _: tonic::Request<ListReleasesRequest>,
+    ) -> Res<ListReleasesResponse> {
+        unimplemented()
+    }
+    async fn deploy_environment(
+        &self,
+        _: tonic::Request<DeployEnvironmentRequest>,
+    ) -> Res<Environment> {
+        unimplemented()
+    }
+    async fn list_environments(
+        &self,
+        _: tonic::Request<ListEnvironmentsRequest>,
+    ) -> Res<ListEnvironmentsResponse> {
+        unimplemented()
+    }
+    async fn resolve_target(
+        &self,
+        _: tonic::Request<ResolveTargetRequest>,
+    ) -> Res<ResolveTargetResponse> {
+        unimplemented()
+    }
+    async fn get_knowledge_graph(
+        &self,
+        _: tonic::Request<GetKnowledgeGraphRequest>,
+    ) -> Res<GetKnowledgeGraphResponse> {
+        unimplemented()
+    }
 }
 
 /// The running doubles (auth and files share one address); stops when dropped.

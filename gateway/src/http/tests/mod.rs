@@ -315,7 +315,14 @@ async fn mcp_session_lists_and_calls_tools() {
             "kg_open",
             "kg_outline",
             "kg_files",
-            "kg_file"
+            "kg_file",
+            "kg_hop",
+            "kg_ontology",
+            "kg_file_entities",
+            "kg_file_triples",
+            "kg_cypher",
+            "get_knowledge_graph",
+            "kg_entity_search"
         ]
     );
     assert_eq!(
