@@ -30,7 +30,14 @@ def anyio_backend() -> str:
 def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
     """`kgmesh up` on a fresh data dir, ready and healthy."""
     global _active_mesh
-    running = Mesh(work_dir=tmp_path_factory.mktemp("kgmesh-up"), binary=kgmesh_bin())
+    # The shared mesh runs without embeddings: its corpora include a 12 MiB text file, and
+    # embedding it with MiniLM in a debug build would dominate the suite. The vector lane has
+    # its own mesh with MiniLM in test_vector_search.py.
+    running = Mesh(
+        work_dir=tmp_path_factory.mktemp("kgmesh-up"),
+        binary=kgmesh_bin(),
+        env={"KGMESH_EMBEDDING__PROVIDER": "none"},
+    )
     _active_mesh = running
     failure: str | None = None
     try:

@@ -218,6 +218,8 @@ class Mesh:
     ready: dict[str, Any] = field(default_factory=dict)
     # Processes `up` started, remembered while it runs: if it dies, they are orphans to clean up.
     children: dict[int, int] = field(default_factory=dict)
+    # Extra KGMESH_* settings for this mesh, on top of the environment.
+    env: dict[str, str] = field(default_factory=dict)
 
     @property
     def data_dir(self) -> Path:
@@ -262,7 +264,13 @@ class Mesh:
             # Own session: the stores `up` starts share its process group, so a last-resort
             # kill reaches them too.
             self.proc = subprocess.Popen(
-                command, cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True
+                command,
+                cwd=REPO_ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                start_new_session=True,
+                env={**os.environ, **self.env},
             )
         self._wait_ready()
 

@@ -1,0 +1,87 @@
+"""The vector lane end to end: its own `kgmesh up` with the default embedder (all-MiniLM-L6-v2
+from the wheel, run in process), `examples/handbook` ingested, kg_search over MCP with the
+official SDK.
+
+A paraphrased question that shares no content word with its answer is found by the vector
+lane alone; a reader whose grant stops at one folder never gets a chunk from another folder
+through it; and a folder filter reports how the candidate pool widened.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kgmesh_support import EXAMPLES_DIR, Mesh, MeshError, call_ok, kgmesh_bin, mcp_http
+
+pytestmark = pytest.mark.anyio
+
+NAMESPACE = "vectors"
+# "bees" and "honey" are in offices.md; none of these words is.
+PARAPHRASE = "When are the insect colonies on the roof inspected?"
+
+
+@pytest.fixture(scope="module")
+def vector_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
+    work = tmp_path_factory.mktemp("kgmesh-vectors")
+    corpus = work / "corpus"
+    shutil.copytree(EXAMPLES_DIR / "handbook", corpus / "handbook")
+    mesh = Mesh(work_dir=work / "mesh", binary=kgmesh_bin())
+    try:
+        mesh.start()
+        mesh.ingest(corpus, NAMESPACE)
+    except MeshError as err:
+        problems = mesh.stop()
+        pytest.fail(f"{err}\n{problems}", pytrace=False)
+    yield mesh
+    mesh.stop()
+
+
+def paths(result: dict) -> list[str]:
+    return [hit["path"] for hit in result["results"]]
+
+
+async def test_a_paraphrase_is_found_by_the_vector_lane(vector_mesh: Mesh) -> None:
+    async with mcp_http(vector_mesh.mcp_url, vector_mesh.admin_token) as client:
+        vector = await call_ok(
+            client, "kg_search", {"query": PARAPHRASE, "namespaces": [NAMESPACE], "lanes": ["vector"], "topK": 3}
+        )
+        lanes = {lane["lane"]: lane for lane in vector["trace"]["lanes"]}
+        assert lanes["vector"]["ok"], vector["trace"]
+        assert paths(vector)[0] == "handbook/offices.md", paths(vector)
+        assert "beehive" in vector["results"][0]["text"]
+        widening = vector["trace"]["vectorWidening"][0]
+        assert widening["rounds"] == 1 and not widening["capReached"], widening
+
+        # Fused with the other lanes, the vector-only answer still makes the default page.
+        fused = await call_ok(client, "kg_search", {"query": PARAPHRASE, "namespaces": [NAMESPACE]})
+        assert "handbook/offices.md" in paths(fused), paths(fused)
+
+
+async def test_folder_filters_widen_and_never_leak(vector_mesh: Mesh, tmp_path: Path) -> None:
+    principal = vector_mesh.create_principal("vector-reader", "user")
+    token, _ = vector_mesh.create_pat(principal, "vector-reader-pat")
+    vector_mesh.grant(principal, NAMESPACE, "read", prefix="handbook/security/")
+    async with mcp_http(vector_mesh.mcp_url, token) as client:
+        result = await call_ok(
+            client, "kg_search", {"query": PARAPHRASE, "namespaces": [NAMESPACE], "lanes": ["vector"], "topK": 8}
+        )
+        assert result["results"], "the reader's own folder still answers"
+        assert all(p.startswith("handbook/security/") for p in paths(result)), paths(result)
+    async with mcp_http(vector_mesh.mcp_url, vector_mesh.admin_token) as client:
+        filtered = await call_ok(
+            client,
+            "kg_search",
+            {
+                "query": PARAPHRASE,
+                "namespaces": [NAMESPACE],
+                "lanes": ["vector"],
+                "filters": {"folderPrefix": "handbook/security/"},
+            },
+        )
+        assert filtered["results"]
+        assert all(p.startswith("handbook/security/") for p in paths(filtered)), paths(filtered)
+        assert filtered["trace"]["vectorWidening"][0]["pool"] >= 8
