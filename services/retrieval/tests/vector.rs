@@ -10,7 +10,7 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use kg_embed::{Embedder, HashingEmbedder, SharedEmbedder};
+use kg_embed::{HashingEmbedder, SharedEmbedder};
 use kg_indexer::document::DocumentMeta;
 use kg_proto::v1::{SearchFilters, SearchRequest};
 use kg_retrieval::RetrievalService;
