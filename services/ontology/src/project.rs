@@ -328,18 +328,8 @@ mod tests {
         assert_eq!(
             committed,
             project_schema(),
-            "regenerate with `cargo test -p kg-ontology -- --ignored write_schema`"
+            "regenerate with `kgmesh ontology schema > deploy/ontology-project.schema.json`"
         );
-    }
-
-    /// `cargo test -p kg-ontology -- --ignored write_schema` regenerates the committed schema.
-    #[test]
-    #[ignore]
-    fn write_schema() {
-        let path =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/ontology-project.schema.json");
-        let text = serde_json::to_string_pretty(&project_schema()).unwrap();
-        std::fs::write(path, text + "\n").unwrap();
     }
 
     #[test]
