@@ -4,6 +4,7 @@
 
 #![recursion_limit = "256"]
 
+pub mod approval_child;
 pub mod client;
 pub mod config;
 pub mod ingest;

@@ -32,7 +32,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run every service in one process on its embedded defaults.
+    /// Run every service on its embedded defaults (approval in a child process).
     Up(UpArgs),
     /// Upload a file or folder into a namespace and wait until it is indexed.
     Ingest(IngestArgs),
@@ -105,6 +105,9 @@ enum Command {
         #[command(subcommand)]
         command: commands::ontology::TboxCommand,
     },
+    /// Internal: the approval service as a child process of `kgmesh up`.
+    #[command(name = "approval-serve", hide = true)]
+    ApprovalServe,
 }
 
 #[derive(Args)]
@@ -233,6 +236,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Approvals { command } => {
             commands::approvals::approvals(command).await.map(success)
         }
+        Command::ApprovalServe => kgmesh::approval_child::serve_child().await.map(success),
     }
 }
 
@@ -273,7 +277,7 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         allowed_hosts: args.allowed_hosts,
         log_json: args.log_json,
     };
-    let (options, telemetry) = match kgmesh::config::resolve(args.config.as_deref(), flags) {
+    let (mut options, telemetry) = match kgmesh::config::resolve(args.config.as_deref(), flags) {
         Ok(resolved) => resolved,
         Err(err) => {
             eprintln!("error: {err}");
@@ -282,6 +286,9 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         }
     };
     let _telemetry = kg_common::telemetry::init("kgmesh", &telemetry)?;
+    // Approval runs as its own process: this binary re-executed as `approval-serve`.
+    options.approval.child = Some(kgmesh::approval_child::ChildCommand::current_exe()?);
+    options.approval.telemetry = telemetry.clone();
     let mesh = Mesh::start_with(
         options,
         kgmesh::mesh::OntologyOptions {

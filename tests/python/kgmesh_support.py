@@ -220,6 +220,8 @@ class Mesh:
     children: dict[int, int] = field(default_factory=dict)
     # Extra KGMESH_* settings for this mesh, on top of the environment.
     env: dict[str, str] = field(default_factory=dict)
+    # Extra `kgmesh up` arguments (e.g. --project-dir DIR --allow-auto-effects).
+    extra_args: list[str] = field(default_factory=list)
 
     @property
     def data_dir(self) -> Path:
@@ -259,6 +261,7 @@ class Mesh:
             "127.0.0.1:0",
             "--ready-file",
             str(self.ready_file),
+            *self.extra_args,
         ]
         with open(self.stdout_log, "wb") as out, open(self.stderr_log, "wb") as err:
             # Own session: the stores `up` starts share its process group, so a last-resort

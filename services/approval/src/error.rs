@@ -17,6 +17,16 @@ pub enum ApprovalError {
         /// Its current state.
         state: &'static str,
     },
+    /// Four-eyes rule: the approver is the proposer (or acts for them).
+    #[error(
+        "four_eyes: proposal `{id}` was proposed by `{proposer}`, who may not approve it; another admin must approve it (the proposer may still reject it)"
+    )]
+    FourEyes {
+        /// The proposal.
+        id: String,
+        /// The user (or principal) behind it.
+        proposer: String,
+    },
     /// `execute_now` for an action that needs a human approval.
     #[error(
         "`{object}.{action}` needs a human approval: it cannot run at once; submit it as a pending proposal"
@@ -66,7 +76,9 @@ impl ErrorExt for ApprovalError {
             ApprovalError::Invalid(_) => ErrorCode::InvalidArgument,
             ApprovalError::NotFound(_) => ErrorCode::NotFound,
             ApprovalError::AlreadyDecided { .. } => ErrorCode::FailedPrecondition,
-            ApprovalError::ApprovalRequired { .. } => ErrorCode::PermissionDenied,
+            ApprovalError::ApprovalRequired { .. } | ApprovalError::FourEyes { .. } => {
+                ErrorCode::PermissionDenied
+            }
             ApprovalError::OntologyUnavailable => ErrorCode::Unavailable,
             ApprovalError::Ontology { code, .. } => *code,
             ApprovalError::Caller(e) => e.code(),

@@ -1,5 +1,6 @@
 //! `kg-approval`: the approval service as its own process (one Kubernetes
-//! Deployment). `kgmesh up` runs the same service in-process instead.
+//! Deployment). `kgmesh up` runs the same service as a child process of its
+//! own binary (`kgmesh approval-serve`), so one artifact ships.
 //!
 //! Configuration: an optional TOML file (`kg-approval --config FILE` or
 //! `KGMESH_CONFIG`) overridden by `KGMESH_*` variables, e.g.
@@ -39,6 +40,9 @@ struct ServerConfig {
     /// Else a file holding it (created with a random secret when missing).
     #[serde(default = "default_secret_file")]
     webhook_signing_secret_file: PathBuf,
+    /// The proposer may not approve their own proposal.
+    #[serde(default)]
+    four_eyes: bool,
     #[serde(default)]
     telemetry: TelemetryConfig,
 }
@@ -107,6 +111,7 @@ async fn run() -> Result<(), String> {
     approval
         .protected_env
         .extend(config.webhook_signing_secret_env.clone());
+    approval.four_eyes = config.four_eyes;
     let service = ApprovalService::new(sql, approval)
         .await
         .map_err(|e| e.to_string())?;

@@ -48,6 +48,9 @@ pub struct ApprovalConfig {
     pub decide_wait: Duration,
     /// First backoff between attempts; doubles each time.
     pub backoff_base: Duration,
+    /// Four-eyes rule: the proposer (the user behind the agent) may not
+    /// approve their own proposal (`[approval] four_eyes`, default off).
+    pub four_eyes: bool,
 }
 
 impl ApprovalConfig {
@@ -61,6 +64,7 @@ impl ApprovalConfig {
             secrets: SecretSource::Env,
             decide_wait: Duration::from_secs(15),
             backoff_base: Duration::from_millis(250),
+            four_eyes: false,
         }
     }
 }
@@ -291,6 +295,24 @@ impl ApprovalService {
         let reason = sanitize_text(reason, 1000);
         let proposal = self.get_stored(id).await?;
         let by = caller.principal_id.as_str();
+        if approve
+            && self.inner.config.four_eyes
+            && proposal.state() == ProposalState::Pending
+            && let Some(proposer) = own_proposal(caller, &proposal)
+        {
+            // Refused before any claim: the proposal stays pending for another admin.
+            let note = Event::new(
+                "approval_refused",
+                by,
+                format!("four_eyes: `{by}` may not approve a proposal made by `{proposer}`"),
+            );
+            self.inner.store.record(id, &note).await?;
+            tracing::warn!(proposal = id, by, "four-eyes rule: self-approval refused");
+            return Err(ApprovalError::FourEyes {
+                id: id.to_owned(),
+                proposer,
+            });
+        }
         let (to, event) = if approve {
             (
                 ProposalState::Approved,
@@ -431,6 +453,22 @@ impl ApprovalService {
     }
 }
 
+/// The proposer's identity when `caller` is (or acts for) the person behind the
+/// proposal: its user (`on_behalf_of`) or, for a proposal made directly, the principal.
+fn own_proposal(caller: &CallerContext, proposal: &Proposal) -> Option<String> {
+    let proposer = if proposal.on_behalf_of.is_empty() {
+        &proposal.proposer
+    } else {
+        &proposal.on_behalf_of
+    };
+    let approver = [&caller.principal_id, &caller.on_behalf_of];
+    let proposed_by = [&proposal.proposer, &proposal.on_behalf_of];
+    approver
+        .iter()
+        .any(|a| !a.is_empty() && proposed_by.contains(a))
+        .then(|| proposer.clone())
+}
+
 fn set_effect_summary(proposal: &mut Proposal, effect: &WebhookEffect) {
     proposal.effect_method = effect.method.to_ascii_uppercase();
     proposal.effect_url_template = effect.url_template.clone();
@@ -449,7 +487,7 @@ fn refusal_of(proposal: &Proposal, check: &CheckActionResponse) -> Option<(Strin
         return Some((
             "policy_changed".to_owned(),
             format!(
-                "the action's policy changed since the proposal (version {} -> {}): propose it again",
+                "this action's policy (precondition, parameters, roles, approval rule or effect) changed since the proposal (version {} -> {}): propose it again",
                 proposal.policy_version, check.policy_version
             ),
         ));

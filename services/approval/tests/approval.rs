@@ -317,6 +317,10 @@ fn context(principal: &str, admin: bool) -> CallerContext {
 
 impl Harness {
     async fn start(sql: SqlStore) -> Harness {
+        Self::start_with(sql, |_| {}).await
+    }
+
+    async fn start_with(sql: SqlStore, configure: impl FnOnce(&mut ApprovalConfig)) -> Harness {
         let signer = Arc::new(ContextSigner::generate());
         let verifier = ContextVerifier::new(vec![signer.public_key()]);
         let shutdown = CancellationToken::new();
@@ -344,6 +348,7 @@ impl Harness {
         )])));
         config.decide_wait = Duration::from_secs(30);
         config.backoff_base = Duration::from_millis(20);
+        configure(&mut config);
         let service = ApprovalService::new(sql, config).await.unwrap();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = format!("http://{}", listener.local_addr().unwrap());
@@ -371,6 +376,26 @@ impl Harness {
         let mut request = tonic::Request::new(message);
         attach_caller(&mut request, &self.signer.sign(&context(principal, admin)));
         request
+    }
+
+    /// Decide as an arbitrary (signed) admin context.
+    async fn decide_as(
+        &self,
+        id: &str,
+        approve: bool,
+        ctx: CallerContext,
+    ) -> Result<Proposal, tonic::Status> {
+        let mut request = tonic::Request::new(DecideRequest {
+            id: id.to_owned(),
+            approve,
+            reason: String::new(),
+        });
+        attach_caller(&mut request, &self.signer.sign(&ctx));
+        self.client
+            .clone()
+            .decide(request)
+            .await
+            .map(|r| r.into_inner())
     }
 
     fn rule(&self, kind: &str) -> Rule {
@@ -978,4 +1003,79 @@ async fn approval_on_postgres() {
     let sql = SqlStore::connect(&pg.url).await.unwrap();
     suite(sql).await;
     drop(pg);
+}
+
+/// `four_eyes`: the user behind the agent (proposals here are made by agent-1
+/// on behalf of user-ada) cannot approve them, neither directly nor through
+/// an admin agent acting for them; another admin can. Off, the same approval works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_eyes_refuses_self_approval() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("approval.db").display());
+    let h = Harness::start_with(SqlStore::connect(&url).await.unwrap(), |c| {
+        c.four_eyes = true;
+    })
+    .await;
+    h.ontology.set("order", "cancel", h.rule("ok"));
+    let p = h.submit("order", "eyes1", false).await.unwrap();
+    assert_eq!(p.on_behalf_of, "user-ada");
+
+    let mut as_agent_for_ada = context("agent-admin", true);
+    as_agent_for_ada.on_behalf_of = "user-ada".into();
+    for ctx in [
+        context("user-ada", true),
+        as_agent_for_ada,
+        context("agent-1", true),
+    ] {
+        let who = ctx.principal_id.clone();
+        let err = h.decide_as(&p.id, true, ctx).await.unwrap_err();
+        assert_eq!(code_of(&err), ErrorCode::PermissionDenied, "{who}: {err:?}");
+        assert!(
+            err.message().starts_with("four_eyes: "),
+            "{}",
+            err.message()
+        );
+        assert!(err.message().contains("user-ada"), "{}", err.message());
+    }
+    let still = h.get(&p.id).await;
+    assert_eq!(still.state(), ProposalState::Pending);
+    assert_eq!(
+        kinds(&still),
+        [
+            "submitted",
+            "approval_refused",
+            "approval_refused",
+            "approval_refused"
+        ]
+    );
+    assert!(h.receiver.hits("eyes1").is_empty(), "no effect ran");
+    assert!(
+        h.ontology.calls("order").is_empty(),
+        "refused before any re-check"
+    );
+
+    // Another admin approves: the effect runs once.
+    let done = h.decide(&p.id, true).await.unwrap();
+    assert_eq!(done.state(), ProposalState::Executed, "{done:?}");
+    assert_eq!(h.receiver.hits("eyes1").len(), 1);
+
+    // The proposer may still withdraw (reject) their own proposal.
+    let p = h.submit("order", "eyes2", false).await.unwrap();
+    let rejected = h
+        .decide_as(&p.id, false, context("user-ada", true))
+        .await
+        .unwrap();
+    assert_eq!(rejected.state(), ProposalState::Rejected);
+
+    // Default (off): the proposer's own approval goes through.
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("approval.db").display());
+    let h = Harness::start(SqlStore::connect(&url).await.unwrap()).await;
+    h.ontology.set("order", "cancel", h.rule("ok"));
+    let p = h.submit("order", "eyes3", false).await.unwrap();
+    let done = h
+        .decide_as(&p.id, true, context("user-ada", true))
+        .await
+        .unwrap();
+    assert_eq!(done.state(), ProposalState::Executed, "{done:?}");
 }

@@ -78,16 +78,28 @@ pub struct Compiled {
     pub project: Project,
     /// Tools in a stable order.
     pub tools: Vec<GeneratedToolDef>,
-    /// Hash of the project (positive).
+    /// Hash of the whole project (positive): the compiled version the gateway
+    /// follows for `tools/list_changed`. Proposals carry [`Compiled::action_version`].
     pub policy_version: i64,
     /// Parsed `approval.when` per (object, action).
     pub(crate) when: BTreeMap<(String, String), Expr>,
+    /// [`action_policy_version`] per (object, action).
+    pub(crate) action_versions: BTreeMap<(String, String), i64>,
 }
 
 impl Compiled {
     /// The tool named `name`.
     pub fn tool(&self, name: &str) -> Option<&GeneratedToolDef> {
         self.tools.iter().find(|t| t.name == name)
+    }
+
+    /// The policy version of one action (0 for an unknown action): what a
+    /// proposal records and what the approval service compares at decision time.
+    pub fn action_version(&self, object: &str, action: &str) -> i64 {
+        self.action_versions
+            .get(&(object.to_owned(), action.to_owned()))
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Tools visible to `roles`: read tools always; propose_ when a role is allowed.
@@ -519,13 +531,61 @@ pub async fn check_live(project: &Project, wh: &Warehouse) -> Vec<String> {
     p
 }
 
-/// A project's policy version: the first 63 bits of the SHA-256 of its canonical JSON.
-pub fn policy_version(project: &Project) -> i64 {
-    let bytes = serde_json::to_vec(project).unwrap_or_default();
+/// The first 63 bits of the SHA-256 of a value's JSON (positive).
+fn hash63(value: &impl serde::Serialize) -> i64 {
+    let bytes = serde_json::to_vec(value).unwrap_or_default();
     let digest = Sha256::digest(&bytes);
     let mut first = [0u8; 8];
     first.copy_from_slice(&digest[..8]);
     i64::from_be_bytes(first) & i64::MAX
+}
+
+/// A project's policy version: the hash of its canonical JSON.
+pub fn policy_version(project: &Project) -> i64 {
+    hash63(project)
+}
+
+/// One action's policy version: the hash of exactly what governs it, so a
+/// recompile that changes another action leaves its pending proposals
+/// approvable. Covered: the record it acts on (table, identity columns and
+/// their types, the ordered state expressions its precondition is judged
+/// by), `requires`, parameter types/required/max_length, allowed roles, the
+/// approval rule and the whole effect. Descriptions are not: they govern nothing.
+pub fn action_policy_version(project: &Project, object: &str, action: &str) -> Option<i64> {
+    let obj = project.objects.get(object)?;
+    let act = obj.actions.get(action)?;
+    let identity: Vec<(&String, Option<ValueType>)> = obj
+        .identity
+        .iter()
+        .map(|c| (c, obj.properties.get(c).map(|p| p.value_type)))
+        .collect();
+    // Name order of parameters and roles is not policy; state order is (first that holds).
+    let parameters: BTreeMap<&String, Value> = act
+        .parameters
+        .iter()
+        .map(|(n, p)| {
+            (
+                n,
+                json!({"type": p.value_type, "required": p.required, "max_length": p.max_length}),
+            )
+        })
+        .collect();
+    let mut roles: Vec<&String> = act.policy.roles.iter().collect();
+    roles.sort();
+    roles.dedup();
+    let states: Vec<(&String, &String)> = obj.states.iter().collect();
+    Some(hash63(&json!({
+        "object": object,
+        "action": action,
+        "table": obj.table,
+        "identity": identity,
+        "states": states,
+        "requires": act.requires,
+        "parameters": parameters,
+        "roles": roles,
+        "approval": act.approval,
+        "effect": act.effect,
+    })))
 }
 
 /// Compiles a statically valid project (call [`check_static`] first).
@@ -536,6 +596,7 @@ pub fn compile(project: &Project) -> Result<Compiled, Vec<String>> {
     }
     let mut tools = Vec::new();
     let mut when = BTreeMap::new();
+    let mut action_versions = BTreeMap::new();
     for (o, obj) in &project.objects {
         tools.push(get_tool(o, obj));
         tools.push(list_tool(o, obj));
@@ -553,6 +614,9 @@ pub fn compile(project: &Project) -> Result<Compiled, Vec<String>> {
         }
         for (a, act) in &obj.actions {
             tools.push(propose_tool(o, obj, a, act));
+            if let Some(v) = action_policy_version(project, o, a) {
+                action_versions.insert((o.clone(), a.clone()), v);
+            }
             if let ApprovalDef::When { when: text } = &act.approval
                 && let Ok(e) = expr::parse(text)
             {
@@ -565,6 +629,7 @@ pub fn compile(project: &Project) -> Result<Compiled, Vec<String>> {
         tools,
         policy_version: policy_version(project),
         when,
+        action_versions,
     })
 }
 
@@ -823,5 +888,118 @@ mod tests {
         assert!(mentions("lower(Email) LIKE '%x'", "email"));
         assert!(!mentions("email_verified = 1", "email"));
         assert!(!mentions("my_email IS NULL", "email"));
+    }
+
+    /// One change to a project.
+    type Edit = dyn Fn(&mut Project);
+
+    fn shop() -> Project {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../examples/shop/ontology.yaml");
+        crate::project::parse(&std::fs::read_to_string(path).unwrap()).unwrap()
+    }
+
+    fn versions(p: &Project) -> (i64, i64) {
+        let c = compile(p).unwrap();
+        (
+            c.action_version("order", "cancel"),
+            c.action_version("order", "refund"),
+        )
+    }
+
+    #[test]
+    fn action_versions_change_only_with_their_own_policy() {
+        let base = shop();
+        let (cancel, refund) = versions(&base);
+        assert!(cancel > 0 && refund > 0 && cancel != refund);
+        assert_eq!(compile(&base).unwrap().action_version("order", "nope"), 0);
+
+        // Another action's policy, an unrelated object, descriptions: cancel keeps its version.
+        let unrelated: Vec<Box<Edit>> = vec![
+            Box::new(|p: &mut Project| {
+                p.objects["order"].actions["refund"]
+                    .effect
+                    .url
+                    .push_str("?v=2")
+            }),
+            Box::new(|p: &mut Project| {
+                p.objects["order"].actions["refund"].policy.roles = vec!["billing".into()]
+            }),
+            Box::new(|p: &mut Project| {
+                p.objects["customer"]
+                    .states
+                    .insert("vip".into(), "1 = 1".into());
+            }),
+            Box::new(|p: &mut Project| {
+                p.objects["order"].actions["cancel"].description = "reworded".into()
+            }),
+            Box::new(|p: &mut Project| p.objects["order"].actions["cancel"].policy.roles.reverse()),
+            Box::new(|p: &mut Project| p.description = "reworded".into()),
+        ];
+        for (i, change) in unrelated.iter().enumerate() {
+            let mut p = base.clone();
+            change(&mut p);
+            assert_eq!(
+                versions(&p).0,
+                cancel,
+                "unrelated change {i} moved cancel's version"
+            );
+        }
+        let mut p = base.clone();
+        unrelated[0](&mut p);
+        assert_ne!(versions(&p).1, refund, "refund's own effect changed");
+        assert_ne!(
+            policy_version(&p),
+            policy_version(&base),
+            "the project version still moves"
+        );
+
+        // Each part of cancel's own policy moves its version.
+        let own: Vec<Box<Edit>> = vec![
+            Box::new(|p: &mut Project| {
+                p.objects["order"].actions["cancel"].requires = Some("shipped".into())
+            }),
+            Box::new(|p: &mut Project| {
+                p.objects["order"].actions["cancel"]
+                    .policy
+                    .roles
+                    .push("billing".into())
+            }),
+            Box::new(|p: &mut Project| {
+                p.objects["order"].actions["cancel"].approval =
+                    ApprovalDef::Mode(ApprovalMode::Never)
+            }),
+            Box::new(|p: &mut Project| {
+                p.objects["order"].actions["cancel"].effect.body = Some("{}".into())
+            }),
+            Box::new(|p: &mut Project| {
+                p.objects["order"].actions["cancel"]
+                    .effect
+                    .url
+                    .push_str("?v=2")
+            }),
+            Box::new(|p: &mut Project| {
+                p.objects["order"].actions["cancel"].parameters["reason"].max_length = Some(10)
+            }),
+        ];
+        for (i, change) in own.iter().enumerate() {
+            let mut p = base.clone();
+            change(&mut p);
+            assert_ne!(
+                versions(&p).0,
+                cancel,
+                "cancel's own change {i} kept its version"
+            );
+            assert_eq!(
+                versions(&p).1,
+                refund,
+                "cancel's change {i} moved refund's version"
+            );
+        }
+        // The states a precondition is judged by govern every action of the object.
+        let mut p = base.clone();
+        p.objects["order"].states["pending"] = "shipped_at IS NULL".into();
+        let (c, r) = versions(&p);
+        assert!(c != cancel && r != refund, "a state expression changed");
     }
 }

@@ -559,7 +559,7 @@ async fn propose(
         "state": prep.state,
         "approval_required": needs_approval,
         "effect": {"method": prep.effect.method, "url_template": prep.effect.url_template, "host": prep.effect.host},
-        "policy_version": compiled.policy_version,
+        "policy_version": compiled.action_version(object, action),
     });
     let set = |out: &mut Value, k: &str, v: Value| {
         if let Some(m) = out.as_object_mut() {
@@ -594,7 +594,7 @@ async fn propose(
         action: action.to_owned(),
         arguments_json: Value::Object(prep.canonical_args.clone()).to_string(),
         role: prep.role.clone(),
-        policy_version: compiled.policy_version,
+        policy_version: compiled.action_version(object, action),
         agent: opts.agent.to_owned(),
         execute_now: !needs_approval,
         // The approver sees method, template and host; the effect that runs is

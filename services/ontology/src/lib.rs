@@ -22,7 +22,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use compile::{
     Compiled, DEFAULT_LIMIT, GeneratedToolDef, MAX_LIMIT, REDACTION_NOTE, ToolTarget,
-    approval_text, check_live, check_static, compile, policy_version,
+    action_policy_version, approval_text, check_live, check_static, compile, policy_version,
 };
 pub use error::{OntologyError, Result, ToolCode, ToolError};
 pub use exec::ProposalSink;

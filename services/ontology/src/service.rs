@@ -338,7 +338,7 @@ impl OntologyService {
             refusal: e.code.as_str().to_owned(),
             detail: e.message,
             effect: None,
-            policy_version: compiled.policy_version,
+            policy_version: compiled.action_version(object, action),
             approval_required: None,
         };
         let roles = effective_roles(role, &[]);
@@ -364,7 +364,7 @@ impl OntologyService {
                     refusal: String::new(),
                     detail: String::new(),
                     effect: Some(prep.effect),
-                    policy_version: compiled.policy_version,
+                    policy_version: compiled.action_version(object, action),
                     approval_required,
                 })
             }

@@ -127,6 +127,7 @@ struct Mesh {
     ontology: OntologyService,
     approval_addr: String,
     signed: SignedCallerContext,
+    signer: ContextSigner,
     shutdown: CancellationToken,
 }
 
@@ -205,6 +206,7 @@ async fn start(dir: &Path, receiver: &Receiver, auto: bool) -> Mesh {
         ontology,
         approval_addr,
         signed,
+        signer,
         shutdown,
     }
 }
@@ -409,5 +411,103 @@ async fn auto_effects_off_refuses_without_contacting_anyone() {
     .await;
     assert_eq!(r["error"], "auto_effects_disabled", "{r}");
     assert!(receiver.received().is_empty());
+    m.shutdown.cancel();
+}
+
+/// Approves (as an admin) through the real approval service.
+async fn approve(m: &Mesh, id: &str) -> kg_proto::v1::Proposal {
+    let now = now_ms();
+    let admin = m.signer.sign(&CallerContext {
+        principal_id: "admin-1".into(),
+        is_admin: true,
+        issued_at_ms: now,
+        expires_at_ms: now + 600_000,
+        ..Default::default()
+    });
+    let mut client = kg_proto::v1::approval_client::ApprovalClient::new(
+        kg_common::grpc::channel(&m.approval_addr).unwrap(),
+    );
+    let mut request = tonic::Request::new(kg_proto::v1::DecideRequest {
+        id: id.to_owned(),
+        approve: true,
+        reason: "ok".into(),
+    });
+    kg_common::caller::attach_caller(&mut request, &admin);
+    client.decide(request).await.unwrap().into_inner()
+}
+
+/// Rewrites the project file and recompiles the running service.
+async fn edit_project(m: &Mesh, dir: &Path, from: &str, to: &str) {
+    let path = dir.join("shop").join("ontology.yaml");
+    let yaml = std::fs::read_to_string(&path).unwrap();
+    assert!(yaml.contains(from), "{from} not in the project");
+    std::fs::write(&path, yaml.replace(from, to)).unwrap();
+    m.ontology.reload().await.unwrap();
+}
+
+/// The policy version is per action: recompiling after a change to `refund`
+/// leaves pending `cancel` proposals approvable (the effect runs); a change to
+/// `cancel`'s own effect turns its pending proposals into policy_changed.
+#[tokio::test]
+async fn policy_version_is_per_action() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start().await;
+    let m = start(dir.path(), &receiver, true).await;
+    receiver.set(Mode::Ok);
+    let mut ids = Vec::new();
+    let mut versions = Vec::new();
+    for reason in ["first", "second"] {
+        let r = call(
+            &m,
+            "propose_order_cancel",
+            json!({"order_id": 101, "reason": reason}),
+            "support",
+        )
+        .await;
+        assert_eq!(r["outcome"], "pending_approval", "{r}");
+        ids.push(r["proposal_id"].as_str().unwrap().to_owned());
+        versions.push(r["policy_version"].as_i64().unwrap());
+    }
+    let compiled = m.ontology.active().unwrap().compiled.policy_version;
+
+    // Another action's effect changes: a new project version, the same cancel version.
+    edit_project(&m, dir.path(), "/refund\"", "/refund-v2\"").await;
+    assert_ne!(
+        m.ontology.active().unwrap().compiled.policy_version,
+        compiled
+    );
+    let dry = call(
+        &m,
+        "propose_order_cancel",
+        json!({"order_id": 101, "reason": "x", "dry_run": true}),
+        "support",
+    )
+    .await;
+    assert_eq!(dry["policy_version"].as_i64(), Some(versions[0]), "{dry}");
+    let done = approve(&m, &ids[0]).await;
+    assert_eq!(
+        done.state(),
+        kg_proto::v1::ProposalState::Executed,
+        "{done:?}"
+    );
+    let got = receiver.received();
+    assert_eq!(got.len(), 1);
+    assert!(
+        got[0].request_line.starts_with("POST /orders/101/cancel "),
+        "{:?}",
+        got[0]
+    );
+
+    // This action's own effect changes: its pending proposal is refused, nothing sent.
+    receiver.set(Mode::Ok);
+    edit_project(&m, dir.path(), "/cancel\"", "/cancel-v2\"").await;
+    let refused = approve(&m, &ids[1]).await;
+    assert_eq!(
+        refused.state(),
+        kg_proto::v1::ProposalState::PreconditionFailed,
+        "{refused:?}"
+    );
+    assert_eq!(refused.refusal, "policy_changed", "{refused:?}");
+    assert!(receiver.received().is_empty(), "no effect ran");
     m.shutdown.cancel();
 }
