@@ -61,7 +61,12 @@ impl SqlStore {
             what: "database url",
             reason: format!("cannot parse it: {err}"),
         })?;
-        let options = options.disable_statement_logging();
+        // Statements are logged at TRACE on target `sqlx::query` (off unless a subscriber asks
+        // for it; never "slow"): a debugging aid, and how the ontology tests record every
+        // statement a SQLite warehouse runs (SQLite has no server-side statement log).
+        let options = options
+            .log_statements(log::LevelFilter::Trace)
+            .log_slow_statements(log::LevelFilter::Off, Duration::MAX);
 
         if backend == SqlBackend::Sqlite {
             // WAL is a property of the file: switch once, before the pool opens connections
