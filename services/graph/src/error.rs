@@ -24,6 +24,9 @@ pub enum GraphError {
     /// FalkorDB failed; its text stays in the logs.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The vector index failed (similar files); its text stays in the logs.
+    #[error(transparent)]
+    Vector(#[from] kg_stores::vector::VectorError),
     /// FalkorDB answered with a row of an unexpected shape.
     #[error("unexpected graph reply: {0}")]
     UnexpectedReply(String),
@@ -61,6 +64,7 @@ impl ErrorExt for GraphError {
             GraphError::Caller(err) => err.code(),
             GraphError::Name(err) => err.code(),
             GraphError::Store(err) => err.code(),
+            GraphError::Vector(err) => err.code(),
             GraphError::UnexpectedReply(_) | GraphError::Serve(_) => ErrorCode::Internal,
         }
     }

@@ -48,7 +48,7 @@ impl GraphService {
             }
             HopKind::NextChunk => self.neighbour_chunks(&scope, key, limit, true).await?,
             HopKind::PrevChunk => self.neighbour_chunks(&scope, key, limit, false).await?,
-            HopKind::Similar => self.similar_chunks(&scope, key).await?,
+            HopKind::Similar => self.similar_chunks(&scope, key, limit).await?,
             HopKind::Mentions | HopKind::Rel | HopKind::SameType => {
                 match self.entity_anchor(&scope, key).await? {
                     Some(anchor) => self.entity_hop(&scope, kind, &anchor, limit).await?,
@@ -98,11 +98,13 @@ impl GraphService {
         Ok((total, keys))
     }
 
-    /// First chunks of files similar to the chunk's file. Needs file vectors.
+    /// First chunks of the files most similar to the chunk's file (one package per file,
+    /// best first). `UNAVAILABLE`, with the reason, when there are no file vectors.
     async fn similar_chunks(
         &self,
         scope: &Scope<'_>,
         chunk_key: &str,
+        limit: usize,
     ) -> Result<(u64, Vec<String>)> {
         let mut q = Query::new();
         let p0 = q.access(scope.access, "c0", Node::Content);
@@ -111,23 +113,13 @@ impl GraphService {
             "MATCH (c0:Chunk {{chunkKey: $key}}) WHERE {p0} RETURN c0.fileId"
         ));
         let rows = self.read(scope, &q).await?;
-        if rows.rows.is_empty() {
+        let Some(cells) = rows.rows.first() else {
             return Err(GraphError::NotFound(format!(
                 "chunk `{chunk_key}` not found"
             )));
-        }
-        // Say why there is no answer instead of answering with nothing.
-        let reason = if self.vectors.is_none() {
-            "no vector index is configured for this deployment (enable embeddings)"
-        } else {
-            // kg_stores::vector cannot read a stored file vector back yet, so the file's
-            // neighbours cannot be asked for.
-            "file vectors cannot be read back from the vector index yet"
         };
-        Err(GraphError::Unavailable(format!(
-            "kind similar is not available: {reason}; use kind mentions or rel, or kg_search \
-             with the chunk text"
-        )))
+        let file_id = Row(cells).str(0)?.to_owned();
+        self.similar_first_chunks(scope, &file_id, limit).await
     }
 
     /// Resolves a mentions / rel / same_type start key: an entity key (kept only when a

@@ -19,6 +19,7 @@ mod outline;
 mod packages;
 mod rows;
 mod service;
+mod similar;
 mod triples;
 
 use kg_common::caller::{CallerContextLayer, ContextVerifier};

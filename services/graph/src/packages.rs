@@ -79,12 +79,19 @@ impl GraphService {
             .map(|k| k.as_str())
             .collect();
         let entities = self.entity_lists(scope, &readable, caps).await?;
+        let files: Vec<&str> = readable
+            .iter()
+            .filter_map(|k| chunks.get(*k))
+            .map(|c| c.file_id.as_str())
+            .collect();
+        let similar = self.similar_lists(scope, &files, caps.similar).await;
         Ok(keys
             .iter()
             .filter_map(|key| chunks.get(key.as_str()))
             .map(|chunk| {
                 let mut package = package(scope.namespace, chunk, &context, caps);
                 entities.fill(&mut package);
+                crate::similar::fill(&mut package, &similar);
                 package
             })
             .collect())

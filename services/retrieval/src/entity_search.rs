@@ -1,9 +1,19 @@
-//! EntitySearch: named-entity entry by text over entity names and aliases.
+//! EntitySearch: named-entity entry by text and vector similarity over names and aliases.
 //!
-//! Candidates come from the full-text index on `Entity` name and `aliasText`; each query term
-//! is looked up on its own and scored like the full-text lane (sum of term scores times the
-//! share of terms matched), and an entity whose normalised name or alias equals the whole
-//! query gets [`EXACT_BONUS`]. Only entities that a chunk the caller may read mentions are
+//! Text candidates come from the full-text index on `Entity` name and `aliasText`; each query
+//! term is looked up on its own and scored like the full-text lane (sum of term scores times
+//! the share of terms matched). When the deployment has embeddings, vector candidates join
+//! them: the query's nearest readable chunks (the vector lane, access filter inside the
+//! engine) name at most [`VECTOR_ENTITIES`] entities, whose name and aliases are embedded at
+//! query time; each ranks by the mean of its name's cosine to the query and its nearest
+//! mentioning chunk's. Embedding a bounded set per query needs no
+//! entity index to keep in step with the TBox and works on any namespace already indexed;
+//! its cost is one embedder batch of short strings, cached per process (the same names come
+//! back on every call) and never batched with the query: the embedder pads a batch to its
+//! longest text, and a long query in a batch of names multiplies its cost. The query vector
+//! is the one the vector lane searched with. The two ranked lists fuse by reciprocal
+//! rank. Either way an entity whose normalised name or alias equals the whole query gets
+//! [`EXACT_BONUS`]. Only entities that a chunk the caller may read mentions are
 //! returned, so a search never reveals an entity known only from unreadable files. `degree`
 //! counts those readable chunks and sets the role (see [`crate::roles`]); the evidence is the
 //! first readable mentioning chunks in file and chunk order.
@@ -17,8 +27,10 @@ use kg_stores::graph::{GraphStore, Params, fulltext_query};
 use serde_json::Value;
 
 use crate::error::{Result, RetrievalError};
+use crate::filters::LaneFilters;
 use crate::graph_expand::strings;
 use crate::roles::{Role, degrees};
+use crate::vector_lane::VectorLane;
 
 /// Default and hard maximum of hits.
 pub const LIMIT: (u32, u32) = (8, 32);
@@ -32,6 +44,12 @@ const CANDIDATES: usize = 200;
 const MAX_TEXT_CHARS: usize = 512;
 /// Server-side limit on one query.
 const TIMEOUT_MS: u64 = 5_000;
+/// Nearest readable chunks whose entities become vector candidates.
+const VECTOR_CHUNKS: usize = 32;
+/// Most entities embedded per query (those of the nearest chunks first).
+pub const VECTOR_ENTITIES: usize = 64;
+/// The rank constant of the fusion of the text and vector lists (as kg_search's default).
+const RRF_K: f64 = 60.0;
 
 struct Candidate {
     key: String,
@@ -39,11 +57,14 @@ struct Candidate {
     type_id: String,
     labels: Vec<String>,
     score: f64,
+    /// The normalised name or an alias equals the whole query.
+    exact: bool,
 }
 
 /// Runs an entity search for a verified caller.
 pub(crate) async fn entity_search(
     store: &GraphStore,
+    vectors: Option<&VectorLane>,
     caller: &CallerContext,
     request: EntitySearchRequest,
 ) -> Result<EntitySearchResponse> {
@@ -63,6 +84,17 @@ pub(crate) async fn entity_search(
     let ns = request.namespace.as_str();
 
     let mut candidates = candidates(store, ns, text).await?;
+    if let Some(lane) = vectors {
+        // Soft-fail: a failing embedder or index leaves the text candidates standing.
+        match vector_candidates(store, lane, ns, access, text).await {
+            Ok(by_vector) => candidates = fuse(candidates, by_vector),
+            Err(err) => tracing::warn!(
+                namespace = ns,
+                error = %err,
+                "entity search: vector candidates skipped"
+            ),
+        }
+    }
     let keys: Vec<String> = candidates.iter().map(|c| c.key.clone()).collect();
     let degree = degrees(store, ns, access, &keys).await?;
     // No readable mention, no hit: the degree map only holds readable entities.
@@ -180,7 +212,180 @@ async fn candidates(store: &GraphStore, ns: &str, text: &str) -> Result<Vec<Cand
                     .to_owned(),
                 labels,
                 score: relevance + if exact { EXACT_BONUS } else { 0.0 },
+                exact,
             })
+        })
+        .collect()
+}
+
+/// Entities mentioned by the readable chunks nearest to `text`, best first by the mean of
+/// two cosines to the query: of their embedded name and aliases, and of their nearest
+/// mentioning chunk.
+async fn vector_candidates(
+    store: &GraphStore,
+    lane: &VectorLane,
+    ns: &str,
+    access: &AccessFilter,
+    text: &str,
+) -> Result<Vec<Candidate>> {
+    let query = lane.embed_query(text).await?;
+    let (hits, _) = lane
+        .search_vector(
+            store,
+            ns,
+            access,
+            &query,
+            &LaneFilters::default(),
+            VECTOR_CHUNKS,
+        )
+        .await?;
+    if hits.is_empty() {
+        return Ok(Vec::new());
+    }
+    let chunk = cypher_predicate(access, "c", "path", "acl_c_");
+    let mut params = Params::new();
+    params.extend(chunk.params);
+    let chunk_scores: Vec<f64> = hits.iter().map(|h| h.raw_score).collect();
+    let keys: Vec<String> = hits.into_iter().map(|h| h.chunk_key).collect();
+    params.insert("keys".into(), strings(&keys));
+    // The chunk predicate again: a stale point of a deleted or disabled file adds nothing.
+    let cypher = format!(
+        "UNWIND $keys AS k \
+         MATCH (c:Chunk {{chunkKey: k}})-[:MENTIONS]->(e:Entity) WHERE {chunk} \
+         OPTIONAL MATCH (e)-[:INSTANCE_OF]->(t:EntityType) \
+         RETURN e.entityKey, e.name, e.typeId, e.aliases, collect(DISTINCT t.label), \
+                collect(DISTINCT k)",
+        chunk = chunk.text,
+    );
+    let rank: std::collections::HashMap<&str, usize> = keys
+        .iter()
+        .enumerate()
+        .map(|(i, k)| (k.as_str(), i))
+        .collect();
+    let mut rows = store.ro_query(ns, &cypher, &params, TIMEOUT_MS).await?;
+    // The entities of the nearest chunks first, at most VECTOR_ENTITIES of them.
+    let nearest = |row: &Vec<Value>| -> usize {
+        row.get(5)
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .filter_map(|k| rank.get(k).copied())
+            .min()
+            .unwrap_or(usize::MAX)
+    };
+    rows.rows.sort_by_cached_key(|row| {
+        (
+            nearest(row),
+            row.first()
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned(),
+        )
+    });
+    rows.rows.truncate(VECTOR_ENTITIES);
+    let proximity: Vec<f64> = rows
+        .rows
+        .iter()
+        .map(|row| chunk_scores.get(nearest(row)).copied().unwrap_or(0.0))
+        .collect();
+    let mut found = Vec::with_capacity(rows.rows.len());
+    let mut texts = Vec::with_capacity(rows.rows.len());
+    let wanted = norm(text);
+    for row in &rows.rows {
+        let (Some(key), Some(name)) = (
+            row.first().and_then(Value::as_str),
+            row.get(1).and_then(Value::as_str),
+        ) else {
+            return Err(RetrievalError::UnexpectedReply(format!(
+                "entity vector candidate row {row:?}"
+            )));
+        };
+        let aliases: Vec<&str> = row
+            .get(3)
+            .and_then(Value::as_array)
+            .map(|a| a.iter().filter_map(Value::as_str).collect())
+            .unwrap_or_default();
+        texts.push(entity_text(name, &aliases));
+        let mut labels: Vec<String> = row
+            .get(4)
+            .and_then(Value::as_array)
+            .map(|l| {
+                l.iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default();
+        labels.sort();
+        found.push(Candidate {
+            key: key.to_owned(),
+            name: name.to_owned(),
+            type_id: row
+                .get(2)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned(),
+            labels,
+            score: 0.0,
+            exact: norm(name) == wanted || aliases.iter().any(|a| norm(a) == wanted),
+        });
+    }
+    if found.is_empty() {
+        return Ok(found);
+    }
+    // One vector per text, in order (embed_cached checks the embedder's count).
+    let names = lane.embed_cached(texts).await?;
+    // Half how close the name is to the query, half how close its nearest mentioning chunk
+    // is: a name alone says little ("Orion"), the chunk alone does not tell its entities apart.
+    for ((candidate, vector), chunk) in found.iter_mut().zip(&names).zip(proximity) {
+        candidate.score = (f64::from(kg_embed::cosine(&query, vector)) + chunk) / 2.0;
+    }
+    found.sort_by(|a, b| b.score.total_cmp(&a.score).then_with(|| a.key.cmp(&b.key)));
+    Ok(found)
+}
+
+/// What an entity is embedded from: its name, then its aliases.
+fn entity_text(name: &str, aliases: &[&str]) -> String {
+    let mut out = name.to_owned();
+    for alias in aliases.iter().filter(|a| !a.is_empty() && **a != name) {
+        out.push_str("; ");
+        out.push_str(alias);
+    }
+    out
+}
+
+/// Reciprocal-rank fusion of the text list (by text score) and the vector list (best
+/// first); an exact name or alias match keeps [`EXACT_BONUS`] on top of its fused score.
+fn fuse(mut text: Vec<Candidate>, vector: Vec<Candidate>) -> Vec<Candidate> {
+    use std::collections::HashMap;
+    text.sort_by(|a, b| b.score.total_cmp(&a.score).then_with(|| a.key.cmp(&b.key)));
+    let mut fused: HashMap<String, Candidate> = HashMap::new();
+    let mut order = Vec::new();
+    for list in [text, vector] {
+        for (rank, mut candidate) in list.into_iter().enumerate() {
+            let part = 1.0 / (RRF_K + rank as f64 + 1.0);
+            match fused.get_mut(&candidate.key) {
+                Some(seen) => {
+                    seen.score += part;
+                    seen.exact |= candidate.exact;
+                }
+                None => {
+                    candidate.score = part;
+                    order.push(candidate.key.clone());
+                    fused.insert(candidate.key.clone(), candidate);
+                }
+            }
+        }
+    }
+    order
+        .into_iter()
+        .filter_map(|key| fused.remove(&key))
+        .map(|mut c| {
+            if c.exact {
+                c.score += EXACT_BONUS;
+            }
+            c
         })
         .collect()
 }

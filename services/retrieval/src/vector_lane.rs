@@ -9,7 +9,8 @@
 //! ([`FIRST_POOL`] × [`WIDEN_FACTOR`]ⁿ up to [`MAX_POOL`]) instead of returning fewer hits;
 //! [`Widening`] reports the final pool and whether the cap stopped it.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use kg_common::access::cypher_predicate;
 use kg_embed::SharedEmbedder;
@@ -31,6 +32,9 @@ pub(crate) const WIDEN_FACTOR: usize = 4;
 pub(crate) const MAX_POOL: usize = 6_400;
 /// Server-side limit on the graph check of one round.
 const CHECK_TIMEOUT_MS: u64 = 5_000;
+/// Most texts whose vectors [`VectorLane::embed_cached`] keeps (about 1.5 KiB each at 384
+/// dimensions); past it the cache starts over.
+const CACHED_TEXTS: usize = 8_192;
 
 /// How far the lane widened its candidate pool (reported in `trace.vectorWidening`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -48,6 +52,8 @@ pub(crate) struct Widening {
 pub(crate) struct VectorLane {
     index: VectorIndex,
     embedder: SharedEmbedder,
+    /// Vectors of short texts embedded before (entity names), shared by the clones.
+    cache: Arc<Mutex<HashMap<String, Vec<f32>>>>,
 }
 
 impl std::fmt::Debug for VectorLane {
@@ -70,7 +76,70 @@ impl VectorLane {
                 embedder.dims()
             )));
         }
-        Ok(Self { index, embedder })
+        Ok(Self {
+            index,
+            embedder,
+            cache: Arc::default(),
+        })
+    }
+
+    /// Embeds `texts` with the embedder that wrote the index, each text once per process:
+    /// EntitySearch embeds the same entity names on every call, and a debug-build MiniLM
+    /// takes hundreds of milliseconds per batch. A text's vector depends on the text and the
+    /// model only, so a cached one is never stale.
+    pub(crate) async fn embed_cached(&self, texts: Vec<String>) -> Result<Vec<Vec<f32>>> {
+        let mut out: Vec<Option<Vec<f32>>> = {
+            let cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
+            texts.iter().map(|t| cache.get(t).cloned()).collect()
+        };
+        let mut missing: Vec<String> = Vec::new();
+        for (text, vector) in texts.iter().zip(&out) {
+            if vector.is_none() && !missing.contains(text) {
+                missing.push(text.clone());
+            }
+        }
+        if !missing.is_empty() {
+            let vectors = self
+                .embedder
+                .embed(missing.clone())
+                .await
+                .map_err(|e| RetrievalError::Unavailable(format!("embedding: {e}")))?;
+            if vectors.len() != missing.len() {
+                return Err(RetrievalError::UnexpectedReply(format!(
+                    "the embedder returned {} vectors for {} texts",
+                    vectors.len(),
+                    missing.len()
+                )));
+            }
+            let fresh: HashMap<String, Vec<f32>> = missing.into_iter().zip(vectors).collect();
+            for (text, slot) in texts.iter().zip(out.iter_mut()) {
+                if slot.is_none() {
+                    *slot = fresh.get(text).cloned();
+                }
+            }
+            let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
+            if cache.len() + fresh.len() > CACHED_TEXTS {
+                cache.clear();
+            }
+            cache.extend(fresh);
+        }
+        out.into_iter()
+            .map(|v| {
+                v.ok_or_else(|| RetrievalError::UnexpectedReply("a text was not embedded".into()))
+            })
+            .collect()
+    }
+
+    /// The query's vector, for [`VectorLane::search_vector`].
+    pub(crate) async fn embed_query(&self, query: &str) -> Result<Vec<f32>> {
+        let vectors = self
+            .embedder
+            .embed(vec![query.to_owned()])
+            .await
+            .map_err(|e| RetrievalError::Unavailable(format!("query embedding: {e}")))?;
+        vectors.into_iter().next().ok_or_else(|| {
+            RetrievalError::UnexpectedReply("the embedder returned no vector".into())
+        })
     }
 
     /// Up to `want` chunks nearest to `query` that the caller may read and the filters admit.
@@ -83,16 +152,21 @@ impl VectorLane {
         filters: &LaneFilters,
         want: usize,
     ) -> Result<(Vec<LaneHit>, Widening)> {
-        let vectors = self
-            .embedder
-            .embed(vec![query.to_owned()])
+        let vector = self.embed_query(query).await?;
+        self.search_vector(graph, namespace, access, &vector, filters, want)
             .await
-            .map_err(|e| RetrievalError::Unavailable(format!("query embedding: {e}")))?;
-        let Some(vector) = vectors.into_iter().next() else {
-            return Err(RetrievalError::UnexpectedReply(
-                "the embedder returned no vector".into(),
-            ));
-        };
+    }
+
+    /// [`VectorLane::search`] with the query already embedded.
+    pub(crate) async fn search_vector(
+        &self,
+        graph: &GraphStore,
+        namespace: &str,
+        access: &AccessFilter,
+        vector: &[f32],
+        filters: &LaneFilters,
+        want: usize,
+    ) -> Result<(Vec<LaneHit>, Widening)> {
         let scope = Scope {
             collections: filters.collections.clone(),
             ..Scope::chunks()
@@ -108,7 +182,7 @@ impl VectorLane {
             rounds += 1;
             let hits = self
                 .index
-                .search(access, &scope, vector.clone(), pool)
+                .search(access, &scope, vector.to_vec(), pool)
                 .await
                 .map_err(|e| RetrievalError::Unavailable(format!("vector search: {e}")))?;
             let engine_exhausted = hits.len() < pool;
@@ -147,7 +221,7 @@ impl VectorLane {
 }
 
 /// Whether a filter needs the graph: the payload carries collections exactly, the rest not.
-fn needs_graph_check(filters: &LaneFilters) -> bool {
+pub(crate) fn needs_graph_check(filters: &LaneFilters) -> bool {
     !filters.folder_prefix.is_empty()
         || filters.date_from.is_some()
         || filters.date_to.is_some()
@@ -156,7 +230,7 @@ fn needs_graph_check(filters: &LaneFilters) -> bool {
 }
 
 /// The candidates whose chunk and file the caller may read and the filters admit.
-async fn admitted_keys(
+pub(crate) async fn admitted_keys(
     graph: &GraphStore,
     namespace: &str,
     access: &AccessFilter,

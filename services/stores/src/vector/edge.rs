@@ -15,8 +15,8 @@ use qdrant_edge::{
     CountRequest, CreateIndex, DEFAULT_VECTOR_NAME, Distance, EdgeConfig, EdgeShard,
     EdgeVectorParams, FieldIndexOperations, NamedQuery, Payload, PayloadFieldSchema, PayloadOps,
     PayloadSchemaType, PointId, PointInsertOperations, PointOperations, PointStructPersisted,
-    QueryEnum, QueryRequest, ScoringQuery, SetPayloadOp, UpdateOperation, VectorInternal,
-    VectorStructPersisted, WithPayloadInterface, WithVector,
+    QueryEnum, QueryRequest, ScoringQuery, ScrollRequest, SetPayloadOp, UpdateOperation,
+    VectorInternal, VectorStructInternal, VectorStructPersisted, WithPayloadInterface, WithVector,
 };
 use serde_json::{Map, Value};
 
@@ -236,6 +236,38 @@ impl EdgeIndex {
         let inner = Arc::clone(&self.inner);
         let n = blocking(move || inner.shard.count(request).map_err(engine)).await?;
         Ok(n as u64)
+    }
+
+    /// The file vector of `file_id` when its file point passes `access` (see
+    /// [`VectorIndex::file_vector`](super::VectorIndex::file_vector)).
+    pub async fn file_vector(
+        &self,
+        access: &AccessFilter,
+        file_id: &str,
+    ) -> Result<Option<Vec<f32>>, VectorError> {
+        let request = ScrollRequest {
+            offset: None,
+            limit: Some(1),
+            filter: Some(filter::to_edge(&filter::file_point_clause(access, file_id))),
+            with_payload: Some(WithPayloadInterface::Bool(false)),
+            with_vector: WithVector::Bool(true),
+            order_by: None,
+        };
+        let inner = Arc::clone(&self.inner);
+        let (records, _) = blocking(move || inner.shard.scroll(request).map_err(engine)).await?;
+        let Some(record) = records.into_iter().next() else {
+            return Ok(None);
+        };
+        match record.vector {
+            Some(VectorStructInternal::Single(vector)) => Ok(Some(vector)),
+            Some(VectorStructInternal::Named(mut named)) => {
+                match named.remove(DEFAULT_VECTOR_NAME) {
+                    Some(VectorInternal::Dense(vector)) => Ok(Some(vector)),
+                    _ => Err(engine("a file point without a dense vector")),
+                }
+            }
+            _ => Err(engine("a file point without a dense vector")),
+        }
     }
 
     /// Runs the shard optimizers (merge small segments, build HNSW, vacuum deletes)

@@ -146,6 +146,21 @@ pub(crate) fn scoped_clause(filter: &AccessFilter, scope: &Scope) -> Clause {
     clause
 }
 
+/// The file point of one file, when `filter` admits it: the access clause, `kind = file`
+/// and the file id, so reading a file's vector back never bypasses the access filter.
+pub(crate) fn file_point_clause(filter: &AccessFilter, file_id: &str) -> Clause {
+    let mut clause = access_clause(filter);
+    clause.must.push(Node::Leaf(Leaf::Keyword(
+        schema::KIND,
+        super::PointKind::File.as_str().to_owned(),
+    )));
+    clause.must.push(Node::Leaf(Leaf::Keyword(
+        schema::FILE_ID,
+        file_id.to_owned(),
+    )));
+    clause
+}
+
 /// Every point of one file, of any kind.
 pub(crate) fn file_clause(namespace: &str, file_id: &str) -> Clause {
     Clause {
