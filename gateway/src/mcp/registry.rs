@@ -154,7 +154,8 @@ filters narrow every lane: collections (any of), folderPrefix, dateFrom/dateTo (
 Returns up to topK chunk packages (default 8, hard max 32), best first. Each package has the chunk text, contextHeader (Document › Heading trail), \
 citation (namespace/path › section, pages when known) to quote in your answer, position (chunkIndex, char and line span, tokenCount, prevChunkKey/nextChunkKey) \
 and its outline section with ancestors, siblings and children. total counts the readable candidates and truncated says more exist than were returned. \
-A namespace or lane that fails is skipped and reported in trace rather than failing the search. Pass tokenBudget to cap the returned text: \
+A namespace or lane that fails is skipped and reported in trace rather than failing the search. \
+trace.missingOffsets lists hit files indexed before character offsets existed (their positions are unreliable until reprocessed). Pass tokenBudget to cap the returned text: \
 packages keep their order, the one that overflows is cut (textTruncated) and later ones lose their text (textOmitted). \
 Naming a namespace you may not read is an error. Next steps: kg_open {chunkKey} for a neighbour via prev/nextChunkKey, kg_outline {fileId} for the file's structure.";
 
@@ -429,7 +430,11 @@ fn search_output() -> Value {
                     "vectorWidening": {"type": "array", "items": {"type": "object", "properties": {
                         "namespace": {"type": "string"}, "pool": {"type": "integer"}, "rounds": {"type": "integer"},
                         "capReached": {"type": "boolean"}
-                    }, "required": ["namespace", "pool", "rounds", "capReached"]}}
+                    }, "required": ["namespace", "pool", "rounds", "capReached"]}},
+                    "missingOffsets": {"type": "array", "items": {"type": "object", "properties": {
+                        "namespace": {"type": "string"}, "fileId": {"type": "string"}, "path": {"type": "string"},
+                        "chunkKeys": {"type": "array", "items": {"type": "string"}}
+                    }, "required": ["namespace", "fileId", "path", "chunkKeys"]}}
                 },
                 "required": ["lanes", "namespaces"]
             }

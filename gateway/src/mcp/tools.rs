@@ -169,6 +169,8 @@ struct SearchRound {
     grounding: Vec<Value>,
     /// Vector-lane pool widening per namespace, for trace.vectorWidening.
     vector_widening: Vec<Value>,
+    /// Hit files without character offsets, for trace.missingOffsets.
+    missing_offsets: Vec<Value>,
 }
 
 /// Folds per-namespace Search answers: a failed namespace soft-fails (empty,
@@ -180,6 +182,7 @@ fn collect_searches(
     let mut lanes = Vec::new();
     let mut grounding = Vec::new();
     let mut vector_widening = Vec::new();
+    let mut missing_offsets = Vec::new();
     let mut outcomes = Vec::new();
     let mut first_error = None;
     for (ns, response) in namespaces.iter().zip(responses) {
@@ -200,6 +203,12 @@ fn collect_searches(
                 if let Some(w) = &response.vector_widening {
                     vector_widening.push(json!({
                         "namespace": ns, "pool": w.pool, "rounds": w.rounds, "capReached": w.cap_reached,
+                    }));
+                }
+                for file in &response.missing_offsets {
+                    missing_offsets.push(json!({
+                        "namespace": ns, "fileId": file.file_id, "chunkKeys": file.chunk_keys,
+                        "path": kg_common::sanitize::sanitize_text(&file.path, 1024),
                     }));
                 }
                 outcomes.push(NamespaceOutcome {
@@ -229,6 +238,7 @@ fn collect_searches(
             lanes,
             grounding,
             vector_widening,
+            missing_offsets,
         }),
     }
 }
@@ -246,6 +256,7 @@ fn assemble(
         lanes,
         grounding,
         vector_widening,
+        missing_offsets,
     } = round;
     let mut packages: Vec<HashMap<String, ChunkPackage>> = Vec::with_capacity(outcomes.len());
     for (outcome, result) in outcomes.iter_mut().zip(package_lists) {
@@ -285,6 +296,9 @@ fn assemble(
     }
     if !vector_widening.is_empty() {
         trace["vectorWidening"] = json!(vector_widening);
+    }
+    if !missing_offsets.is_empty() {
+        trace["missingOffsets"] = json!(missing_offsets);
     }
     let total: u64 = outcomes
         .iter()
@@ -574,6 +588,31 @@ mod tests {
             json!([{"namespace": "a", "entities": [], "pair": [], "directCount": 0,
                     "bridgeCount": 0, "reason": "too_few_bridges"}])
         );
+    }
+
+    #[test]
+    fn missing_offsets_land_in_the_trace_per_namespace() {
+        let mut old = response(Vec::new(), 0);
+        old.missing_offsets = vec![kg_proto::v1::MissingOffsets {
+            file_id: "f1".into(),
+            path: "legacy/notes.md".into(),
+            chunk_keys: vec!["f1#0".into()],
+        }];
+        let round = collect_searches(
+            &["a".to_owned(), "b".to_owned()],
+            vec![Ok(response(Vec::new(), 0)), Ok(old)],
+        )
+        .unwrap();
+        let result = assemble(round, &[], vec![Ok(Vec::new()), Ok(Vec::new())], None);
+        assert_eq!(
+            result["trace"]["missingOffsets"],
+            json!([{"namespace": "b", "fileId": "f1", "path": "legacy/notes.md", "chunkKeys": ["f1#0"]}])
+        );
+        conforms("kg_search", &result);
+        // Nothing to report: the key is absent.
+        let round = collect_searches(&["a".to_owned()], vec![Ok(response(Vec::new(), 0))]).unwrap();
+        let result = assemble(round, &[], vec![Ok(Vec::new())], None);
+        assert!(result["trace"].get("missingOffsets").is_none());
     }
 
     #[test]

@@ -1,0 +1,555 @@
+"""kg_search and kg_entity_search parameters and trace fields end to end, over Streamable HTTP
+with the official MCP SDK, on the session mesh (no embeddings).
+
+A small corpus of our own goes into three fresh namespaces after a TBox with declared
+organisations, people and a `works_at` relation template is published for each, so the
+indexer writes entities, mentions and REL edges. The tests cover kg_entity_search (type
+labels, degree, role, evidence packages, limits), every filter, co_annotation grounding,
+ranking.rrfK / laneWeights / minScore, interleaving by rank over several namespaces, caps over
+the hard max failing closed, tokenBudget, trace.missingOffsets for chunks that lost their
+offsets, and a namespace whose graph breaks mid-test soft-failing while the others answer.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kgmesh_support import (
+    Mesh,
+    MeshError,
+    Principal,
+    call_ok,
+    call_tool,
+    expect_rejected,
+    mcp_http,
+)
+
+pytestmark = pytest.mark.anyio
+
+NS = "sparams"
+NS_TWIN = "sparams-twin"
+NS_FRAGILE = "sparams-fragile"
+
+TBOX = """\
+entity_types:
+  - type_id: org
+    label: Organization
+    instances:
+      - name: Acme
+        aliases: [Acme Corporation]
+      - name: Zephyr
+  - type_id: person
+    label: Person
+    instances:
+      - name: Dana Scully
+relation_types:
+  - relation_type_id: works_at
+    label: works at
+    source_type_id: person
+    target_type_id: org
+    patterns: ["{source} works at {target}"]
+"""
+
+CORPUS = {
+    "contracts/acme-zephyr.md": """\
+---
+title: Acme and Zephyr supply contract
+date: 2024-03-15
+collections: [legal]
+effective_from: 2024-04-01
+effective_to: 2025-03-31
+---
+# Supply contract
+
+Acme signed the quarterly supply contract with Zephyr. The contract covers turbine blades.
+""",
+    "people/staff.md": """\
+---
+title: Staff directory
+date: 2023-06-01
+collections: [hr]
+---
+# Staff
+
+Dana Scully works at Acme. She negotiates the turbine blades orders.
+""",
+    "notes/turbines.md": """\
+---
+title: Turbine notes
+date: 2022-01-10
+---
+# Turbine notes
+
+Zephyr tests turbine blades in a wind tunnel every spring.
+""",
+}
+
+QUERY = "turbine blades"
+
+
+def _write_corpus(root: Path) -> None:
+    for path, text in CORPUS.items():
+        target = root / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
+
+
+def _tbox(mesh: Mesh, *args: str) -> None:
+    command = [str(mesh.binary), "tbox", *args, "--data-dir", str(mesh.data_dir), "--token", mesh.admin_token]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False, stdin=subprocess.DEVNULL)
+    if done.returncode != 0:
+        raise MeshError(f"`kgmesh tbox {' '.join(args)}` exited {done.returncode}: {done.stderr[-2000:]}")
+
+
+@pytest.fixture(scope="module")
+def corpus(mesh: Mesh, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The TBox published and the corpus ingested into NS, NS_TWIN and NS_FRAGILE."""
+    work = tmp_path_factory.mktemp("search-params")
+    tbox = work / "tbox.yaml"
+    tbox.write_text(TBOX, encoding="utf-8")
+    root = work / "corpus"
+    _write_corpus(root)
+    try:
+        for ns in (NS, NS_TWIN, NS_FRAGILE):
+            _tbox(mesh, "draft", "--namespace", ns, "--file", str(tbox))
+            _tbox(mesh, "review", "--namespace", ns)
+            _tbox(mesh, "publish", "--namespace", ns)
+            mesh.ingest(root, ns)
+    except MeshError as err:
+        pytest.fail(str(err), pytrace=False)
+    return NS
+
+
+# ---------------------------------------------------------------------------------------------
+# Raw access to the mesh's FalkorDB, to damage a graph the way an outage or an old indexer would
+# ---------------------------------------------------------------------------------------------
+
+
+def _falkordb_port(mesh: Mesh) -> int:
+    """The port of the redis-server `up` started in <data_dir>/falkordb. Redis rewrites its
+    command line to `redis-server HOST:PORT` and runs in its --dir, so its cwd names it."""
+    wanted = (mesh.data_dir / "falkordb").resolve()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            cwd = (proc / "cwd").resolve()
+        except OSError:
+            continue
+        title = " ".join(a for a in argv if a)
+        if "redis-server" in title and cwd == wanted:
+            return int(title.rsplit(":", 1)[1].split()[0])
+    raise AssertionError(f"no FalkorDB of the mesh runs in {wanted}")
+
+
+def _read_reply(stream: Any) -> Any:
+    line = stream.readline()
+    assert line.endswith(b"\r\n"), f"short RESP reply {line!r}"
+    kind, body = line[:1], line[1:-2]
+    if kind == b"+":
+        return body.decode()
+    if kind == b"-":
+        return RuntimeError(body.decode())
+    if kind == b":":
+        return int(body)
+    if kind == b"$":
+        size = int(body)
+        if size < 0:
+            return None
+        data = stream.read(size + 2)
+        return data[:-2].decode(errors="replace")
+    if kind == b"*":
+        size = int(body)
+        return None if size < 0 else [_read_reply(stream) for _ in range(size)]
+    raise AssertionError(f"unknown RESP reply {line!r}")
+
+
+def redis(port: int, *args: str) -> Any:
+    """One command over RESP; an error reply comes back as a RuntimeError value."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        payload = f"*{len(args)}\r\n".encode()
+        for arg in args:
+            raw = arg.encode()
+            payload += b"$%d\r\n%s\r\n" % (len(raw), raw)
+        sock.sendall(payload)
+        with sock.makefile("rb") as stream:
+            return _read_reply(stream)
+
+
+def graph_key(namespace: str) -> str:
+    return f"kg_ns_{namespace}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------------
+
+
+def paths(result: dict[str, Any]) -> list[str]:
+    return [hit["path"] for hit in result["results"]]
+
+
+async def search(client: Any, **arguments: Any) -> dict[str, Any]:
+    arguments.setdefault("namespaces", [NS])
+    return await call_ok(client, "kg_search", arguments)
+
+
+# ---------------------------------------------------------------------------------------------
+# kg_entity_search
+# ---------------------------------------------------------------------------------------------
+
+
+async def test_entity_search_returns_types_degree_role_and_evidence(mesh: Mesh, corpus: str) -> None:
+    async with mcp_http(mesh.mcp_url, mesh.admin_token) as client:
+        found = await call_ok(client, "kg_entity_search", {"text": "Acme", "namespaces": [corpus]})
+        acme = next((h for h in found["hits"] if h["name"] == "Acme"), None)
+        assert acme is not None, found
+        assert acme["namespace"] == corpus
+        assert acme["entityKey"] == "ent:org:acme"
+        assert acme["typeId"] == "org" and "Organization" in acme["typeLabels"], acme
+        # Mentioned by the contract and the staff directory.
+        assert acme["degree"] == 2, acme
+        assert acme["role"] == "bridge", "two mentioning chunks is far under the bridge limit"
+        evidence = {p["path"] for p in acme["evidence"]}
+        assert evidence == {"contracts/acme-zephyr.md", "people/staff.md"}, acme["evidence"]
+        for package in acme["evidence"]:
+            assert "Acme" in package["text"], package
+            assert package["citation"].startswith(f"{corpus}/{package['path']}"), package
+        assert acme["evidenceTruncated"] is False
+        assert found["trace"]["namespaces"] == [{"namespace": corpus, "ok": True}]
+
+        # By alias, and with evidence capped at one package.
+        alias = await call_ok(
+            client, "kg_entity_search", {"text": "Acme Corporation", "namespaces": [corpus], "evidenceLimit": 1}
+        )
+        hit = next(h for h in alias["hits"] if h["entityKey"] == "ent:org:acme")
+        assert len(hit["evidence"]) == 1 and hit["evidenceTruncated"] is True, hit
+        assert hit["degree"] == 2
+
+        person = await call_ok(client, "kg_entity_search", {"text": "Dana Scully", "namespaces": [corpus], "limit": 1})
+        assert len(person["hits"]) == 1
+        dana = person["hits"][0]
+        assert (dana["entityKey"], dana["typeLabels"]) == ("ent:person:dana scully", ["Person"])
+
+        nothing = await call_ok(client, "kg_entity_search", {"text": "Initech", "namespaces": [corpus]})
+        assert nothing["hits"] == []
+
+        for bad in ({"limit": 33}, {"evidenceLimit": 9}, {"limit": 0}, {"caps": {"mentions": 25}}):
+            await expect_rejected(
+                client, "kg_entity_search", {"text": "Acme", "namespaces": [corpus], **bad}, {"invalid_argument"}
+            )
+
+
+async def test_entity_search_counts_only_readable_mentions(
+    mesh: Mesh, corpus: str, make_principal: Callable[..., Principal]
+) -> None:
+    reader = make_principal("notes-reader")
+    mesh.grant(reader.id, corpus, "read", prefix="notes/")
+    async with mcp_http(mesh.mcp_url, reader.token) as client:
+        acme = await call_ok(client, "kg_entity_search", {"text": "Acme", "namespaces": [corpus]})
+        assert all(h["entityKey"] != "ent:org:acme" for h in acme["hits"]), "no readable chunk mentions Acme"
+        zephyr = await call_ok(client, "kg_entity_search", {"text": "Zephyr", "namespaces": [corpus]})
+        hit = next(h for h in zephyr["hits"] if h["entityKey"] == "ent:org:zephyr")
+        assert hit["degree"] == 1, "the contract's mention is not readable"
+        assert [p["path"] for p in hit["evidence"]] == ["notes/turbines.md"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Filters
+# ---------------------------------------------------------------------------------------------
+
+
+async def test_every_filter_narrows_the_search(mesh: Mesh, corpus: str) -> None:
+    everything = set(CORPUS)
+    cases: list[tuple[dict[str, Any], set[str]]] = [
+        ({}, everything),
+        ({"collections": ["legal"]}, {"contracts/acme-zephyr.md"}),
+        ({"collections": ["hr", "legal"]}, {"contracts/acme-zephyr.md", "people/staff.md"}),
+        ({"collections": ["nothing"]}, set()),
+        ({"folderPrefix": "notes/"}, {"notes/turbines.md"}),
+        ({"folderPrefix": "/people"}, {"people/staff.md"}),
+        ({"dateFrom": "2024-01-01"}, {"contracts/acme-zephyr.md"}),
+        ({"dateTo": "2023-12-31"}, {"people/staff.md", "notes/turbines.md"}),
+        ({"dateFrom": "2023-01-01", "dateTo": "2023-12-31"}, {"people/staff.md"}),
+        ({"effectiveAt": "2024-06-01"}, {"contracts/acme-zephyr.md"}),
+        ({"effectiveAt": "2026-01-01"}, set()),
+        # Chunks whose entities take part in a works_at relation: Dana Scully and Acme do,
+        # Zephyr alone (the turbine notes) does not.
+        ({"relationTypeIds": ["works_at"]}, {"people/staff.md", "contracts/acme-zephyr.md"}),
+        ({"relationTypeIds": ["owns"]}, set()),
+        ({"collections": ["legal"], "folderPrefix": "notes/"}, set()),
+    ]
+    async with mcp_http(mesh.mcp_url, mesh.admin_token) as client:
+        for filters, expected in cases:
+            result = await search(client, query=QUERY, lanes=["fulltext"], filters=filters)
+            assert set(paths(result)) == expected, (filters, paths(result))
+            assert result["total"] == len(result["results"]), (filters, result["total"])
+        # The graph lanes honour the filters too.
+        co = await search(
+            client, query="Acme and Zephyr", lanes=["co_annotation"], filters={"folderPrefix": "notes/"}
+        )
+        assert co["results"] == [], co["results"]
+        for bad in (
+            {"dateFrom": "2024-02-30"},
+            {"dateFrom": "2025-01-01", "dateTo": "2024-01-01"},
+            {"folderPrefix": "a/../b"},
+            {"collections": ["c"] * 65},
+            {"unknown": 1},
+        ):
+            await expect_rejected(
+                client, "kg_search", {"query": QUERY, "namespaces": [corpus], "filters": bad}, {"invalid_argument"}
+            )
+
+
+# ---------------------------------------------------------------------------------------------
+# co_annotation grounding
+# ---------------------------------------------------------------------------------------------
+
+
+async def test_co_annotation_grounding_reports_roles_pair_and_counts(mesh: Mesh, corpus: str) -> None:
+    async with mcp_http(mesh.mcp_url, mesh.admin_token) as client:
+        default = await search(client, query="Acme and Zephyr contract")
+        assert "grounding" not in default["trace"], "co_annotation is opt-in"
+        assert {lane["lane"] for lane in default["trace"]["lanes"]} == {"fulltext", "vector", "graph_expand"}
+
+        direct = await search(client, query="Acme and Zephyr contract", lanes=["co_annotation"])
+        [grounding] = direct["trace"]["grounding"]
+        assert grounding["namespace"] == corpus
+        entities = {e["entityKey"]: e for e in grounding["entities"]}
+        assert {"ent:org:acme", "ent:org:zephyr"} <= set(entities), grounding
+        assert entities["ent:org:acme"]["role"] == "bridge" and entities["ent:org:acme"]["degree"] == 2
+        assert entities["ent:org:zephyr"]["phrase"].lower() == "zephyr"
+        assert sorted(grounding["pair"]) == ["ent:org:acme", "ent:org:zephyr"], grounding
+        assert grounding["directCount"] == 1, "only the contract mentions both"
+        assert "reason" not in grounding, grounding
+        assert paths(direct)[0] == "contracts/acme-zephyr.md", paths(direct)
+        [lane] = direct["trace"]["lanes"]
+        assert (lane["lane"], lane["ok"]) == ("co_annotation", True)
+
+        # Dana Scully and Zephyr share no chunk; the contract mentions Zephyr and Acme, and
+        # Acme is in a works_at relation with Dana Scully: one bridge.
+        bridged = await search(client, query="Dana Scully and Zephyr", lanes=["co_annotation"])
+        [grounding] = bridged["trace"]["grounding"]
+        assert sorted(grounding["pair"]) == ["ent:org:zephyr", "ent:person:dana scully"], grounding
+        assert grounding["directCount"] == 0, grounding
+        assert grounding["bridgeCount"] >= 1, grounding
+
+        one = await search(client, query="What does Zephyr test?", lanes=["co_annotation"])
+        [grounding] = one["trace"]["grounding"]
+        assert grounding["reason"] == "too_few_bridges", grounding
+        assert grounding["pair"] == [] and one["results"] == []
+
+        none = await search(client, query="wind tunnel schedule", lanes=["co_annotation"])
+        [grounding] = none["trace"]["grounding"]
+        assert grounding["reason"] == "no_grounded_entities" and grounding["entities"] == [], grounding
+
+
+# ---------------------------------------------------------------------------------------------
+# Ranking
+# ---------------------------------------------------------------------------------------------
+
+
+async def test_ranking_rrf_k_lane_weights_and_min_score(mesh: Mesh, corpus: str) -> None:
+    async with mcp_http(mesh.mcp_url, mesh.admin_token) as client:
+        plain = await search(client, query=QUERY, lanes=["fulltext"])
+        assert len(plain["results"]) >= 2, paths(plain)
+        # One lane: rank r displays (k + 1) / (k + r).
+        assert plain["results"][0]["score"] == pytest.approx(1.0)
+        assert plain["results"][1]["score"] == pytest.approx(61 / 62)
+        small_k = await search(client, query=QUERY, lanes=["fulltext"], ranking={"rrfK": 1})
+        assert paths(small_k) == paths(plain), "k changes scores, not a single lane's order"
+        assert small_k["results"][1]["score"] == pytest.approx(2 / 3)
+
+        strict = await search(client, query=QUERY, lanes=["fulltext"], ranking={"minScore": 0.99})
+        assert [r["chunkKey"] for r in strict["results"]] == [plain["results"][0]["chunkKey"]]
+        assert strict["total"] == 1 and strict["truncated"] is False
+        assert all(r["score"] >= 0.99 for r in strict["results"])
+
+        # Two lanes; weighting one of them to zero leaves the other's order.
+        lanes = ["fulltext", "co_annotation"]
+        query = "Acme and Zephyr turbine blades"
+        fulltext_only = await search(client, query=query, lanes=["fulltext"])
+        co_only = await search(client, query=query, lanes=["co_annotation"])
+        assert co_only["results"], "the contract mentions both organisations"
+        muted = await search(client, query=query, lanes=lanes, ranking={"laneWeights": {"co_annotation": 0}})
+        n = len(fulltext_only["results"])
+        assert [r["chunkKey"] for r in muted["results"]][:n] == [r["chunkKey"] for r in fulltext_only["results"]]
+        loud = await search(
+            client, query=query, lanes=lanes, ranking={"laneWeights": {"fulltext": 0, "co_annotation": 5}}
+        )
+        assert loud["results"][0]["chunkKey"] == co_only["results"][0]["chunkKey"]
+        assert loud["results"][0]["score"] == pytest.approx(1.0)
+        for bad in ({"rrfK": 0}, {"minScore": 1.5}, {"laneWeights": {"bm25": 1}}, {"laneWeights": {"fulltext": -1}}):
+            await expect_rejected(
+                client, "kg_search", {"query": QUERY, "namespaces": [corpus], "ranking": bad}, {"invalid_argument"}
+            )
+
+
+# ---------------------------------------------------------------------------------------------
+# Several namespaces
+# ---------------------------------------------------------------------------------------------
+
+
+async def test_namespaces_interleave_by_rank(mesh: Mesh, corpus: str) -> None:
+    async with mcp_http(mesh.mcp_url, mesh.admin_token) as client:
+        first = await search(client, query=QUERY, lanes=["fulltext"], namespaces=[NS])
+        twin = await search(client, query=QUERY, lanes=["fulltext"], namespaces=[NS_TWIN])
+        assert len(first["results"]) == len(twin["results"]) == 3
+        both = await search(client, query=QUERY, lanes=["fulltext"], namespaces=[NS, NS_TWIN], topK=5)
+        got = [(r["namespace"], r["chunkKey"]) for r in both["results"]]
+        a = [(NS, r["chunkKey"]) for r in first["results"]]
+        b = [(NS_TWIN, r["chunkKey"]) for r in twin["results"]]
+        # Rank 1 of each namespace, then rank 2 of each, ...: never ordered by raw score.
+        assert got == [a[0], b[0], a[1], b[1], a[2]], got
+        assert both["total"] == first["total"] + twin["total"] and both["truncated"] is True
+        assert [n["namespace"] for n in both["trace"]["namespaces"]] == [NS, NS_TWIN]
+        assert all(n["ok"] for n in both["trace"]["namespaces"])
+        assert {(lane["namespace"], lane["lane"]) for lane in both["trace"]["lanes"]} == {
+            (NS, "fulltext"),
+            (NS_TWIN, "fulltext"),
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# Caps and tokenBudget
+# ---------------------------------------------------------------------------------------------
+
+
+async def test_caps_over_the_hard_max_fail_closed(mesh: Mesh, corpus: str) -> None:
+    over = [
+        {"topK": 33},
+        {"tokenBudget": 0},
+        {"caps": {"mentions": 25}},
+        {"caps": {"rel": 25}},
+        {"caps": {"ancestors": 13}},
+        {"caps": {"siblings": 25}},
+        {"caps": {"children": 25}},
+        {"caps": {"similar": 17}},
+    ]
+    async with mcp_http(mesh.mcp_url, mesh.admin_token) as client:
+        for extra in over:
+            outcome_code = await expect_rejected(
+                client, "kg_search", {"query": QUERY, "namespaces": [corpus], **extra}, {"invalid_argument"}
+            )
+            assert outcome_code in {"invalid_argument", "invalid_params"}
+        # Exactly at every hard max is accepted.
+        at_max = await search(
+            client,
+            query=QUERY,
+            topK=32,
+            caps={"mentions": 24, "rel": 24, "ancestors": 12, "siblings": 24, "children": 24, "similar": 16},
+        )
+        assert at_max["results"]
+        # A cap under the list's length cuts it and says how many there were.
+        one = await search(client, query="Acme supply contract", lanes=["fulltext"], caps={"mentions": 1})
+        contract = next(r for r in one["results"] if r["path"] == "contracts/acme-zephyr.md")
+        assert len(contract["mentions"]) == 1, contract["mentions"]
+        assert contract["counts"]["mentions"] == {"total": 2, "truncated": True}, contract.get("counts")
+
+
+async def test_token_budget_truncates_then_omits_in_order(mesh: Mesh, corpus: str) -> None:
+    async with mcp_http(mesh.mcp_url, mesh.admin_token) as client:
+        full = await search(client, query=QUERY, lanes=["fulltext"])
+        assert "tokenBudget" not in full["trace"]
+        tokens = [r["position"]["tokenCount"] for r in full["results"]]
+        assert len(tokens) == 3 and all(t > 1 for t in tokens), tokens
+
+        budget = tokens[0] + tokens[1] // 2
+        cut = await search(client, query=QUERY, lanes=["fulltext"], tokenBudget=budget)
+        assert [r["chunkKey"] for r in cut["results"]] == [r["chunkKey"] for r in full["results"]], "order is kept"
+        first, second, third = cut["results"]
+        assert first["text"] == full["results"][0]["text"] and "textTruncated" not in first
+        assert second["textTruncated"] is True and "textOmitted" not in second
+        assert 0 < len(second["text"]) < len(full["results"][1]["text"])
+        assert full["results"][1]["text"].startswith(second["text"])
+        assert third["text"] == "" and third["textOmitted"] is True
+        report = cut["trace"]["tokenBudget"]
+        assert report == {"budget": budget, "used": budget, "omitted": 1, "truncated": True}, report
+
+        roomy = await search(client, query=QUERY, lanes=["fulltext"], tokenBudget=sum(tokens))
+        assert [r["text"] for r in roomy["results"]] == [r["text"] for r in full["results"]]
+        assert roomy["trace"]["tokenBudget"] == {
+            "budget": sum(tokens),
+            "used": sum(tokens),
+            "omitted": 0,
+            "truncated": False,
+        }
+
+
+# ---------------------------------------------------------------------------------------------
+# Graph damage: chunks without offsets, and a namespace whose graph breaks
+# ---------------------------------------------------------------------------------------------
+
+
+async def test_missing_offsets_and_a_broken_namespace_soft_fails(mesh: Mesh, corpus: str) -> None:
+    port = _falkordb_port(mesh)
+    key = graph_key(NS_FRAGILE)
+    backup = f"{key}_backup_{port}"
+    # Chunks of the turbine notes lose their offsets, as an indexer from before offsets wrote them.
+    stripped = redis(
+        port,
+        "GRAPH.QUERY",
+        key,
+        "MATCH (c:Chunk) WHERE c.path = 'notes/turbines.md' SET c.charStart = NULL, c.charEnd = NULL RETURN count(c)",
+    )
+    assert not isinstance(stripped, RuntimeError), stripped
+    async with mcp_http(mesh.mcp_url, mesh.admin_token) as client:
+        result = await search(client, query=QUERY, lanes=["fulltext"], namespaces=[NS_FRAGILE, NS])
+        reported = result["trace"]["missingOffsets"]
+        assert [(m["namespace"], m["path"]) for m in reported] == [(NS_FRAGILE, "notes/turbines.md")], reported
+        notes = [r for r in result["results"] if (r["namespace"], r["path"]) == (NS_FRAGILE, "notes/turbines.md")]
+        assert notes and reported[0]["chunkKeys"] == [r["chunkKey"] for r in notes]
+        assert reported[0]["fileId"] == notes[0]["fileId"]
+        assert "turbine blades" in notes[0]["text"], "the package still carries its text"
+        elsewhere = await search(client, query=QUERY, lanes=["fulltext"], namespaces=[NS])
+        assert "missingOffsets" not in elsewhere["trace"]
+
+        # Keep a copy, then replace the graph with a plain string: every query on it fails.
+        copied = redis(port, "GRAPH.COPY", key, backup)
+        assert not isinstance(copied, RuntimeError), copied
+        try:
+            assert not isinstance(redis(port, "GRAPH.DELETE", key), RuntimeError)
+            assert redis(port, "SET", key, "not a graph") == "OK"
+
+            outcome = await call_tool(
+                client, "kg_search", {"query": QUERY, "namespaces": [NS, NS_FRAGILE], "lanes": ["fulltext"]}
+            )
+            assert not outcome.is_error, outcome.data
+            broken = outcome.data
+            assert {r["namespace"] for r in broken["results"]} == {NS}, "the healthy namespace still answers"
+            assert len(broken["results"]) == 3
+            trace = {n["namespace"]: n for n in broken["trace"]["namespaces"]}
+            assert trace[NS] == {"namespace": NS, "ok": True}
+            assert trace[NS_FRAGILE] == {
+                "namespace": NS_FRAGILE,
+                "ok": False,
+                "errorCode": "internal",
+                "stage": "search",
+            }, trace
+            for raw in ("WRONGTYPE", "wrong kind", graph_key(NS_FRAGILE), "redis"):
+                assert raw.lower() not in outcome.raw.lower(), f"store text {raw!r} reached the agent"
+
+            # Entity search soft-fails the same way.
+            entities = await call_ok(client, "kg_entity_search", {"text": "Acme", "namespaces": [NS, NS_FRAGILE]})
+            assert {h["namespace"] for h in entities["hits"]} == {NS}
+            by_ns = {n["namespace"]: n for n in entities["trace"]["namespaces"]}
+            assert by_ns[NS_FRAGILE]["ok"] is False and by_ns[NS_FRAGILE]["errorCode"] == "internal"
+
+            # Only the broken namespace: nothing left to answer, so the call fails, closed.
+            await expect_rejected(
+                client, "kg_search", {"query": QUERY, "namespaces": [NS_FRAGILE]}, {"internal"}
+            )
+        finally:
+            redis(port, "DEL", key)
+            redis(port, "GRAPH.COPY", backup, key)
+            redis(port, "GRAPH.DELETE", backup)
+        restored = await search(client, query=QUERY, lanes=["fulltext"], namespaces=[NS_FRAGILE])
+        assert len(restored["results"]) == 3
+
