@@ -15,6 +15,9 @@
    - chunk level (answers): a chunk is a hit when it comes from the gold path and contains the gold
      phrase once whitespace is normalised; hit@8 and MRR@8.
    A lane the server reports as unavailable is printed as such, not scored as zero.
+5. `--fulltext-backend falkordb,qdrant_sparse` repeats steps 2-3 once per full-text backend
+   (`[retrieval] fulltext_backend`, set through KGMESH_RETRIEVAL__FULLTEXT_BACKEND on a fresh mesh)
+   and labels each run with its backend, so both stand next to BM25 in one table.
 
 Not part of `make test`.
 """
@@ -271,13 +274,13 @@ def pick_binary(explicit: str | None) -> Path:
 
 def print_table(table: dict[str, dict[str, Scores]], notes: dict[str, str]) -> None:
     kinds = sorted({k for by_kind in table.values() for k in by_kind} - {"all"})
-    header = f"{'run':<22}{'kind':<14}{'n':>4}{'nDCG@10':>9}{'R@8':>8}{'hit@8':>8}{'MRR@8':>8}  notes"
+    header = f"{'run':<34}{'kind':<14}{'n':>4}{'nDCG@10':>9}{'R@8':>8}{'hit@8':>8}{'MRR@8':>8}  notes"
     print("\n" + header)
     for name, by_kind in table.items():
         for kind in ["all", *kinds]:
             if kind in by_kind:
                 note = notes.get(name, "") if kind == "all" else ""
-                print(f"{name:<22}{kind:<14}{by_kind[kind].row()}  {note}")
+                print(f"{name:<34}{kind:<14}{by_kind[kind].row()}  {note}")
 
 
 def main() -> int:
@@ -287,6 +290,12 @@ def main() -> int:
     parser.add_argument("--lanes", default=",".join(LANES), help="lanes to score alone, comma-separated")
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (mesh logs)")
     parser.add_argument("--json", type=Path, help="also write the scores as JSON to this file")
+    parser.add_argument(
+        "--fulltext-backend",
+        default="",
+        help="full-text backends to compare, comma-separated (falkordb, qdrant_sparse); "
+        "one fresh mesh each. Default: the server's configured backend",
+    )
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="kgmesh-bench-quality-"))
     mesh: Mesh | None = None
@@ -296,15 +305,34 @@ def main() -> int:
         print(f"dataset: {dataset.root} ({files} files, {len(dataset.queries)} queries, {len(dataset.answers)} answers)")
         binary = pick_binary(args.binary)
         print(f"kgmesh: {binary}", flush=True)
-        mesh = Mesh(work_dir=work / "mesh", binary=binary)
-        mesh.start()
-        started = time.perf_counter()
-        mesh.ingest(dataset.corpus_dir, NAMESPACE)
-        print(f"ingest: {time.perf_counter() - started:.1f} s", flush=True)
-
-        lane_runs = [LaneRun(f"kgmesh {lane}", [lane]) for lane in args.lanes.split(",") if lane]
-        lane_runs.append(LaneRun("kgmesh fused", None))
-        anyio.run(kg_runs, mesh, dataset, lane_runs)
+        backends = [b for b in args.fulltext_backend.split(",") if b] or [""]
+        lane_runs: list[LaneRun] = []
+        for backend in backends:
+            label = f" [{backend}]" if backend else ""
+            env = {"KGMESH_RETRIEVAL__FULLTEXT_BACKEND": backend} if backend else {}
+            mesh = Mesh(work_dir=work / f"mesh-{backend or 'default'}", binary=binary, env=env)
+            try:
+                mesh.start()
+            except MeshError as err:
+                if len(backends) == 1:
+                    raise
+                # One backend that cannot start (e.g. qdrant_sparse without a Qdrant server)
+                # must not hide the others' figures.
+                print(f"fulltext backend {backend}: the mesh did not start: {str(err)[:600]}", file=sys.stderr)
+                mesh.stop()
+                mesh = None
+                continue
+            started = time.perf_counter()
+            mesh.ingest(dataset.corpus_dir, NAMESPACE)
+            print(f"ingest{label}: {time.perf_counter() - started:.1f} s", flush=True)
+            backend_runs = [LaneRun(f"kgmesh {lane}{label}", [lane]) for lane in args.lanes.split(",") if lane]
+            backend_runs.append(LaneRun(f"kgmesh fused{label}", None))
+            anyio.run(kg_runs, mesh, dataset, backend_runs)
+            lane_runs.extend(backend_runs)
+            problems = mesh.stop()
+            mesh = None
+            if problems:
+                print("stopping the mesh: " + "; ".join(problems), file=sys.stderr)
         runs: dict[str, dict[str, Ranked]] = {}
         notes: dict[str, str] = {}
         baseline = bm25_run(dataset)

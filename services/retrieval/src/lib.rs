@@ -18,8 +18,10 @@ mod fusion;
 mod graph_expand;
 mod grpc;
 mod lanes;
+mod offsets;
 pub mod roles;
 mod service;
+mod sparse_lane;
 mod vector_lane;
 
 use kg_common::caller::{CallerContextLayer, ContextVerifier};

@@ -16,8 +16,9 @@ use crate::config::RetrievalConfig;
 use crate::error::{Result, RetrievalError};
 use crate::fusion::{LaneHits, fuse};
 use crate::lanes::{self, Lane, LaneFilters};
+use crate::sparse_lane::SparseLane;
 use crate::vector_lane::VectorLane;
-use crate::{co_annotation, entity_search, graph_expand};
+use crate::{co_annotation, entity_search, graph_expand, offsets};
 
 /// Default and hard maximum of hits per search.
 const TOP_K: (u32, u32) = (8, 32);
@@ -34,6 +35,9 @@ pub struct RetrievalService {
     store: GraphStore,
     /// The vector lane, when the deployment has an embedder and a vector index.
     vectors: Option<VectorLane>,
+    /// The sparse BM25 index serving the full-text lane (`qdrant_sparse`); FalkorDB's
+    /// full-text index when unset.
+    sparse: Option<SparseLane>,
 }
 
 /// A validated search request.
@@ -53,6 +57,7 @@ impl RetrievalService {
         Self {
             store,
             vectors: None,
+            sparse: None,
         }
     }
 
@@ -61,6 +66,13 @@ impl RetrievalService {
     pub fn with_vectors(mut self, index: VectorIndex, embedder: SharedEmbedder) -> Result<Self> {
         self.vectors = Some(VectorLane::new(index, embedder)?);
         Ok(self)
+    }
+
+    /// Serves the `fulltext` lane from the sparse BM25 index instead of FalkorDB's
+    /// full-text index (`[retrieval] fulltext_backend = "qdrant_sparse"`).
+    pub fn with_sparse(mut self, index: kg_stores::vector::sparse::SparseIndex) -> Self {
+        self.sparse = Some(SparseLane::new(index));
+        self
     }
 
     /// Connects to the FalkorDB named in `config`.
@@ -101,16 +113,30 @@ impl RetrievalService {
             }
             let started = Instant::now();
             let result = match lane {
-                Lane::Fulltext => {
-                    lanes::fulltext(
-                        &self.store,
-                        &request.namespace,
-                        access,
-                        query,
-                        &plan.filters,
-                    )
-                    .await
-                }
+                Lane::Fulltext => match &self.sparse {
+                    Some(sparse) => {
+                        sparse
+                            .search(
+                                &self.store,
+                                &request.namespace,
+                                access,
+                                query,
+                                &plan.filters,
+                                lanes::LANE_POOL,
+                            )
+                            .await
+                    }
+                    None => {
+                        lanes::fulltext(
+                            &self.store,
+                            &request.namespace,
+                            access,
+                            query,
+                            &plan.filters,
+                        )
+                        .await
+                    }
+                },
                 Lane::GraphExpand => {
                     let fulltext = ran.iter().find(|l| l.lane == Lane::Fulltext);
                     graph_expand::graph_expand(
@@ -200,6 +226,15 @@ impl RetrievalService {
         }
         let total_candidates = fused.len() as u64;
         fused.truncate(plan.top_k);
+        let returned: Vec<String> = fused.iter().map(|h| h.chunk_key.clone()).collect();
+        // A report, not an answer: when the lookup fails the hits still return.
+        let missing_offsets =
+            offsets::missing_offsets(&self.store, &request.namespace, access, &returned)
+                .await
+                .unwrap_or_else(|err| {
+                    tracing::warn!(namespace = %request.namespace, error = %err, "missing-offsets lookup failed");
+                    Vec::new()
+                });
         Ok(SearchResponse {
             namespace: request.namespace,
             hits: fused
@@ -216,17 +251,19 @@ impl RetrievalService {
             total_candidates,
             vector_widening,
             grounding,
+            missing_offsets,
         })
     }
 
-    /// Entities by text over names and aliases, only those a readable chunk mentions (see
-    /// the `entity_search` module for scoring, roles and evidence).
+    /// Entities by text over names and aliases, and by vector similarity when the service
+    /// has embeddings; only those a readable chunk mentions (see the `entity_search` module
+    /// for scoring, roles and evidence).
     pub async fn entity_search_for(
         &self,
         caller: &CallerContext,
         request: EntitySearchRequest,
     ) -> Result<EntitySearchResponse> {
-        entity_search::entity_search(&self.store, caller, request).await
+        entity_search::entity_search(&self.store, self.vectors.as_ref(), caller, request).await
     }
 }
 

@@ -15,6 +15,7 @@ mod edge;
 mod error;
 pub mod filter;
 mod server;
+pub mod sparse;
 
 use kg_proto::v1::AccessFilter;
 use sha2::{Digest, Sha256};
@@ -179,6 +180,18 @@ pub struct VectorHit {
     pub path: String,
     /// Cosine similarity.
     pub score: f32,
+}
+
+/// The scope of a similar-files search: file points only, without the source file.
+pub fn similar_scope(scope: &Scope, file_id: &str) -> Scope {
+    let mut scope = Scope {
+        kind: Some(PointKind::File),
+        ..scope.clone()
+    };
+    if !scope.exclude_file_ids.iter().any(|f| f == file_id) {
+        scope.exclude_file_ids.push(file_id.to_owned());
+    }
+    scope
 }
 
 /// A payload value: the three shapes the schema uses, convertible to either backend.
@@ -365,6 +378,49 @@ impl VectorIndex {
             VectorIndex::Edge(i) => i.count(access, scope).await,
             VectorIndex::Server(i) => i.count(access, scope).await,
         }
+    }
+
+    /// The file-level vector of `file_id` (the normalised mean of its chunk vectors), when
+    /// the file has a file point that `access` admits. `None` for an unknown, unreadable
+    /// or (under `enabled_only`) disabled file, and for a file indexed without embeddings.
+    pub async fn file_vector(
+        &self,
+        access: &AccessFilter,
+        file_id: &str,
+    ) -> Result<Option<Vec<f32>>, VectorError> {
+        match self {
+            VectorIndex::Edge(i) => i.file_vector(access, file_id).await,
+            VectorIndex::Server(i) => i.file_vector(access, file_id).await,
+        }
+    }
+
+    /// The `limit` files most similar to `file_id`, best first: a search over file points
+    /// only, nearest to the file's own file vector, leaving the file itself out. `access`
+    /// (and the collections of `scope`) filter inside the engine, for the source file as
+    /// well: an unreadable source file, or one without a file point, has no neighbours
+    /// (`Ok(None)`, so a caller can tell "no vector" from "no similar file").
+    pub async fn similar_files(
+        &self,
+        access: &AccessFilter,
+        scope: &Scope,
+        namespace: &str,
+        file_id: &str,
+        limit: usize,
+    ) -> Result<Option<Vec<VectorHit>>, VectorError> {
+        if access.namespace != namespace {
+            return Err(VectorError::invalid(
+                "namespace",
+                format!(
+                    "`{namespace}` is not the namespace of the access filter (`{}`)",
+                    access.namespace
+                ),
+            ));
+        }
+        let Some(vector) = self.file_vector(access, file_id).await? else {
+            return Ok(None);
+        };
+        let scope = similar_scope(scope, file_id);
+        self.search(access, &scope, vector, limit).await.map(Some)
     }
 
     /// Compacts and indexes after large writes. The embedded shard has no background

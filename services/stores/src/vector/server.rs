@@ -15,9 +15,10 @@ use qdrant_client::qdrant::{
     self as client, CollectionExistsRequest, CountPoints, CreateCollection,
     CreateFieldIndexCollection, DeletePoints, FieldType, GetCollectionInfoRequest, HnswConfigDiff,
     KeywordIndexParams, PayloadIncludeSelector, PayloadIndexParams, PointStruct, PointsSelector,
-    Query, QueryPoints, SetPayloadPoints, UpsertPoints, VectorParams, VectorsConfig,
-    WithPayloadSelector, payload_index_params::IndexParams, points_selector::PointsSelectorOneOf,
-    value::Kind, vectors_config, with_payload_selector::SelectorOptions,
+    Query, QueryPoints, ScrollPoints, SetPayloadPoints, UpsertPoints, VectorParams, VectorsConfig,
+    VectorsOutput, WithPayloadSelector, WithVectorsSelector, payload_index_params::IndexParams,
+    points_selector::PointsSelectorOneOf, value::Kind, vectors_config, vectors_output,
+    with_payload_selector::SelectorOptions, with_vectors_selector,
 };
 
 use super::edge::{INDEXED_FIELDS, IndexType};
@@ -48,7 +49,7 @@ impl std::fmt::Debug for ServerIndex {
     }
 }
 
-fn client_error(err: QdrantError) -> VectorError {
+pub(crate) fn client_error(err: QdrantError) -> VectorError {
     match err {
         QdrantError::ResponseError { status } => match status.code() {
             tonic::Code::Unavailable | tonic::Code::Cancelled => VectorError::Unavailable {
@@ -245,6 +246,24 @@ impl ServerIndex {
             .map_err(client_error)?;
         Ok(response.result.map(|r| r.count).unwrap_or(0))
     }
+
+    /// The file vector of `file_id` when its file point passes `access` (see
+    /// [`VectorIndex::file_vector`](super::VectorIndex::file_vector)).
+    pub async fn file_vector(
+        &self,
+        access: &AccessFilter,
+        file_id: &str,
+    ) -> Result<Option<Vec<f32>>, VectorError> {
+        let response = self
+            .client
+            .scroll(file_vector_request(&self.collection, access, file_id))
+            .await
+            .map_err(client_error)?;
+        let Some(point) = response.result.into_iter().next() else {
+            return Ok(None);
+        };
+        dense_vector(point.vectors).map(Some)
+    }
 }
 
 fn check_existing(
@@ -413,6 +432,38 @@ pub(crate) fn query_request(
             })),
         }),
         ..Default::default()
+    }
+}
+
+pub(crate) fn file_vector_request(
+    collection: &str,
+    access: &AccessFilter,
+    file_id: &str,
+) -> ScrollPoints {
+    ScrollPoints {
+        collection_name: collection.to_owned(),
+        filter: Some(filter::to_client(&filter::file_point_clause(
+            access, file_id,
+        ))),
+        limit: Some(1),
+        with_payload: Some(WithPayloadSelector {
+            selector_options: Some(SelectorOptions::Enable(false)),
+        }),
+        with_vectors: Some(WithVectorsSelector {
+            selector_options: Some(with_vectors_selector::SelectorOptions::Enable(true)),
+        }),
+        ..Default::default()
+    }
+}
+
+/// The unnamed dense vector of a retrieved point.
+fn dense_vector(vectors: Option<VectorsOutput>) -> Result<Vec<f32>, VectorError> {
+    match vectors.and_then(|v| v.vectors_options) {
+        Some(vectors_output::VectorsOptions::Vector(output)) => match output.into_vector() {
+            client::vector_output::Vector::Dense(dense) => Ok(dense.data),
+            _ => Err(VectorError::internal("a file point without a dense vector")),
+        },
+        _ => Err(VectorError::internal("a file point without a dense vector")),
     }
 }
 
@@ -588,6 +639,49 @@ mod tests {
             s.payload.get(schema::HIDDEN).and_then(|v| v.kind.clone()),
             Some(Kind::BoolValue(true))
         );
+    }
+
+    #[test]
+    fn file_vectors_are_read_under_the_access_filter() {
+        let access = AccessFilter {
+            namespace: "alpha".into(),
+            allow_prefixes: vec!["guides/".into()],
+            enabled_only: true,
+            ..Default::default()
+        };
+        let r = file_vector_request("kg", &access, "f1");
+        assert_eq!(r.limit, Some(1));
+        assert_eq!(
+            r.filter,
+            Some(filter::to_client(&filter::file_point_clause(&access, "f1")))
+        );
+        let text = format!("{:?}", r.filter);
+        assert!(
+            text.contains("\"file\"") && text.contains("\"f1\""),
+            "{text}"
+        );
+        assert!(text.contains("guides/"), "{text}");
+        assert_eq!(
+            r.with_vectors.and_then(|w| w.selector_options),
+            Some(with_vectors_selector::SelectorOptions::Enable(true))
+        );
+        let output = |vector| {
+            Some(VectorsOutput {
+                vectors_options: Some(vectors_output::VectorsOptions::Vector(
+                    client::VectorOutput {
+                        vector: Some(vector),
+                        ..Default::default()
+                    },
+                )),
+            })
+        };
+        let dense = client::vector_output::Vector::Dense(client::DenseVector {
+            data: vec![0.5, 0.5],
+        });
+        assert_eq!(dense_vector(output(dense)).unwrap(), vec![0.5, 0.5]);
+        let sparse = client::vector_output::Vector::Sparse(client::SparseVector::default());
+        assert!(dense_vector(output(sparse)).is_err());
+        assert!(dense_vector(None).is_err());
     }
 
     #[test]
