@@ -50,6 +50,9 @@ pub struct EmbeddingConfig {
     pub timeout_secs: u64,
     /// openai: retries after the first try (429, 5xx, timeouts).
     pub max_retries: u32,
+    /// openai over https: a PEM bundle of extra CAs to trust (a private CA), on top of
+    /// the operating system's trust store.
+    pub ca_file: Option<PathBuf>,
 }
 
 impl Default for EmbeddingConfig {
@@ -65,6 +68,7 @@ impl Default for EmbeddingConfig {
             concurrency: 1,
             timeout_secs: 60,
             max_retries: 4,
+            ca_file: None,
         }
     }
 }
@@ -114,6 +118,14 @@ impl EmbeddingConfig {
                 if self.timeout_secs == 0 {
                     problems.push("embedding.timeout_secs: must be at least 1".to_owned());
                 }
+                if let Some(path) = &self.ca_file
+                    && !path.is_file()
+                {
+                    problems.push(format!(
+                        "embedding.ca_file: `{}` is not a readable file",
+                        path.display()
+                    ));
+                }
             }
             Provider::None => {}
         }
@@ -149,6 +161,7 @@ pub async fn build(config: &EmbeddingConfig) -> Result<Option<SharedEmbedder>, E
             options.concurrency = config.concurrency;
             options.timeout = Duration::from_secs(config.timeout_secs);
             options.max_retries = config.max_retries;
+            options.ca_file = config.ca_file.clone();
             Ok(Some(Arc::new(OpenAiEmbedder::connect(options).await?)))
         }
     }

@@ -20,7 +20,7 @@ pub use error::EmbedError;
 #[cfg(any(test, feature = "test-util"))]
 pub use hashing::HashingEmbedder;
 pub use minilm::{MINILM_DIMS, MINILM_MODEL_ID, MiniLm, MiniLmOptions, find_model_zip};
-pub use openai::{OpenAiEmbedder, OpenAiOptions};
+pub use openai::{OpenAiEmbedder, OpenAiOptions, http_client};
 
 /// Turns texts into vectors, in order: output `i` is the embedding of input `i`.
 #[async_trait::async_trait]

@@ -3,6 +3,7 @@
 //! 429, 5xx, timeouts and refused connections. The API key is read from an
 //! environment variable named in the configuration and never appears in an error.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,6 +41,8 @@ pub struct OpenAiOptions {
     pub max_retries: u32,
     /// First backoff; doubles each retry, capped at 10 s.
     pub retry_base: Duration,
+    /// A PEM bundle of extra CAs trusted for https, next to the OS trust store.
+    pub ca_file: Option<PathBuf>,
 }
 
 impl OpenAiOptions {
@@ -56,8 +59,38 @@ impl OpenAiOptions {
             timeout: Duration::from_secs(60),
             max_retries: 4,
             retry_base: Duration::from_millis(500),
+            ca_file: None,
         }
     }
+}
+
+/// An HTTP client for OpenAI-compatible endpoints: rustls with the OS trust store, plus
+/// the CAs of `ca_file` when set (a private CA in front of TEI or vLLM).
+pub fn http_client(
+    timeout: Duration,
+    ca_file: Option<&Path>,
+) -> Result<reqwest::Client, EmbedError> {
+    let mut builder = reqwest::Client::builder().timeout(timeout);
+    if let Some(path) = ca_file {
+        let pem = std::fs::read(path)
+            .map_err(|e| EmbedError::Config(format!("ca_file `{}`: {e}", path.display())))?;
+        let certs = reqwest::Certificate::from_pem_bundle(&pem).map_err(|e| {
+            EmbedError::Config(format!(
+                "ca_file `{}`: not a PEM bundle: {e}",
+                path.display()
+            ))
+        })?;
+        if certs.is_empty() {
+            return Err(EmbedError::Config(format!(
+                "ca_file `{}` holds no certificate",
+                path.display()
+            )));
+        }
+        builder = builder.tls_certs_merge(certs);
+    }
+    builder
+        .build()
+        .map_err(|e| EmbedError::Config(format!("HTTP client: {e}")))
 }
 
 /// An API key that never prints.
@@ -150,10 +183,7 @@ impl OpenAiEmbedder {
         } else {
             format!("{endpoint}/embeddings")
         };
-        let client = reqwest::Client::builder()
-            .timeout(options.timeout)
-            .build()
-            .map_err(|e| EmbedError::Config(format!("HTTP client: {e}")))?;
+        let client = http_client(options.timeout, options.ca_file.as_deref())?;
         let mut embedder = OpenAiEmbedder {
             client,
             url,

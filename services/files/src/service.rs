@@ -29,7 +29,7 @@ const MAX_PAGE: u32 = 1000;
 pub struct FilesService {
     pub(crate) store: FilesStore,
     pub(crate) blobs: BlobStore,
-    jetstream: async_nats::jetstream::Context,
+    pub(crate) jetstream: async_nats::jetstream::Context,
     pub(crate) max_upload_bytes: usize,
     pub(crate) versions: VersionStore,
     pub(crate) limits: Arc<QueryLimits>,
@@ -362,12 +362,18 @@ impl FilesService {
         Ok(true)
     }
 
-    /// Applies an indexing outcome published by the indexer.
+    /// Applies an indexing outcome published by the indexer. Returns whether it changed
+    /// anything (a status row, or for a branch upload its metadata and links).
     pub async fn apply_indexed(&self, event: &FileIndexed) -> Result<bool> {
         let status = match FileStatus::try_from(event.status) {
             Ok(s @ (FileStatus::Indexed | FileStatus::Failed)) => s,
             _ => return Ok(false),
         };
+        // A branch upload shares its version id with main when main holds the same content
+        // under the same file id; main's row must stay pending until main's graph is written.
+        if event.branch_only {
+            return self.store_version_links(event).await;
+        }
         // Before the status: a version reads as indexed only once its links are stored.
         self.store_version_links(event).await?;
         self.store

@@ -551,6 +551,37 @@ impl FilesService {
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
+        // The indexer parses branch uploads for metadata and links only (never the graph,
+        // which holds main) and reports them per version id like any FileIndexed.
+        let event = kg_proto::v1::FileChanged {
+            namespace: namespace.to_owned(),
+            file_id: file.file_id.clone(),
+            version_id: file.version_id.clone(),
+            path: file.path.clone(),
+            mime: file.mime.clone(),
+            blob_key,
+            content_sha256: file.content_sha256.clone(),
+            size: file.size,
+            op: kg_proto::v1::FileChangeOp::Upsert as i32,
+            enabled: true,
+            hidden: false,
+            changed_at_ms: now_ms(),
+        };
+        let subject = format!("kg.files.v1.{namespace}.branch");
+        let msg_id = format!("{}:{}:branch", file.branch_id, file.version_id);
+        if let Err(err) = kg_stores::events::publish(
+            &self.jetstream,
+            &subject,
+            &msg_id,
+            prost::Message::encode_to_vec(&event),
+        )
+        .await
+        {
+            // Stored, but without a title and links until uploaded again: say so, as a main
+            // upload does (a retry within the dedupe window is not dropped: nothing was queued).
+            tracing::error!(error = %err.detail(), path = %file.path, "could not publish branch upload");
+            return Err(FilesError::QueueUnavailable);
+        }
         Ok(file)
     }
 

@@ -18,6 +18,7 @@ use serde_json::{Value, json};
 
 use kg_stores::tbox::TboxBucket;
 
+use crate::entities::llm::{LlmExtractor, LlmOutcome};
 use crate::entities::{Extraction, Extractor, extractor_for};
 use crate::graph_writer::{ChunkRecord, FileRecord, GraphWriteError};
 
@@ -46,9 +47,23 @@ pub enum EntityWriteOutcome {
     },
 }
 
-/// Key of the last entity write of a file: what changes it makes the write run again.
-fn stamp(file: &FileRecord, extractor: &Extractor) -> String {
-    format!("{}|{}|{}", file.version_id, extractor.stamp(), file.path)
+/// Key of the last entity write of a file: what changes it makes the write run again
+/// (turning the LLM extractor on, or changing its model, included).
+fn stamp(file: &FileRecord, extractor: &Extractor, llm: Option<&LlmExtractor>) -> String {
+    let mut stamp = format!("{}|{}|{}", file.version_id, extractor.stamp(), file.path);
+    if let Some(llm) = llm {
+        stamp.push('|');
+        stamp.push_str(&llm.stamp());
+    }
+    stamp
+}
+
+/// What [`index_entities_with`] did, and what the LLM pass cost when it ran.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntityIndexReport {
+    pub outcome: EntityWriteOutcome,
+    /// `None` when the LLM extractor is off or the write was unchanged (no call made).
+    pub llm: Option<LlmOutcome>,
 }
 
 fn file_params(file_id: &str) -> Params {
@@ -181,23 +196,41 @@ pub async fn write_entities(
     extractor: &Extractor,
     found: &Extraction,
 ) -> Result<EntityWriteOutcome, GraphWriteError> {
-    let ns = file.namespace.as_str();
-    sync_tbox(graph, ns, extractor).await?;
-    let stamp = stamp(file, extractor);
+    write_stamped(graph, file, extractor, &stamp(file, extractor, None), found).await
+}
+
+/// The file's entity stamp and entity-key list as the graph holds them.
+async fn read_entity_state(
+    graph: &GraphStore,
+    file: &FileRecord,
+) -> Result<Vec<Value>, GraphWriteError> {
     let rows = graph
         .query(
-            ns,
+            &file.namespace,
             "MATCH (f:FileRef {fileId: $fileId}) RETURN f.entityStamp, f.entityKeys",
             &file_params(&file.file_id),
         )
         .await?;
-    let Some(row) = rows.rows.first() else {
-        return Err(GraphWriteError::InvalidRecord {
+    rows.rows
+        .into_iter()
+        .next()
+        .ok_or_else(|| GraphWriteError::InvalidRecord {
             file_id: file.file_id.clone(),
             reason: "entities written before the file's chunks".into(),
-        });
-    };
-    if row.first().and_then(Value::as_str) == Some(stamp.as_str()) {
+        })
+}
+
+async fn write_stamped(
+    graph: &GraphStore,
+    file: &FileRecord,
+    extractor: &Extractor,
+    stamp: &str,
+    found: &Extraction,
+) -> Result<EntityWriteOutcome, GraphWriteError> {
+    let ns = file.namespace.as_str();
+    sync_tbox(graph, ns, extractor).await?;
+    let row = read_entity_state(graph, file).await?;
+    if row.first().and_then(Value::as_str) == Some(stamp) {
         return Ok(EntityWriteOutcome::Unchanged);
     }
     // No list at all: this file never had an entity write, so there is nothing to clear.
@@ -221,7 +254,7 @@ pub async fn write_entities(
     let gone: Vec<String> = old_keys.difference(&new_keys).cloned().collect();
     delete_orphans(graph, ns, &gone).await?;
 
-    set_file_props(graph, ns, &file.file_id, Some(&stamp), &new_keys).await?;
+    set_file_props(graph, ns, &file.file_id, Some(stamp), &new_keys).await?;
     tracing::debug!(
         namespace = ns,
         file_id = %file.file_id,
@@ -245,14 +278,50 @@ pub async fn index_entities(
     file: &FileRecord,
     chunks: &[ChunkRecord],
 ) -> Result<EntityWriteOutcome, GraphWriteError> {
+    Ok(index_entities_with(graph, tboxes, file, chunks, None)
+        .await?
+        .outcome)
+}
+
+/// [`index_entities`], plus the LLM extractor when one is configured. The LLM is asked only
+/// when the write would change something (a redelivered or unchanged file costs no tokens).
+pub async fn index_entities_with(
+    graph: &GraphStore,
+    tboxes: &TboxBucket,
+    file: &FileRecord,
+    chunks: &[ChunkRecord],
+    llm: Option<&LlmExtractor>,
+) -> Result<EntityIndexReport, GraphWriteError> {
     let tbox = tboxes.get_cached(&file.namespace).await?;
     let extractor = extractor_for(tbox.as_deref());
+    let stamp = stamp(file, &extractor, llm);
+    if llm.is_some() {
+        let row = read_entity_state(graph, file).await?;
+        if row.first().and_then(Value::as_str) == Some(stamp.as_str()) {
+            return Ok(EntityIndexReport {
+                outcome: EntityWriteOutcome::Unchanged,
+                llm: None,
+            });
+        }
+    }
     let work = extractor.clone();
     let owned = chunks.to_vec();
-    let found = tokio::task::spawn_blocking(move || work.extract(&owned))
+    let mut found = tokio::task::spawn_blocking(move || work.extract(&owned))
         .await
         .map_err(|_| GraphWriteError::UnexpectedReply("entity extraction task failed"))?;
-    write_entities(graph, file, &extractor, &found).await
+    let llm_outcome = match llm {
+        Some(llm) => {
+            let mut outcome = llm.extract(&extractor, chunks).await;
+            found.merge(std::mem::take(&mut outcome.extraction));
+            Some(outcome)
+        }
+        None => None,
+    };
+    let outcome = write_stamped(graph, file, &extractor, &stamp, &found).await?;
+    Ok(EntityIndexReport {
+        outcome,
+        llm: llm_outcome,
+    })
 }
 
 /// Removes what a file contributed: its mentions, the relations it stated, its candidate

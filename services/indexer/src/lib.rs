@@ -8,6 +8,8 @@
 
 #![recursion_limit = "256"]
 
+pub mod backfill;
+pub mod branch;
 pub mod document;
 pub mod entities;
 pub mod entity_writer;
@@ -15,6 +17,7 @@ pub mod graph_writer;
 mod lanes;
 pub mod pipeline;
 pub mod settings;
+pub mod sparse;
 pub mod vector_writer;
 mod worker;
 

@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use kg_embed::EmbeddingConfig;
+use kg_stores::vector::sparse::{FulltextBackend, SparseIndex};
 use kg_stores::vector::{EdgeIndex, ServerIndex, VectorError, VectorIndex};
 
 use crate::vector_writer::{VectorWriteError, Vectors};
@@ -24,6 +25,10 @@ pub struct IndexerSettings {
     pub collection: String,
     /// Events indexed at once.
     pub concurrency: usize,
+    /// Which index serves the full-text lane (`[retrieval] fulltext_backend`).
+    pub fulltext_backend: FulltextBackend,
+    /// `[indexer.llm]`: the optional LLM extractor, off by default.
+    pub llm: crate::entities::llm::LlmConfig,
 }
 
 impl Default for IndexerSettings {
@@ -34,6 +39,8 @@ impl Default for IndexerSettings {
             qdrant_api_key_env: None,
             collection: DEFAULT_COLLECTION.to_owned(),
             concurrency: 4,
+            fulltext_backend: FulltextBackend::default(),
+            llm: crate::entities::llm::LlmConfig::default(),
         }
     }
 }
@@ -64,5 +71,51 @@ impl IndexerSettings {
             None => EdgeIndex::open(edge_dir, dims).await?.into(),
         };
         Ok(Some(Vectors::new(index, embedder)?))
+    }
+
+    /// Opens the sparse BM25 index when the full-text backend is `qdrant_sparse`: the
+    /// collection `<collection>-bm25` on the Qdrant server, whether or not embeddings are
+    /// on; `None` with the FalkorDB backend. Without a server it refuses: the embedded
+    /// qdrant-edge 0.6.0 cannot search sparse vectors (its shard would go in `edge_dir`).
+    pub async fn open_sparse(&self, _edge_dir: &Path) -> Result<Option<SparseIndex>, VectorError> {
+        if self.fulltext_backend != FulltextBackend::QdrantSparse {
+            return Ok(None);
+        }
+        let index = match &self.qdrant_url {
+            Some(url) => {
+                SparseIndex::connect_server(
+                    url,
+                    self.qdrant_api_key()?,
+                    &format!("{}-bm25", self.collection),
+                )
+                .await?
+            }
+            // qdrant-edge 0.6.0 cannot score sparse vectors: fail at startup rather than
+            // serve a full-text lane that fails on every search.
+            None => return Err(kg_stores::vector::sparse::edge_cannot_search()),
+        };
+        Ok(Some(index))
+    }
+
+    /// The LLM extractor when `[indexer.llm] enabled`; `None` otherwise.
+    pub fn open_llm(
+        &self,
+    ) -> Result<
+        Option<std::sync::Arc<crate::entities::llm::LlmExtractor>>,
+        crate::entities::llm::LlmError,
+    > {
+        Ok(crate::entities::llm::LlmExtractor::from_config(&self.llm)?.map(std::sync::Arc::new))
+    }
+
+    fn qdrant_api_key(&self) -> Result<Option<String>, VectorError> {
+        match &self.qdrant_api_key_env {
+            Some(var) => Ok(Some(std::env::var(var).map_err(|_| {
+                VectorError::InvalidInput {
+                    what: "qdrant api key",
+                    reason: format!("environment variable `{var}` is unset"),
+                }
+            })?)),
+            None => Ok(None),
+        }
     }
 }

@@ -34,6 +34,11 @@ pub struct IndexerConfig {
     pub concurrency: usize,
     /// Where chunk and file vectors go; `None` when embeddings are off.
     pub vectors: Option<Vectors>,
+    /// Sparse BM25 chunk vectors (the `qdrant_sparse` full-text backend), with or
+    /// without embeddings; `None` with the FalkorDB backend.
+    pub sparse: Option<crate::sparse::SparseTerms>,
+    /// The optional LLM extractor (`[indexer.llm]`); `None` when off.
+    pub llm: Option<std::sync::Arc<crate::entities::llm::LlmExtractor>>,
 }
 
 impl Default for IndexerConfig {
@@ -45,6 +50,8 @@ impl Default for IndexerConfig {
             ack_wait: Duration::from_secs(30),
             concurrency: 4,
             vectors: None,
+            sparse: None,
+            llm: None,
         }
     }
 }
@@ -110,7 +117,31 @@ async fn run_worker(
         tboxes,
     });
     let concurrency = worker.config.concurrency;
-    lanes::run(&jetstream, &spec, concurrency, shutdown, worker).await?;
+    // Files indexed before embeddings were on get their vectors through the normal path.
+    if let Some(vectors) = worker.config.vectors.clone() {
+        let (graph, js) = (worker.graph.clone(), jetstream.clone());
+        tokio::spawn(async move {
+            match crate::backfill::backfill_vectors(&graph, &js, &vectors, None).await {
+                Ok(0) => {}
+                Ok(queued) => {
+                    tracing::info!(queued, "vector backfill: files re-queued for embedding")
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err.detail(), "vector backfill failed; files keep their current vectors")
+                }
+            }
+        });
+    }
+    // Branch uploads: metadata and links only, on their own durable consumer.
+    let branch = crate::branch::run(
+        worker.blobs.clone(),
+        jetstream.clone(),
+        worker.config.chunk.clone(),
+        spec.clone(),
+        shutdown.clone(),
+    );
+    let main = lanes::run(&jetstream, &spec, concurrency, shutdown, worker);
+    tokio::try_join!(main, branch)?;
     Ok(())
 }
 
@@ -156,6 +187,17 @@ impl Worker {
     }
 
     async fn upsert(&self, event: &FileChanged) -> Result<(), Failure> {
+        let state =
+            crate::backfill::file_state(&self.graph, &event.namespace, &event.file_id).await;
+        // An event older than the version the graph holds (a late redelivery, a re-queued
+        // backfill) must never replace it.
+        if let Some((Some(version), _, Some(changed_at))) = &state
+            && *version != event.version_id
+            && *changed_at > event.changed_at_ms
+        {
+            tracing::info!(namespace = %event.namespace, path = %event.path, "skipping an upsert older than the indexed version");
+            return Ok(());
+        }
         let bytes = match self.blobs.get(&event.blob_key).await {
             Ok(bytes) => bytes,
             Err(StoreError::NotFound { .. }) => {
@@ -182,9 +224,17 @@ impl Worker {
                 .map_err(|e| Failure::Retry(format!("indexing task failed: {e}")))?
                 .map_err(|e| Failure::Permanent(e.to_string()))?;
         // Vectors first: the graph marks the version done last, so a crash in between
-        // redoes both. An unchanged version is not embedded again.
+        // redoes both. A version this embedder already wrote is not embedded again.
+        let vector_stamp = self
+            .config
+            .vectors
+            .as_ref()
+            .map(|v| crate::backfill::vector_stamp(v, &event.version_id));
+        let vectors_written = vector_stamp.is_some()
+            && state.as_ref().and_then(|s| s.1.as_deref()) == vector_stamp.as_deref()
+            && graph_is_current(&self.graph, &indexed).await;
         if let Some(vectors) = &self.config.vectors
-            && !graph_is_current(&self.graph, &indexed).await
+            && !vectors_written
         {
             let points = vector_writer::write_vectors(vectors, &indexed)
                 .await
@@ -194,6 +244,16 @@ impl Worker {
                     _ => Failure::Retry(e.to_string()),
                 })?;
             tracing::debug!(namespace = %event.namespace, path = %event.path, points, "vectors written");
+        }
+        if let Some(sparse) = &self.config.sparse
+            && !graph_is_current(&self.graph, &indexed).await
+        {
+            crate::sparse::write_sparse(sparse, &indexed)
+                .await
+                .map_err(|e| match e.code() {
+                    ErrorCode::InvalidArgument => Failure::Permanent(e.to_string()),
+                    _ => Failure::Retry(e.to_string()),
+                })?;
         }
         let outcome = graph_writer::write_document(
             &self.graph,
@@ -207,19 +267,29 @@ impl Worker {
             ErrorCode::InvalidArgument => Failure::Permanent(e.to_string()),
             _ => Failure::Retry(e.to_string()),
         })?;
-        crate::entity_writer::index_entities(
+        let entities = crate::entity_writer::index_entities_with(
             &self.graph,
             &self.tboxes,
             &indexed.file,
             &indexed.chunks,
+            self.config.llm.as_deref(),
         )
         .await
         .map_err(|e| Failure::Retry(e.to_string()))?;
+        crate::backfill::mark_written(&self.graph, event, vector_stamp.as_deref())
+            .await
+            .map_err(|e| Failure::Retry(e.detail()))?;
+        let llm = entities.llm.unwrap_or_default();
         tracing::info!(
             namespace = %event.namespace,
             path = %event.path,
             chunks = indexed.chunks.len(),
             unchanged = matches!(outcome, graph_writer::WriteOutcome::Unchanged),
+            llm_requests = llm.requests,
+            llm_prompt_tokens = llm.usage.prompt_tokens,
+            llm_completion_tokens = llm.usage.completion_tokens,
+            llm_failed_batches = llm.failed_batches,
+            llm_dropped = llm.dropped,
             "file indexed"
         );
         self.publish_status(event, FileStatus::Indexed, "", Some(&indexed))
@@ -251,6 +321,13 @@ impl Worker {
                 .await
                 .map_err(|e| Failure::Retry(e.to_string()))?;
         }
+        if let Some(sparse) = &self.config.sparse {
+            sparse
+                .index
+                .delete_file(&event.namespace, &event.file_id)
+                .await
+                .map_err(|e| Failure::Retry(e.to_string()))?;
+        }
         Ok(())
     }
 
@@ -276,6 +353,18 @@ impl Worker {
         .map_err(|e| Failure::Retry(e.to_string()))?;
         if let Some(vectors) = &self.config.vectors {
             vectors
+                .index
+                .set_file_flags(
+                    &event.namespace,
+                    &event.file_id,
+                    event.enabled,
+                    event.hidden,
+                )
+                .await
+                .map_err(|e| Failure::Retry(e.to_string()))?;
+        }
+        if let Some(sparse) = &self.config.sparse {
+            sparse
                 .index
                 .set_file_flags(
                     &event.namespace,
@@ -352,6 +441,7 @@ impl Worker {
             indexed_at_ms: now_ms(),
             meta,
             links,
+            branch_only: false,
         };
         let msg_id = format!("{}:indexed:{}", event.version_id, status as i32);
         let subject = events::indexed_subject(&event.namespace)?;

@@ -20,6 +20,7 @@
 
 mod gazetteer;
 mod heuristic;
+pub mod llm;
 mod patterns;
 mod relations;
 mod text;
@@ -68,6 +69,16 @@ pub struct TypeRecord {
     pub label: String,
     /// `EntityType.side`, "published" when the TBox leaves it empty.
     pub side: String,
+}
+
+/// A relation type of the TBox (what the LLM extractor is told it may report).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RelationTypeRecord {
+    pub relation_type_id: String,
+    pub label: String,
+    /// Empty: any entity type.
+    pub source_type_id: String,
+    pub target_type_id: String,
 }
 
 /// An entity node.
@@ -129,6 +140,39 @@ pub struct Extraction {
     pub candidates: Vec<Candidate>,
 }
 
+impl Extraction {
+    /// Adds what another pass (the LLM) found: its entities where the key is new, mentions
+    /// not already found at the same place for the same entity, relations not already stated.
+    pub fn merge(&mut self, other: Extraction) {
+        for (key, record) in other.entities {
+            self.entities.entry(key).or_insert(record);
+        }
+        let have: HashSet<(String, u64, u64, String)> = self
+            .mentions
+            .iter()
+            .map(|m| {
+                (
+                    m.chunk_key.clone(),
+                    m.char_start,
+                    m.char_end,
+                    m.entity_key.clone(),
+                )
+            })
+            .collect();
+        self.mentions.extend(other.mentions.into_iter().filter(|m| {
+            !have.contains(&(
+                m.chunk_key.clone(),
+                m.char_start,
+                m.char_end,
+                m.entity_key.clone(),
+            ))
+        }));
+        self.relations.extend(other.relations);
+        self.relations.sort();
+        self.relations.dedup();
+    }
+}
+
 /// Lowercase, whitespace collapsed to single spaces, trimmed.
 pub fn normalize_name(name: &str) -> String {
     let mut out = String::with_capacity(name.len());
@@ -175,6 +219,7 @@ pub struct Extractor {
     gazetteer: Option<gazetteer::Gazetteer>,
     patterns: Vec<patterns::EntityPattern>,
     relations: Vec<relations::RelationRule>,
+    relation_types: Vec<RelationTypeRecord>,
     warnings: Vec<String>,
 }
 
@@ -188,6 +233,7 @@ impl Extractor {
             gazetteer: None,
             patterns: Vec::new(),
             relations: Vec::new(),
+            relation_types: Vec::new(),
             warnings: Vec::new(),
         }
     }
@@ -252,12 +298,19 @@ impl Extractor {
         }
         let known_types: HashSet<&str> = types.iter().map(|t| t.type_id.as_str()).collect();
         let mut rules = Vec::new();
+        let mut relation_types = Vec::new();
         for rel in &tbox.relation_types {
             let id = rel.relation_type_id.trim();
             if id.is_empty() {
                 warnings.push("a relation type without an id was skipped".to_owned());
                 continue;
             }
+            relation_types.push(RelationTypeRecord {
+                relation_type_id: id.to_owned(),
+                label: rel.label.trim().to_owned(),
+                source_type_id: rel.source_type_id.trim().to_owned(),
+                target_type_id: rel.target_type_id.trim().to_owned(),
+            });
             for endpoint in [&rel.source_type_id, &rel.target_type_id] {
                 if !endpoint.is_empty() && !known_types.contains(endpoint.as_str()) {
                     warnings.push(format!(
@@ -297,6 +350,7 @@ impl Extractor {
             gazetteer,
             patterns: pattern_list,
             relations: rules,
+            relation_types,
             warnings,
         }
     }
@@ -309,6 +363,11 @@ impl Extractor {
     /// The TBox's entity types.
     pub fn types(&self) -> &[TypeRecord] {
         &self.types
+    }
+
+    /// The TBox's relation types.
+    pub fn relation_types(&self) -> &[RelationTypeRecord] {
+        &self.relation_types
     }
 
     /// The instances the TBox declares.

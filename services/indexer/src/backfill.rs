@@ -1,0 +1,224 @@
+//! Vectors for files indexed before embeddings were on (or with another model).
+//!
+//! The FileRef records which version was embedded by which model (`vectorStamp`), so the
+//! worker embeds a version exactly when its stamp is missing or stale. On start with
+//! embeddings on, [`backfill_vectors`] reads the `KG_FILES` stream (it keeps every change
+//! event), takes each file's latest upsert, and re-queues those whose current graph version
+//! lacks the stamp. The worker then writes their vectors through its ordinary, ordered,
+//! idempotent path; `changedAtMs` on the FileRef stops a re-queued event from ever replacing
+//! a newer version.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer};
+use futures::StreamExt as _;
+use kg_proto::v1::{AccessFilter, FileChangeOp, FileChanged, Permission};
+use kg_stores::StoreError;
+use kg_stores::error::StoreKind;
+use kg_stores::events;
+use kg_stores::graph::{GraphStore, Params};
+use prost::Message as _;
+use serde_json::{Value, json};
+
+use crate::vector_writer::Vectors;
+
+/// How long the stream scan waits for the next message before it calls the scan done.
+const SCAN_IDLE: Duration = Duration::from_secs(2);
+
+/// `<versionId>|<model>|<dims>`: what the FileRef's `vectorStamp` must say for a version's
+/// vectors to count as written by this embedder.
+pub fn vector_stamp(vectors: &Vectors, version_id: &str) -> String {
+    format!(
+        "{version_id}|{}|{}",
+        vectors.embedder.model_id(),
+        vectors.embedder.dims()
+    )
+}
+
+/// What the graph says about a file: (versionId, vectorStamp, changedAtMs).
+pub(crate) async fn file_state(
+    graph: &GraphStore,
+    ns: &str,
+    file_id: &str,
+) -> Option<(Option<String>, Option<String>, Option<i64>)> {
+    let mut params = Params::new();
+    params.insert("fileId".into(), json!(file_id));
+    let rows = graph
+        .query(
+            ns,
+            "MATCH (f:FileRef {fileId: $fileId}) RETURN f.versionId, f.vectorStamp, f.changedAtMs",
+            &params,
+        )
+        .await
+        .ok()?;
+    let row = rows.rows.into_iter().next()?;
+    let text = |i: usize| row.get(i).and_then(Value::as_str).map(str::to_owned);
+    Some((text(0), text(1), row.get(2).and_then(Value::as_i64)))
+}
+
+/// After a version is written: when its change happened, and (with embeddings) which
+/// embedder wrote its vectors. Only while the FileRef still holds that version.
+pub(crate) async fn mark_written(
+    graph: &GraphStore,
+    event: &FileChanged,
+    vector_stamp: Option<&str>,
+) -> Result<(), StoreError> {
+    let mut params = Params::new();
+    params.insert("fileId".into(), json!(event.file_id));
+    params.insert("versionId".into(), json!(event.version_id));
+    params.insert("changedAt".into(), json!(event.changed_at_ms));
+    params.insert("stamp".into(), json!(vector_stamp));
+    let cypher = if vector_stamp.is_some() {
+        "MATCH (f:FileRef {fileId: $fileId}) WHERE f.versionId = $versionId \
+         SET f.changedAtMs = $changedAt, f.vectorStamp = $stamp"
+    } else {
+        "MATCH (f:FileRef {fileId: $fileId}) WHERE f.versionId = $versionId \
+         SET f.changedAtMs = $changedAt"
+    };
+    graph.query(&event.namespace, cypher, &params).await?;
+    Ok(())
+}
+
+async fn has_file_point(vectors: &Vectors, ns: &str, file_id: &str) -> bool {
+    let everything = AccessFilter {
+        namespace: ns.to_owned(),
+        allow_prefixes: vec![String::new()],
+        permission: Permission::Admin as i32,
+        ..Default::default()
+    };
+    matches!(
+        vectors.index.file_vector(&everything, file_id).await,
+        Ok(Some(_))
+    )
+}
+
+fn events_err(err: impl Into<kg_stores::error::BoxError>) -> StoreError {
+    StoreError::Unavailable {
+        store: StoreKind::Events,
+        source: err.into(),
+    }
+}
+
+/// The latest upsert of every file that still exists, per namespace, from the stream.
+async fn latest_upserts(
+    js: &jetstream::Context,
+    namespace: Option<&str>,
+) -> Result<BTreeMap<String, HashMap<String, FileChanged>>, StoreError> {
+    let stream = js
+        .get_stream(events::FILES_STREAM)
+        .await
+        .map_err(events_err)?;
+    let filter = match namespace {
+        Some(ns) => events::files_changed_subject(ns)?,
+        None => "kg.files.v1.*.changed".to_owned(),
+    };
+    let last = stream
+        .get_info()
+        .await
+        .map_err(events_err)?
+        .state
+        .last_sequence;
+    let mut latest: BTreeMap<String, HashMap<String, FileChanged>> = BTreeMap::new();
+    if last == 0 {
+        return Ok(latest);
+    }
+    let reader = stream
+        .create_consumer(consumer::pull::OrderedConfig {
+            filter_subject: filter,
+            deliver_policy: consumer::DeliverPolicy::All,
+            ..Default::default()
+        })
+        .await
+        .map_err(events_err)?;
+    let mut messages = reader.messages().await.map_err(events_err)?;
+    loop {
+        let next = match tokio::time::timeout(SCAN_IDLE, messages.next()).await {
+            Ok(Some(Ok(message))) => message,
+            Ok(Some(Err(err))) => return Err(events_err(err)),
+            Ok(None) | Err(_) => break,
+        };
+        let sequence = next.info().map(|i| i.stream_sequence).unwrap_or(last);
+        if let Ok(event) = FileChanged::decode(next.payload.as_ref()) {
+            let files = latest.entry(event.namespace.clone()).or_default();
+            match event.op() {
+                FileChangeOp::Upsert => {
+                    files.insert(event.file_id.clone(), event);
+                }
+                FileChangeOp::Delete => {
+                    files.remove(&event.file_id);
+                }
+                FileChangeOp::Flags => {
+                    if let Some(upsert) = files.get_mut(&event.file_id) {
+                        upsert.enabled = event.enabled;
+                        upsert.hidden = event.hidden;
+                    }
+                }
+                FileChangeOp::Unspecified => {}
+            }
+        }
+        if sequence >= last {
+            break;
+        }
+    }
+    Ok(latest)
+}
+
+/// Re-queues the latest upsert of every file whose current graph version has no vectors from
+/// `vectors`' embedder (all namespaces, or one). Returns how many were re-queued. Idempotent:
+/// re-queued events share a message id per version and model, and the worker skips what is
+/// already written.
+pub async fn backfill_vectors(
+    graph: &GraphStore,
+    js: &jetstream::Context,
+    vectors: &Vectors,
+    namespace: Option<&str>,
+) -> Result<usize, StoreError> {
+    let latest = latest_upserts(js, namespace).await?;
+    let mut queued = 0usize;
+    for (ns, files) in latest {
+        let rows = match graph
+            .query(
+                &ns,
+                "MATCH (f:FileRef) WHERE f.versionId IS NOT NULL RETURN f.fileId, f.versionId, f.vectorStamp",
+                &Params::new(),
+            )
+            .await
+        {
+            Ok(rows) => rows.rows,
+            // A namespace whose graph is gone has nothing to backfill.
+            Err(err) => {
+                tracing::warn!(namespace = %ns, error = %err.detail(), "vector backfill skipped a namespace");
+                continue;
+            }
+        };
+        let subject = events::files_changed_subject(&ns)?;
+        for row in rows {
+            let text = |i: usize| row.get(i).and_then(Value::as_str);
+            let (Some(file_id), Some(version_id)) = (text(0), text(1)) else {
+                continue;
+            };
+            let Some(event) = files.get(file_id) else {
+                continue;
+            };
+            let stamp = vector_stamp(vectors, version_id);
+            if event.version_id != version_id || text(2) == Some(stamp.as_str()) {
+                continue;
+            }
+            // Written before stamps existed (the index's dimension is this embedder's):
+            // stamp it instead of embedding it again.
+            if text(2).is_none() && has_file_point(vectors, &ns, file_id).await {
+                mark_written(graph, event, Some(&stamp)).await?;
+                continue;
+            }
+            let msg_id = format!(
+                "{version_id}:backfill:{}:{}",
+                vectors.embedder.model_id(),
+                vectors.embedder.dims()
+            );
+            events::publish(js, &subject, &msg_id, event.encode_to_vec()).await?;
+            queued += 1;
+        }
+    }
+    Ok(queued)
+}
