@@ -11,6 +11,7 @@ that reaches a principal who must not read it is attributable to that file.
 from __future__ import annotations
 
 import json
+import posixpath
 import random
 import re
 import urllib.request
@@ -69,11 +70,14 @@ _FIXED_TEXT = " ".join(
         "public team people secret deep vault canary namespace chunkkey fileid path text contextheader citation",
         "position outline mentions relneighbors dates similarfiles counts packages results total truncated trace",
         "sections outlinekey parentkey nextcursor permission_denied invalid_argument not_found message retryable",
+        "see also the overview roadmap appendix site https example com nodes edges external_links broken_links",
     )
 )
 # How a chat names a file: `@kg:<namespace>/<path>`.
 KG_REFERENCE = "@kg:"
 KEY_RE = re.compile(r"^[a-z][a-z0-9]{0,7}_[0-9a-f]{12,64}$")
+# An entity key: "ent:" + type id + ":" + the normalised name (lowercase, single spaces).
+ENTITY_KEY_RE = re.compile(r"^ent:[a-z0-9_.-]{1,64}:[a-z0-9][a-z0-9 ]{2,120}$")
 UUID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
 # Fields of a package or outline that always refer to the package's own file.
 SAME_FILE_FIELDS = frozenset(
@@ -83,13 +87,15 @@ SAME_FILE_FIELDS = frozenset(
 
 
 def is_key(value: str) -> bool:
-    return bool(KEY_RE.match(value) or UUID_RE.match(value))
+    return bool(KEY_RE.match(value) or UUID_RE.match(value) or ENTITY_KEY_RE.match(value))
 
 
 def key_kind(value: str) -> str:
     """`ch`, `ol`, `ent`, ... for prefixed keys; `uuid` for file and version ids."""
     if UUID_RE.match(value):
         return "uuid"
+    if ENTITY_KEY_RE.match(value):
+        return "ent"
     return value.split("_", 1)[0]
 
 
@@ -98,6 +104,11 @@ def fabricate_like(key: str, rng: random.Random) -> str:
     if UUID_RE.match(key):
         made = str(uuid.UUID(int=rng.getrandbits(128)))
         return f"{made[:14]}{key[14]}{made[15:]}"  # the original's version nibble
+    if ENTITY_KEY_RE.match(key):
+        # Same type, a made-up name of the same word lengths.
+        prefix, name = key.rsplit(":", 1)
+        letters = "".join(rng.choice("xqjz") for _ in name)
+        return f"{prefix}:{''.join(' ' if c == ' ' else letters[i] for i, c in enumerate(name))}"
     prefix, digits = key.split("_", 1)
     return f"{prefix}_{rng.getrandbits(4 * len(digits)):0{len(digits)}x}"
 
@@ -257,7 +268,147 @@ def build_corpus(rng: random.Random) -> Corpus:
         text = _document(words, title, entities, bait, tokens)
         full_title = f"{title} {tokens[0]}"
         files.append(CorpusFile(namespace, path, role, text, full_title, tuple(tokens), entities, bait, path_token))
+    _add_links(files)
     return Corpus(files, f"{secret}/")
+
+
+def _add_links(files: list[CorpusFile]) -> None:
+    """Markdown links for get_knowledge_graph: every file links to the public files of its
+    namespace (so each principal's graph has edges), to a missing file and to a URL that both
+    carry its own path token (so a broken-link label or external link of a file is attributable
+    to it). Only public files are linked to: a link's text names its target, and a readable file
+    naming a forbidden path would be a leak the suite put there itself."""
+    for f in files:
+        targets = [t for t in files if t.role == "public" and t.namespace == f.namespace and t is not f]
+        if not targets:
+            targets = [t for t in files if t.namespace == f.namespace and t is not f]
+        here = posixpath.dirname(f.path)
+        links = [f"[the {t.path.rsplit('/', 1)[-1][:-3]}]({posixpath.relpath(t.path, here)})" for t in targets]
+        links.append(f"[the {f.bait} appendix](missing-{f.path_token}.md)")
+        links.append(f"[the site](https://example.com/{f.path_token})")
+        f.text += f"\nSee also {', '.join(links)}.\n"
+
+
+# The lookup_target kinds get_knowledge_graph takes (seed 002): main when omitted, a preview
+# branch (by id, or main as an explicit null id), a release by id or by version string, the
+# release deployed to an environment by id or by name.
+LOOKUP_TARGET_KINDS = (
+    "main",
+    "preview_branch:main",
+    "preview_branch",
+    "release_id",
+    "release_version",
+    "environment_id",
+    "environment_name",
+)
+
+
+def lookup_target(kind: str, versions: dict[str, str]) -> dict[str, Any] | None:
+    """The lookup_target argument of `kind` for the versions the fixture created."""
+    return {
+        "main": None,
+        "preview_branch:main": {"kind": "preview_branch", "branch_id": None},
+        "preview_branch": {"kind": "preview_branch", "branch_id": versions.get("branch_id")},
+        "release_id": {"kind": "release", "release_id": versions.get("release_id")},
+        "release_version": {"kind": "release", "release_version": versions.get("release_version")},
+        "environment_id": {"kind": "environment", "environment_id": versions.get("environment_id")},
+        "environment_name": {"kind": "environment", "environment_name": versions.get("environment_name")},
+    }[kind]
+
+
+def caller_selectors(corpus: Corpus) -> list[tuple[str, Any]]:
+    """(form, value) for the four caller_selector forms of the schema (boolean, string, list of
+    strings, object of booleans), each aimed at forbidden files as well as allowed ones."""
+    secret = corpus.secret_folder
+    denied = corpus.one("denied-file").path
+    return [
+        ("boolean", True),
+        ("boolean", False),
+        ("string", "public/"),
+        ("string", "**/*.md"),
+        ("string", denied),
+        ("list", ["public/", secret, "team/people/"]),
+        ("list", [secret, denied]),
+        ("object", {"**": True, secret: False}),
+        ("object", {"team/": True, "team/people/": False, denied: True}),
+        ("object", {secret: False}),
+    ]
+
+
+def _selector_rule(rule: str, path: str) -> bool:
+    if rule.endswith("/"):
+        return path.startswith(rule)
+    if "*" in rule:
+        # Only the two globs caller_selectors uses.
+        return rule == "**" or (rule == "**/*.md" and path.endswith(".md"))
+    return path == rule
+
+
+def selected(selector: Any, path: str) -> bool:
+    """Whether `path` is in the scope of one of caller_selectors' values."""
+    if isinstance(selector, bool):
+        return selector
+    if isinstance(selector, str):
+        return _selector_rule(selector, path)
+    if isinstance(selector, list):
+        return any(_selector_rule(rule, path) for rule in selector)
+    includes = [rule for rule, on in selector.items() if on]
+    excluded = any(_selector_rule(rule, path) for rule, on in selector.items() if not on)
+    included = not includes or any(_selector_rule(rule, path) for rule in includes)
+    return included and not excluded
+
+
+# kg_cypher statements that return rows to a reader with access: (name, statement, the column
+# holding a file path, whether the paths must be exactly the readable files). The access
+# predicate the server adds is all that keeps forbidden files out of them.
+CYPHER_TEMPLATES = (
+    ("files", "MATCH (f:FileRef) RETURN f.vfsPath AS path, f.title AS title LIMIT 50", "path", True),
+    ("chunks", "MATCH (c:Chunk) RETURN DISTINCT c.path AS path LIMIT 50", "path", True),
+    (
+        "chunk text",
+        "MATCH (c:Chunk)-[:PART_OF]->(f:FileRef) WHERE c.chunkIndex = 0 "
+        "RETURN f.vfsPath AS path, c.text AS text LIMIT 50",
+        "path",
+        True,
+    ),
+    (
+        "entities",
+        "MATCH (c:Chunk)-[:MENTIONS]->(e:Entity) "
+        "RETURN DISTINCT c.path AS path, e.name AS name, e.entityKey AS key LIMIT 50",
+        "path",
+        True,
+    ),
+    (
+        "relations",
+        "MATCH (c:Chunk)-[:MENTIONS]->(e:Entity)-[r:REL]->(e2:Entity) RETURN r.path AS path, e.name AS source, "
+        "r.relationTypeId AS relation, e2.name AS target LIMIT 50",
+        "path",
+        False,
+    ),
+    (
+        "outline",
+        "MATCH (o:OutlineNode)-[:COVERS]->(c:Chunk) "
+        "RETURN DISTINCT o.path AS path, o.title AS title, o.outlineKey AS key LIMIT 50",
+        "path",
+        True,
+    ),
+    (
+        "folders",
+        "MATCH (d:Folder)-[:HAS_CHILD]->(f:FileRef) RETURN f.vfsPath AS path, d.folderPath AS folder LIMIT 50",
+        "path",
+        True,
+    ),
+    (
+        "next chunks",
+        "MATCH (c:Chunk)-[:NEXT_CHUNK]->(n:Chunk) RETURN n.path AS path, n.text AS text, n.chunkKey AS key LIMIT 50",
+        "path",
+        False,
+    ),
+)
+# Paged by id, as kg_cypher's refusal of SKIP suggests; every readable chunk once.
+CYPHER_PAGED = (
+    "MATCH (c:Chunk) WHERE ID(c) > $afterId RETURN ID(c) AS id, c.path AS path, c.chunkKey AS key ORDER BY id LIMIT 7"
+)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -23,10 +23,12 @@ import json
 import os
 import random
 import secrets
+import subprocess
 import time
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, TypeVar
 
 import anyio
@@ -36,6 +38,8 @@ from mcp.shared.exceptions import MCPError
 
 from canary import (
     CANARY_NS,
+    CYPHER_PAGED,
+    CYPHER_TEMPLATES,
     GARBAGE_CURSORS,
     KG_REFERENCE,
     ORDINARY_QUERIES,
@@ -48,6 +52,7 @@ from canary import (
     DenySpec,
     GrantSpec,
     KeyBook,
+    LOOKUP_TARGET_KINDS,
     Needles,
     Pools,
     PrincipalSpec,
@@ -55,12 +60,15 @@ from canary import (
     Violation,
     admin_files,
     build_corpus,
+    caller_selectors,
     fabricate_like,
     key_kind,
     known_files_in,
+    lookup_target,
     namespaces_named,
     packages_in,
     prop_role,
+    selected,
     wanted_kind,
 )
 from kgmesh_support import CORE_TOOLS, Mesh, MeshError, call_ok, call_tool, health, kgmesh_bin, mcp_http
@@ -129,6 +137,10 @@ class World:
     # Per tool: arguments that succeed for the admin on a public file, the base of the probes
     # that swap in an unreadable namespace (so only the namespace can make them fail).
     templates: dict[str, dict[str, Any]]
+    # The preview branch, release and environment of `canary` (ids, version string, name).
+    versions: dict[str, str] = field(default_factory=dict)
+    # Rows the admin gets from each kg_cypher template (the non-vacuity of the cypher probes).
+    cypher_admin_rows: dict[str, int] = field(default_factory=dict)
 
     @property
     def restricted(self) -> list[PrincipalSpec]:
@@ -315,6 +327,7 @@ async def build_world(running: Mesh, tmp_path_factory: pytest.TempPathFactory) -
     book = KeyBook()
     for namespace, folder in folders.items():
         running.cli("ns", "create", namespace)
+        publish_tbox(running, namespace, tmp_path_factory.mktemp(f"tbox-{namespace}"))
         running.ingest(folder, namespace)
         by_path = {entry["path"]: entry for entry in admin_files(running.base_url, running.admin_token, namespace)}
         for f in corpus.files:
@@ -327,6 +340,9 @@ async def build_world(running: Mesh, tmp_path_factory: pytest.TempPathFactory) -
             book.add_file(f)
     admin_calls = await harvest(running, corpus, book, rng)
     templates = await find_templates(running, corpus, book, rng)
+    versions = create_versions(running, corpus, book, tmp_path_factory.mktemp("canary-branch"))
+    admin_calls += await harvest_graph(running, corpus, book, versions)
+    cypher_rows = await admin_cypher_rows(running, corpus)
     model = AccessModel(
         corpus=corpus,
         principals=principal_specs(),
@@ -336,7 +352,135 @@ async def build_world(running: Mesh, tmp_path_factory: pytest.TempPathFactory) -
         hidden_roles=frozenset({"hidden"}),
     )
     apply_rules(running, corpus, model)
-    return World(running, corpus, model, book, f"nosuch-{secrets.token_hex(4)}", admin_calls, templates)
+    ghost = f"nosuch-{secrets.token_hex(4)}"
+    return World(running, corpus, model, book, ghost, admin_calls, templates, versions, cypher_rows)
+
+
+def publish_tbox(mesh: Mesh, namespace: str, folder: Path) -> None:
+    """A published TBox whose entity pattern matches the files' made-up two-word names and whose
+    relations are the ones their sentences state, so chunks mention entities and REL edges exist:
+    the entity and relation tools and kg_cypher's Entity/REL statements have real rows to leak.
+    A pattern, not a gazetteer: the TBox is readable by every reader of the namespace (kg_ontology),
+    so it must not list names from files some of them may not read."""
+    relations = {"acquired": "{source} acquired {target}", "supplies": "{source} supplies {target}"}
+    relations["owned_by"] = "{source} is owned by {target}"
+    name = r"\b[A-Z][a-z]{5,} [A-Z][a-z]{5,}\b"
+    tbox = {
+        "entity_types": [{"type_id": "org", "label": "Organization", "patterns": [name]}],
+        "relation_types": [
+            {"relation_type_id": rid, "label": rid.replace("_", " "), "source_type_id": "org",
+             "target_type_id": "org", "patterns": [pattern]}
+            for rid, pattern in relations.items()
+        ],
+    }  # fmt: skip
+    path = folder / "tbox.json"
+    path.write_text(json.dumps(tbox), encoding="utf-8")
+    for step in (["draft", "--file", str(path)], ["review"], ["publish"]):
+        command = [str(mesh.binary), "tbox", step[0], "--namespace", namespace, *step[1:]]
+        command += ["--data-dir", str(mesh.data_dir), "--token", mesh.admin_token]
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=60, check=False, stdin=subprocess.DEVNULL
+        )
+        if done.returncode != 0:
+            raise MeshError(f"`kgmesh tbox {step[0]}` for {namespace} exited {done.returncode}: {done.stderr[-2000:]}")
+
+
+def create_versions(mesh: Mesh, corpus: Corpus, book: KeyBook, folder: Path) -> dict[str, str]:
+    """A preview branch of `canary` where a public file and a denied-folder file have new
+    versions (each still carrying only its own canaries), a release of that branch and an
+    environment it is deployed to: every lookup_target kind resolves to something."""
+    suffix = secrets.token_hex(3)
+    branch = mesh.cli("branch", "create", "--namespace", CANARY_NS, "--name", f"canary-preview-{suffix}")
+    assert isinstance(branch, dict) and branch.get("branchId"), f"branch create printed {branch!r}"
+    uploaded_versions: list[str] = []
+    for f in (corpus.by_role("public")[0], corpus.by_role("denied-folder")[0]):
+        local = folder / f.path.rsplit("/", 1)[-1]
+        local.write_text(f"{f.text}\nA preview line about the {f.bait} review. {f.canaries[2]}\n", encoding="utf-8")
+        uploaded = mesh.cli(
+            "branch", "upload", "--namespace", CANARY_NS, "--branch", branch["branchId"],
+            "--path", f.path, "--file", str(local),
+        )  # fmt: skip
+        assert uploaded["fileId"] == f.file_id and uploaded["versionId"] != f.version_id, uploaded
+        # The branch version is this file's too: a needle for whoever may not read the file.
+        book.files_by_id[uploaded["versionId"]] = f
+        book.owner[uploaded["versionId"]] = f.ref
+        uploaded_versions.append(uploaded["versionId"])
+    version = f"canary-{suffix}"
+    release = mesh.cli(
+        "release", "create", "--namespace", CANARY_NS, "--version", version, "--branch", branch["branchId"]
+    )
+    assert release["version"] == version and release["fileCount"] >= len(corpus.by_role("public")), release
+    name = f"canary-env-{suffix}"
+    deployed = mesh.cli("env", "deploy", "--namespace", CANARY_NS, "--name", name, "--release-id", release["releaseId"])
+    assert deployed["releaseId"] == release["releaseId"], deployed
+    return {
+        "branch_id": branch["branchId"],
+        "release_id": release["releaseId"],
+        "release_version": version,
+        "environment_id": deployed["environmentId"],
+        "environment_name": name,
+        "uploaded": ",".join(uploaded_versions),
+    }
+
+
+def link_sources(corpus: Corpus, paths: dict[str, str]) -> set[str]:
+    """Paths of the nodes whose version is the ingested one (its links are the ones the corpus
+    wrote); a version uploaded to the preview branch may carry no link data of its own."""
+    ingested = {f.version_id for f in corpus.files}
+    return {path for version_id, path in paths.items() if version_id in ingested}
+
+
+def link_ends(paths: dict[str, str], link: dict[str, Any]) -> tuple[str | None, str | None]:
+    """(source path, target path) of an edge or link; None for an end that is not a node."""
+    return paths.get(link["source_file_version_id"]), paths.get(link.get("target_file_version_id", ""))
+
+
+async def harvest_graph(mesh: Mesh, corpus: Corpus, book: KeyBook, versions: dict[str, str]) -> int:
+    """As admin: every lookup target resolves and shows every canary file, with the links the
+    corpus wrote (each file to the public files, one broken, one external)."""
+    calls = 0
+    public = {f.path for f in corpus.by_role("public")}
+    files = {f.path: f for f in corpus.files if f.namespace == CANARY_NS}
+    async with mcp_http(mesh.mcp_url, mesh.admin_token) as admin:
+        for kind in LOOKUP_TARGET_KINDS:
+            arguments: dict[str, Any] = {"project_reference": CANARY_NS, "pagination": {"limit": 200}}
+            target = lookup_target(kind, versions)
+            if target is not None:
+                arguments["lookup_target"] = target
+            graph = await call_ok(admin, "get_knowledge_graph", arguments)
+            calls += 1
+            paths = {n["file_version_id"]: n["path"] for n in graph["nodes"]}
+            assert set(paths.values()) == set(files), f"admin graph of {kind}: {sorted(paths.values())}"
+            for version_id, path in paths.items():
+                book.files_by_id.setdefault(version_id, files[path])
+                book.owner.setdefault(version_id, files[path].ref)
+            if kind not in ("main", "preview_branch:main"):
+                uploaded = set(versions["uploaded"].split(","))
+                assert uploaded <= set(paths), f"the {kind} graph does not show the branch versions {uploaded}"
+            sources = link_sources(corpus, paths)
+            edges = {edge for e in graph["edges"] if (edge := link_ends(paths, e))[0] in sources}
+            wanted = {(f, t) for f in sources for t in public if t != f}
+            assert edges == wanted, f"admin graph of {kind}: edges {sorted(edges ^ wanted, key=str)} differ"
+            broken = sorted(p for b in graph["broken_links"] if (p := link_ends(paths, b)[0]) in sources)
+            assert broken == sorted(sources), graph["broken_links"]
+    return calls
+
+
+async def admin_cypher_rows(mesh: Mesh, corpus: Corpus) -> dict[str, int]:
+    """Rows the admin gets from each kg_cypher template; those that must list every readable
+    file list every enabled file for the admin."""
+    rows: dict[str, int] = {}
+    enabled = {f.path for f in corpus.files if f.namespace == CANARY_NS}  # before the rules
+    async with mcp_http(mesh.mcp_url, mesh.admin_token) as admin:
+        for name, statement, column, exact in CYPHER_TEMPLATES:
+            result = await call_ok(admin, "kg_cypher", {"namespace": CANARY_NS, "statement": statement})
+            rows[name] = result["rowCount"]
+            assert rows[name] > 0, f"admin kg_cypher {name} returns no rows: the probe would prove nothing"
+            if exact:
+                at = result["columns"].index(column)
+                found = {row[at] for row in result["rows"]}
+                assert found == enabled, f"admin kg_cypher {name}: {sorted(found ^ enabled)} differ"
+    return rows
 
 
 @pytest.fixture(scope="module")
@@ -446,6 +590,8 @@ class Fuzzer:
         self.world = world
         self.tally = Tally()
         self.violations: list[Violation] = []
+        # Calls made on purpose (caller_selector forms, lookup targets, cypher templates), per tool.
+        self.deliberate: Counter[str] = Counter()
 
     def flag(self, run: PrincipalRun, tool: str, arguments: dict[str, Any], kind: str, detail: str) -> None:
         self.violations.append(Violation(kind, run.spec.label, tool, arguments, detail))
@@ -555,6 +701,178 @@ class Fuzzer:
         if described.keys() & run.readable_refs:
             run.productive += 1
         self.check_totals(run, gen, arguments, outcome.data)
+
+    # -- get_knowledge_graph and kg_cypher on purpose ------------------------------------------
+
+    def expect_denied(self, run: PrincipalRun, tool: str, arguments: dict[str, Any], outcome: Outcome) -> bool:
+        """For a principal that may not read `canary`: the call must be permission_denied.
+        Returns whether the principal may read the namespace (and the result is worth checking)."""
+        if CANARY_NS in run.namespaces:
+            return True
+        if outcome.signature != ("error", "permission_denied"):
+            detail = f"expected permission_denied, got {outcome.signature}: {outcome.raw[:300]}"
+            self.flag(run, tool, arguments, "unreadable namespace", detail)
+        return False
+
+    def check_graph(
+        self, run: PrincipalRun, arguments: dict[str, Any], outcome: Outcome, scope: set[str], whole: bool
+    ) -> dict[str, str]:
+        """A graph answer names readable files only; with `whole` (one page, no root) it shows
+        exactly `scope`, each file's links to the public files in scope, its broken link and its
+        external link. Returns version id -> path of its nodes."""
+        tool = "get_knowledge_graph"
+        if not self.expect_denied(run, tool, arguments, outcome):
+            return {}
+        if outcome.kind != "ok":
+            self.flag(run, tool, arguments, "graph refused", f"{outcome.signature}: {outcome.raw[:400]}")
+            return {}
+        data = outcome.data
+        paths = {n["file_version_id"]: n["path"] for n in data.get("nodes", [])}
+        readable = {f.path for f in run.readable if f.namespace == CANARY_NS}
+        if set(paths.values()) - readable:
+            self.flag(run, tool, arguments, "unreadable file", f"nodes {sorted(set(paths.values()) - readable)}")
+        for kind, links in (("edges", "target_file_version_id"), ("broken_links", None), ("external_links", None)):
+            for link in data.get(kind, []):
+                ends = [link["source_file_version_id"]] + ([link[links]] if links else [])
+                if whole and any(end not in paths for end in ends):
+                    self.flag(run, tool, arguments, "graph link", f"{kind} entry {link} leaves the visible nodes")
+        if not whole:
+            return paths
+        if set(paths.values()) != scope or data.get("total_nodes") != len(scope):
+            detail = f"nodes {sorted(paths.values())} (total {data.get('total_nodes')}), expected {sorted(scope)}"
+            self.flag(run, tool, arguments, "graph scope", detail)
+            return paths
+        public = {f.path for f in self.world.corpus.by_role("public")}
+        sources = link_sources(self.world.corpus, paths)
+        edges = {edge for e in data["edges"] if (edge := link_ends(paths, e))[0] in sources}
+        wanted = {(a, b) for a in sources for b in public & scope if a != b}
+        broken = sorted(p for b in data["broken_links"] if (p := link_ends(paths, b)[0]) in sources)
+        external = sorted(p for b in data["external_links"] if (p := link_ends(paths, b)[0]) in sources)
+        if edges != wanted or broken != sorted(sources) or external != sorted(sources):
+            differ = sorted(edges ^ wanted, key=str)
+            detail = f"edges differ by {differ}; broken from {broken}; external from {external}"
+            self.flag(run, tool, arguments, "graph links", detail)
+        if paths:
+            run.productive += 1
+        return paths
+
+    async def knowledge_graph(self, client: Client, run: PrincipalRun, gen: ArgGenerator) -> None:
+        """get_knowledge_graph with each caller_selector form on main, each lookup_target kind,
+        selectors and targets mixed, paged to the end, rooted at readable and forbidden files."""
+        world = self.world
+        readable = {f.path for f in run.readable if f.namespace == CANARY_NS}
+        selectors = [value for _, value in caller_selectors(world.corpus)]
+        combos: list[tuple[str, Any]] = [("main", value) for value in selectors]
+        combos += [(kind, True) for kind in LOOKUP_TARGET_KINDS[1:]]
+        combos += [(kind, selectors[(3 * i + 2) % len(selectors)]) for i, kind in enumerate(LOOKUP_TARGET_KINDS[1:])]
+        if CANARY_NS not in run.namespaces:
+            combos = combos[: len(selectors)]  # every call is a permission_denied: a few suffice
+
+        def arguments_for(kind: str, selector: Any, **more: Any) -> dict[str, Any]:
+            arguments: dict[str, Any] = {"project_reference": CANARY_NS, "caller_selector": selector, **more}
+            target = lookup_target(kind, world.versions)
+            if target is not None:
+                arguments["lookup_target"] = target
+            return arguments
+
+        async def call(arguments: dict[str, Any]) -> Outcome:
+            self.deliberate[gen.tool] += 1
+            return await self.call(client, run, gen, arguments)
+
+        for kind, selector in combos:
+            arguments = arguments_for(kind, selector, pagination={"limit": 200})
+            scope = {p for p in readable if selected(selector, p)}
+            self.check_graph(run, arguments, await call(arguments), scope, whole=True)
+        if CANARY_NS not in run.namespaces:
+            return
+        # Paging to the end: every node once, the same total on every page.
+        for kind in ("main", "release_version", "environment_name"):
+            seen: list[str] = []
+            cursor: str | None = None
+            for _ in range(40):
+                pagination: dict[str, Any] = {"limit": 2, **({"cursor": cursor} if cursor else {})}
+                arguments = arguments_for(kind, True, pagination=pagination)
+                outcome = await call(arguments)
+                seen += self.check_graph(run, arguments, outcome, set(), whole=False).values()
+                if outcome.kind != "ok":
+                    break
+                if outcome.data.get("total_nodes") != len(readable):
+                    detail = f"total_nodes {outcome.data.get('total_nodes')}, {len(readable)} readable files"
+                    self.flag(run, gen.tool, arguments, "graph scope", detail)
+                cursor = outcome.data["page_info"]["next"]
+                if cursor is None:
+                    break
+            if sorted(seen) != sorted(readable):
+                detail = f"pages showed {seen}, not {sorted(readable)}"
+                self.flag(run, gen.tool, {"lookup": kind}, "graph paging", detail)
+        # Rooted at a readable file: depth 0 is the root, depth 1 adds the public files it links to.
+        public = {f.path for f in world.corpus.by_role("public")} & readable
+        root = next((f for f in run.readable if f.namespace == CANARY_NS and f.role != "public"), None)
+        for depth, kind in ((0, "main"), (1, "release_id"), (2, "preview_branch"), (3, "environment_id")):
+            if root is None:
+                break
+            arguments = arguments_for(kind, True, root_path=root.path, max_depth=depth)
+            paths = set(self.check_graph(run, arguments, await call(arguments), set(), whole=False).values())
+            wanted = {root.path} | (public if depth else set())
+            if paths != wanted:
+                detail = f"rooted nodes {sorted(paths)}, expected {sorted(wanted)}"
+                self.flag(run, gen.tool, arguments, "graph scope", detail)
+        # Rooted at a forbidden file, by path and by version id: not found, like a missing file.
+        for f in [f for f in run.world.model.forbidden(run.spec.label) if f.namespace == CANARY_NS][:3]:
+            for root_argument in ({"root_path": f.path}, {"root_file_version_id": f.version_id}):
+                arguments = arguments_for("main", True, **root_argument)
+                outcome = await call(arguments)
+                if outcome.signature != ("error", "not_found"):
+                    detail = f"a forbidden root answers {outcome.signature}: {outcome.raw[:300]}"
+                    self.flag(run, gen.tool, arguments, "forbidden key answered", detail)
+
+    async def cypher(self, client: Client, run: PrincipalRun, gen: ArgGenerator) -> None:
+        """kg_cypher statements that return rows for a reader: their file paths are exactly the
+        readable files (or some of them), and paging by id reaches every readable chunk once."""
+        readable = {f.path for f in run.readable if f.namespace == CANARY_NS}
+
+        async def call(arguments: dict[str, Any]) -> Outcome:
+            self.deliberate[gen.tool] += 1
+            return await self.call(client, run, gen, arguments)
+
+        for name, statement, column, exact in CYPHER_TEMPLATES:
+            arguments = {"namespace": CANARY_NS, "statement": statement}
+            outcome = await call(arguments)
+            if not self.expect_denied(run, gen.tool, arguments, outcome):
+                continue
+            if outcome.kind != "ok":
+                self.flag(run, gen.tool, arguments, "cypher refused", f"{name}: {outcome.raw[:400]}")
+                continue
+            at = outcome.data["columns"].index(column)
+            paths = {row[at] for row in outcome.data["rows"]}
+            if paths - readable:
+                self.flag(run, gen.tool, arguments, "unreadable file", f"{name} rows name {sorted(paths - readable)}")
+            elif exact and paths != readable:
+                detail = f"{name}: {sorted(paths)}, expected {sorted(readable)}"
+                self.flag(run, gen.tool, arguments, "cypher scope", detail)
+            if paths:
+                run.productive += 1
+        if CANARY_NS not in run.namespaces:
+            return
+        keys: list[str] = []
+        paths: set[str] = set()
+        after = -1
+        for _ in range(60):
+            arguments = {"namespace": CANARY_NS, "statement": CYPHER_PAGED, "params": {"afterId": after}}
+            outcome = await call(arguments)
+            if outcome.kind != "ok":
+                self.flag(run, gen.tool, arguments, "cypher refused", outcome.raw[:400])
+                return
+            rows = outcome.data["rows"]
+            keys += [row[2] for row in rows]
+            paths |= {row[1] for row in rows}
+            if len(rows) < 7:
+                break
+            after = rows[-1][0]
+        chunks = run.readable_chunks({CANARY_NS})
+        if len(keys) != len(set(keys)) or len(keys) != chunks or paths != readable:
+            detail = f"{len(keys)} rows ({len(set(keys))} keys) over {sorted(paths)}; {chunks} readable chunks"
+            self.flag(run, gen.tool, {"statement": CYPHER_PAGED}, "cypher paging", detail)
 
     def check_counts(self, run: PrincipalRun, tool: str, arguments: dict[str, Any], package: dict[str, Any]) -> None:
         """A package's list counts cover at least what it lists; similar files only readable ones."""
@@ -670,6 +988,11 @@ class Fuzzer:
                 for arguments in [*plans[gen.tool], *gen.random(randoms)]:
                     await self.call(client, run, gen, arguments)
                 await self.unreadable_namespace(client, run, gen)
+            by_tool = {gen.tool: gen for gen in generators}
+            if "get_knowledge_graph" in by_tool:
+                await self.knowledge_graph(client, run, by_tool["get_knowledge_graph"])
+            if "kg_cypher" in by_tool:
+                await self.cypher(client, run, by_tool["kg_cypher"])
             # Forbidden keys of every file, in a property that asks for their kind, against a control.
             slots = [(gen, name) for gen in generators for name in gen.key_props()]
             for index, key in enumerate(run.oracle_keys() if slots else []):
@@ -717,6 +1040,7 @@ async def test_no_tool_leaks_forbidden_content(world: World, capsys: pytest.Capt
     summary = fuzzer.tally.summary(elapsed) + (
         f"\n  seed: {SEED} (KGMESH_CANARY_SEED), keys harvested: {len(world.book.all_keys())}, "
         f"admin calls: {world.admin_calls}, violations: {dict(kinds) or 0}"
+        f"\n  deliberate: {dict(sorted(fuzzer.deliberate.items()))}, admin kg_cypher rows: {world.cypher_admin_rows}"
     )
     with capsys.disabled():
         print("\n" + summary)

@@ -5,6 +5,7 @@ mod admin;
 mod approvals;
 mod dto;
 pub(crate) mod guard;
+mod knowledge_graph;
 mod versions;
 
 use std::sync::Arc;
@@ -57,6 +58,13 @@ pub fn router(state: GatewayState) -> Router {
         },
         require_bearer,
     ));
+    let graph = knowledge_graph::routes(state.clone()).route_layer(from_fn_with_state(
+        BearerGuard {
+            state: state.clone(),
+            tool: "get_knowledge_graph",
+        },
+        require_bearer,
+    ));
     Router::new()
         .route("/health", get(health))
         .route("/metrics", get(metrics))
@@ -72,6 +80,7 @@ pub fn router(state: GatewayState) -> Router {
         .merge(mcp)
         .merge(admin)
         .merge(versions)
+        .merge(graph)
         .merge(approvals)
         .fallback(not_found)
         .layer(tower_http::trace::TraceLayer::new_for_http())

@@ -7,7 +7,7 @@ mod cypher;
 mod entity_search;
 mod files;
 mod generated;
-mod knowledge_graph;
+pub(crate) mod knowledge_graph;
 mod navigation;
 mod package;
 mod registry;
