@@ -69,6 +69,16 @@ bench-ingest: deps
 	$(CARGO) build --release --bin kgmesh --bin kg-embed-bench
 	$(PYTHON) bench/ingest/run.py $(BENCH_ARGS)
 
+# kg_search latency: a namespace of >= 100,000 chunks (registry sources of the crates in
+# Cargo.lock, MiniLM embeddings; the ingested data dir is cached in target/bench-search) and
+# >= 1,000 distinct queries, each per lane and fused, over gRPC and through the gateway over
+# MCP: p50/p95/p99 and the gateway overhead. Not part of `make test`.
+# BENCH_ARGS="--min-chunks 2000 --queries 200" for a quicker run.
+.PHONY: bench-search
+bench-search: deps
+	$(CARGO) build --release --bin kgmesh --bin kg-search-bench
+	$(PYTHON) bench/search/run.py $(BENCH_ARGS)
+
 # kg_cypher's parse + validate + rewrite under fuzzing for FUZZ_SECS (default 60): libFuzzer via
 # cargo-fuzz when it is installed (`cargo install cargo-fuzz`; RUSTC_BOOTSTRAP lets the stable
 # toolchain build it), else the stable grammar-aware harness. Fails on a panic, a print/parse
