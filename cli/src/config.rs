@@ -59,6 +59,18 @@ pub struct UpConfig {
     /// Indexer throughput.
     #[serde(default)]
     pub indexer: IndexerSection,
+    /// Search (`[retrieval]`).
+    #[serde(default)]
+    pub retrieval: RetrievalSection,
+}
+
+/// `[retrieval]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetrievalSection {
+    /// Index of the `fulltext` lane: `falkordb` (default) or `qdrant_sparse` (BM25 sparse
+    /// vectors in Qdrant, written with or without embeddings).
+    pub fulltext_backend: Option<kg_stores::vector::sparse::FulltextBackend>,
 }
 
 /// `[vector]`: embedded qdrant-edge under the data dir unless a server is named.
@@ -79,6 +91,9 @@ pub struct VectorSection {
 pub struct IndexerSection {
     /// Events indexed at once (default 4); one file's events never overlap.
     pub concurrency: Option<usize>,
+    /// `[indexer.llm]`: the optional LLM extractor, off by default.
+    #[serde(default)]
+    pub llm: kg_indexer::entities::llm::LlmConfig,
 }
 
 /// `[approval]`: how approved effects are signed.
@@ -89,6 +104,10 @@ pub struct ApprovalSection {
     /// (at least 16 bytes). Unset: a random secret is generated once and kept
     /// in `<data_dir>/secrets/webhook-signing.secret`.
     pub webhook_signing_secret_env: Option<String>,
+    /// Four-eyes rule: the proposer (the user behind the agent) may not
+    /// approve their own proposal; another admin must. Default false.
+    #[serde(default)]
+    pub four_eyes: bool,
 }
 
 /// `[files]`: limits of kg_files / kg_file.
@@ -182,6 +201,16 @@ pub fn resolve(
         }
     }
     problems.extend(config.embedding.problems());
+    if config.retrieval.fulltext_backend
+        == Some(kg_stores::vector::sparse::FulltextBackend::QdrantSparse)
+        && config.vector.qdrant_url.is_none()
+    {
+        problems.push(
+            "retrieval.fulltext_backend: qdrant_sparse needs vector.qdrant_url (the embedded \
+             qdrant-edge 0.6.0 cannot search sparse vectors)"
+                .to_owned(),
+        );
+    }
     if let Some(url) = &config.vector.qdrant_url
         && !(url.starts_with("http://") || url.starts_with("https://"))
     {
@@ -192,6 +221,7 @@ pub fn resolve(
     {
         problems.push(format!("indexer.concurrency: expected 1..=64, got {n}"));
     }
+    problems.extend(config.indexer.llm.problems());
     let mut telemetry = config.telemetry;
     telemetry.log_json |= flags.log_json;
     if let Some(filter) = &telemetry.log_filter
@@ -221,6 +251,8 @@ pub fn resolve(
             max_upload_bytes: config.max_upload_bytes,
             approval: crate::mesh::ApprovalOptions {
                 webhook_signing_secret_env: config.approval.webhook_signing_secret_env,
+                four_eyes: config.approval.four_eyes,
+                ..Default::default()
             },
             indexer: kg_indexer::IndexerSettings {
                 embedding: config.embedding,
@@ -231,6 +263,8 @@ pub fn resolve(
                     .collection
                     .unwrap_or_else(|| kg_indexer::settings::DEFAULT_COLLECTION.to_owned()),
                 concurrency: config.indexer.concurrency.unwrap_or(4),
+                llm: config.indexer.llm,
+                fulltext_backend: config.retrieval.fulltext_backend.unwrap_or_default(),
             },
         },
         telemetry,
@@ -241,6 +275,36 @@ pub fn resolve(
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_sparse_fulltext_backend_needs_a_qdrant_server() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("k.toml");
+        std::fs::write(&file, "[retrieval]\nfulltext_backend = \"qdrant_sparse\"\n").unwrap();
+        let err = resolve(Some(&file), UpFlags::default()).unwrap_err();
+        assert!(
+            err.problems
+                .iter()
+                .any(|p| p.contains("qdrant_sparse needs vector.qdrant_url")),
+            "{:?}",
+            err.problems
+        );
+        std::fs::write(
+            &file,
+            "[retrieval]\nfulltext_backend = \"qdrant_sparse\"\n[vector]\nqdrant_url = \"http://q:6334\"\n",
+        )
+        .unwrap();
+        let (options, _) = resolve(Some(&file), UpFlags::default()).unwrap();
+        assert_eq!(
+            options.indexer.fulltext_backend,
+            kg_stores::vector::sparse::FulltextBackend::QdrantSparse
+        );
+        let (options, _) = resolve(None, UpFlags::default()).unwrap();
+        assert_eq!(
+            options.indexer.fulltext_backend,
+            kg_stores::vector::sparse::FulltextBackend::Falkordb
+        );
+    }
 
     #[test]
     fn the_shipped_example_config_loads() {

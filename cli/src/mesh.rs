@@ -1,6 +1,7 @@
 //! The whole mesh in one process: embedded stores as child processes, every
 //! service on its own loopback gRPC port, the gateway on the HTTP address.
-//! `kgmesh up` and the end-to-end tests use this same composition.
+//! `kgmesh up` and the end-to-end tests use this same composition; `up` runs
+//! the approval service as a separate child process (`approval_child`).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -56,6 +57,13 @@ pub struct ApprovalOptions {
     /// Environment variable holding the webhook signing secret; when unset a
     /// random secret is kept in `<data_dir>/secrets/webhook-signing.secret`.
     pub webhook_signing_secret_env: Option<String>,
+    /// Four-eyes rule: a proposer may not approve their own proposal.
+    pub four_eyes: bool,
+    /// Run the service as a separate process started with this command
+    /// (`kgmesh up`); `None` runs it in-process (the Rust tests).
+    pub child: Option<crate::approval_child::ChildCommand>,
+    /// Logging of that process (the mesh's `[telemetry]`).
+    pub telemetry: kg_common::telemetry::TelemetryConfig,
 }
 
 /// The ontology project `kgmesh up` serves generated tools from.
@@ -207,6 +215,7 @@ impl Mesh {
         };
         let signer = ContextSigner::from_secret_bytes(&signing_secret);
         let verifier = ContextVerifier::new(vec![signer.public_key()]);
+        let caller_public_key = signer.public_key().to_base64();
 
         let needs_venv = options.falkordb_url.is_none() || options.nats_url.is_none();
         let venv = if needs_venv {
@@ -247,9 +256,20 @@ impl Mesh {
             .open_vectors(&data_dir.join("vectors"))
             .await
             .context("cannot start embeddings and the vector index")?;
+        // The sparse BM25 index of the `qdrant_sparse` full-text backend, shared likewise.
+        let sparse = options
+            .indexer
+            .open_sparse(&data_dir.join("sparse"))
+            .await
+            .context("cannot open the sparse full-text index")?;
         let indexer_config = kg_indexer::IndexerConfig {
             concurrency: options.indexer.concurrency,
             vectors: vectors.clone(),
+            sparse: sparse.clone().map(kg_indexer::sparse::SparseTerms::new),
+            llm: options
+                .indexer
+                .open_llm()
+                .context("cannot start the LLM extractor")?,
             ..kg_indexer::IndexerConfig::default()
         };
 
@@ -344,6 +364,9 @@ impl Mesh {
             if let Some(vectors) = &vectors {
                 service = service.with_vectors(vectors.index.clone(), vectors.embedder.clone())?;
             }
+            if let Some(sparse) = &sparse {
+                service = service.with_sparse(sparse.clone());
+            }
             let verifier = verifier.clone();
             let token = shutdown.clone();
             tasks.spawn(async move {
@@ -404,16 +427,36 @@ impl Mesh {
                 )
             });
         }
-        {
-            // `[approval] webhook_signing_secret_env`, else a generated hex secret in
-            // secrets/webhook-signing.secret that receivers are configured with.
-            let env_name = options.approval.webhook_signing_secret_env.clone();
+        // `[approval] webhook_signing_secret_env`, else a generated hex secret in
+        // secrets/webhook-signing.secret that receivers are configured with.
+        let env_name = options.approval.webhook_signing_secret_env.clone();
+        if let Some(command) = &options.approval.child {
+            // A separate process no model can address: it gets the socket and settings
+            // (the secret's variable name, never its value) and is supervised here.
+            let child = crate::approval_child::ApprovalChild::start(
+                crate::approval_child::ChildConfig {
+                    command: command.clone(),
+                    database_url: database_url.clone(),
+                    ontology_addr: ontology_addr.clone(),
+                    caller_public_key,
+                    signing_secret_env: env_name,
+                    signing_secret_file: secrets.join("webhook-signing.secret"),
+                    four_eyes: options.approval.four_eyes,
+                    telemetry: options.approval.telemetry.clone(),
+                },
+                approval_listener.into_std()?,
+            )
+            .await?;
+            let token = shutdown.clone();
+            tasks.spawn(async move { ("approval", child.supervise(token).await) });
+        } else {
             let secret = kg_approval::load_signing_secret(
                 env_name.as_deref(),
                 &secrets.join("webhook-signing.secret"),
             )?;
             let mut config = kg_approval::ApprovalConfig::new(secret, Some(ontology_addr.clone()));
             config.protected_env.extend(env_name);
+            config.four_eyes = options.approval.four_eyes;
             let service = kg_approval::ApprovalService::new(sql.clone(), config).await?;
             let verifier = verifier.clone();
             let token = shutdown.clone();
