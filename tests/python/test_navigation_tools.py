@@ -99,7 +99,8 @@ async def test_chunk_hops_walk_the_file_in_order(mesh: Mesh, demo: str) -> None:
         await expect_rejected(
             client, "kg_hop", {"namespace": demo, "fromKey": "ch_does_not_exist", "kind": "next_chunk"}, {"not_found"}
         )
-        # No file vectors can be read back yet: similar says so instead of answering empty.
+        # The session mesh runs without embeddings, so there are no file vectors: similar says so
+        # instead of answering empty (test_vector_search.py checks it with MiniLM).
         similar = {"namespace": demo, "fromKey": first, "kind": "similar"}
         await expect_rejected(client, "kg_hop", similar, {"unavailable"})
 

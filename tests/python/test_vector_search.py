@@ -85,3 +85,38 @@ async def test_folder_filters_widen_and_never_leak(vector_mesh: Mesh, tmp_path: 
         assert filtered["results"]
         assert all(p.startswith("handbook/security/") for p in paths(filtered)), paths(filtered)
         assert filtered["trace"]["vectorWidening"][0]["pool"] >= 8
+
+
+async def test_similar_files_come_from_file_vectors_and_respect_access(vector_mesh: Mesh) -> None:
+    async with mcp_http(vector_mesh.mcp_url, vector_mesh.admin_token) as client:
+        hit = (
+            await call_ok(
+                client, "kg_search", {"query": PARAPHRASE, "namespaces": [NAMESPACE], "lanes": ["vector"], "topK": 1}
+            )
+        )["results"][0]
+        # Every package names similar files (never itself), each readable and ranked.
+        similar = hit["similarFiles"]
+        assert similar, hit
+        assert all(s["path"] != hit["path"] for s in similar), similar
+        hop = await call_ok(
+            client, "kg_hop", {"namespace": NAMESPACE, "fromKey": hit["chunkKey"], "kind": "similar", "limit": 3}
+        )
+        hop_paths = [p["path"] for p in hop["packages"]]
+        assert hop_paths and hit["path"] not in hop_paths, hop
+        assert len(set(hop_paths)) == len(hop_paths), "one package per similar file"
+        assert hop["total"] >= len(hop_paths)
+
+    principal = vector_mesh.create_principal("similar-reader", "user")
+    token, _ = vector_mesh.create_pat(principal, "similar-reader-pat")
+    vector_mesh.grant(principal, NAMESPACE, "read", prefix="handbook/security/")
+    async with mcp_http(vector_mesh.mcp_url, token) as client:
+        result = await call_ok(
+            client, "kg_search", {"query": PARAPHRASE, "namespaces": [NAMESPACE], "lanes": ["vector"], "topK": 8}
+        )
+        for package in result["results"]:
+            for other in package["similarFiles"]:
+                assert other["path"].startswith("handbook/security/"), other
+            hop = await call_ok(
+                client, "kg_hop", {"namespace": NAMESPACE, "fromKey": package["chunkKey"], "kind": "similar"}
+            )
+            assert all(p["path"].startswith("handbook/security/") for p in hop["packages"]), hop
