@@ -3,7 +3,7 @@ kinds against the deploy runbook), kg_ontology, kg_file_entities and kg_file_tri
 paging to the end, argument errors), and a caller without a grant getting permission_denied
 and nothing else. Entity-dependent answers are checked for shape and paging whatever the
 indexer extracted; the entity hops themselves are proved against FalkorDB in
-services/graph/tests/navigation.rs."""
+services/graph/tests/integration/navigation.rs."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@
 //!   `AUTOINCREMENT`/`SERIAL`; booleans are `BIGINT` 0/1 (the Any driver decodes a SQLite
 //!   `BOOLEAN` column as an integer, not a `bool`).
 //! - Placeholders are `$1, $2, …` on both (SQLite reads `$N` as parameter N; verified in
-//!   `tests/servers.rs`).
+//!   `tests/integration/servers.rs`).
 //! - Each service has its own `Migrator` with a disjoint version range, and all of them share
 //!   the `_sqlx_migrations` table, so [`SqlStore::migrate`] ignores versions it does not know.
 

@@ -1,0 +1,8 @@
+//! Integration tests of the files service on real stores: one test binary per crate, so a
+//! build links it once instead of once per file (disk and link time on 2 cores).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod branch_metadata;
+mod file_tools;
+mod knowledge_graph;
+mod version_links;

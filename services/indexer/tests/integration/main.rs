@@ -1,0 +1,9 @@
+//! Integration tests of the indexer on real NATS, FalkorDB and qdrant-edge: one test binary per crate, so a
+//! build links it once instead of once per file (disk and link time on 2 cores).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod branch_uploads;
+mod entities;
+mod formats_graph;
+mod llm_extractor;
+mod vector_backfill;

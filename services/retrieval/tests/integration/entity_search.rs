@@ -1,0 +1,147 @@
+//! EntitySearch against a real FalkorDB: names and aliases, type labels, degree, roles,
+//! evidence caps, and no existence leak from files the caller may not read.
+
+use crate::common;
+
+use common::*;
+use kg_common::ErrorExt;
+use kg_common::error::ErrorCode;
+use kg_indexer::document::DocumentMeta;
+use kg_proto::v1::{CallerContext, EntityHit, EntitySearchRequest};
+use kg_retrieval::RetrievalService;
+
+const NS: &str = "entities";
+
+async fn find(
+    service: &RetrievalService,
+    who: &CallerContext,
+    text: &str,
+    evidence: u32,
+) -> Vec<EntityHit> {
+    service
+        .entity_search_for(
+            who,
+            EntitySearchRequest {
+                namespace: NS.into(),
+                text: text.into(),
+                limit: 0,
+                evidence_limit: evidence,
+            },
+        )
+        .await
+        .unwrap()
+        .hits
+}
+
+#[tokio::test]
+async fn entity_search_against_real_falkordb() {
+    let env = start().await;
+    let s = &env.store;
+    entity_index(s, NS).await;
+    let m = DocumentMeta::default;
+    let texts: Vec<String> = (0..30)
+        .map(|i| format!("Acme quarterly report part {i}."))
+        .collect();
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    write(s, NS, "acme", "docs/acme.md", &refs, m()).await;
+    write(
+        s,
+        NS,
+        "globex",
+        "docs/globex.md",
+        &["Globex launched a product.", "Globex again."],
+        m(),
+    )
+    .await;
+    write(
+        s,
+        NS,
+        "secret",
+        "secret/s.md",
+        &["Umbrella and Globex in private."],
+        m(),
+    )
+    .await;
+    let acme = entity(s, NS, "org", "Acme Corporation", &["ACME Corp", "Acme"]).await;
+    let globex = entity(s, NS, "org", "Globex", &[]).await;
+    let umbrella = entity(s, NS, "org", "Umbrella", &[]).await;
+    // Declared but mentioned nowhere: never a hit.
+    entity(s, NS, "org", "Ghost Globex", &[]).await;
+    for i in 0..30 {
+        mention(s, NS, &format!("acme#{i}"), &acme).await;
+    }
+    mention(s, NS, "globex#0", &globex).await;
+    mention(s, NS, "globex#1", &globex).await;
+    mention(s, NS, "secret#0", &globex).await;
+    mention(s, NS, "secret#0", &umbrella).await;
+    let full = caller(NS, |_| {});
+    let limited = restricted(NS);
+    let sv = &env.service;
+
+    // By alias; type labels, degree and role (30 mentions: filter).
+    let hits = find(sv, &full, "ACME corp", 0).await;
+    assert_eq!(hits[0].entity_key, acme);
+    assert_eq!(hits[0].name, "Acme Corporation");
+    assert_eq!(hits[0].type_id, "org");
+    assert_eq!(hits[0].type_labels, ["org label"]);
+    assert_eq!(hits[0].type_label, "org label");
+    assert_eq!((hits[0].degree, hits[0].role.as_str()), (30, "filter"));
+    assert!(hits[0].score > 0.0);
+    // Default evidence cap 3, in file and chunk order, truncated flagged.
+    assert_eq!(hits[0].evidence_chunk_keys, ["acme#0", "acme#1", "acme#2"]);
+    assert!(hits[0].evidence_truncated);
+    let wide = find(sv, &full, "acme", 8).await;
+    assert_eq!(wide[0].evidence_chunk_keys.len(), 8);
+
+    // The exact name ranks first; the unmentioned "Ghost Globex" never shows.
+    let hits = find(sv, &full, "Globex", 8).await;
+    let keys: Vec<&str> = hits.iter().map(|h| h.entity_key.as_str()).collect();
+    assert_eq!(keys, [globex.as_str()]);
+    assert_eq!((hits[0].degree, hits[0].role.as_str()), (3, "bridge"));
+    assert_eq!(
+        hits[0].evidence_chunk_keys,
+        ["globex#0", "globex#1", "secret#0"]
+    );
+    assert!(!hits[0].evidence_truncated);
+
+    // Restricted: degree and evidence count only readable chunks ...
+    let hits = find(sv, &limited, "Globex", 8).await;
+    assert_eq!(hits[0].degree, 2);
+    assert_eq!(hits[0].evidence_chunk_keys, ["globex#0", "globex#1"]);
+    // ... and an entity known only from the denied file does not exist for this caller.
+    assert!(find(sv, &limited, "Umbrella", 3).await.is_empty());
+    assert_eq!(find(sv, &full, "Umbrella", 3).await[0].entity_key, umbrella);
+    // A caller without the namespace is refused, not answered empty.
+    let other = caller("elsewhere", |_| {});
+    let err = sv
+        .entity_search_for(
+            &other,
+            EntitySearchRequest {
+                namespace: NS.into(),
+                text: "Globex".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::PermissionDenied);
+
+    // Caps over the hard maximum fail closed.
+    for (limit, evidence, needle) in [(33, 0, "limit = 33"), (0, 9, "evidence_limit = 9")] {
+        let err = sv
+            .entity_search_for(
+                &full,
+                EntitySearchRequest {
+                    namespace: NS.into(),
+                    text: "Globex".into(),
+                    limit,
+                    evidence_limit: evidence,
+                },
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), ErrorCode::InvalidArgument);
+        assert!(err.to_string().contains(needle), "{err}");
+    }
+    assert!(find(sv, &full, "nothing like it", 3).await.is_empty());
+}

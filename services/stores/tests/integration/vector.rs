@@ -1,0 +1,293 @@
+//! The embedded vector index (qdrant-edge) end to end: upsert, search, count, flags,
+//! deletes, persistence, batching and optimisation, on a real shard in a temp directory.
+use kg_proto::v1::AccessFilter;
+use kg_stores::vector::{
+    EdgeIndex, PointKind, Scope, UPSERT_BATCH, VectorError, VectorIndex, VectorPoint,
+};
+
+const DIM: usize = 4;
+
+fn chunk(file: usize, index: usize, path: &str) -> VectorPoint {
+    VectorPoint {
+        namespace: "alpha".into(),
+        kind: PointKind::Chunk,
+        chunk_key: format!("f{file}-c{index}"),
+        file_id: format!("f{file}"),
+        path: path.into(),
+        enabled: true,
+        hidden: false,
+        collections: if file.is_multiple_of(2) {
+            vec!["even".into()]
+        } else {
+            vec!["odd".into(), "all".into()]
+        },
+        document_date: Some("2024-05-01".into()),
+        vector: vec![1.0, file as f32, index as f32, 0.5],
+    }
+}
+
+fn whole(ns: &str) -> AccessFilter {
+    AccessFilter {
+        namespace: ns.into(),
+        allow_prefixes: vec![String::new()],
+        enabled_only: true,
+        visible_only: true,
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn search_count_flags_delete_and_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("vectors");
+    let index = VectorIndex::from(EdgeIndex::open(&path, DIM).await.unwrap());
+    assert_eq!(index.dimension(), DIM);
+
+    let mut points = vec![
+        chunk(1, 0, "guides/a.md"),
+        chunk(1, 1, "guides/a.md"),
+        chunk(2, 0, "guides/b.md"),
+        chunk(3, 0, "notes/c.md"),
+    ];
+    // A file-level vector for file 1, and a point in another namespace.
+    points.push(VectorPoint {
+        kind: PointKind::File,
+        chunk_key: String::new(),
+        ..chunk(1, 9, "guides/a.md")
+    });
+    // Same file id and chunk key in another namespace: a separate point.
+    points.push(VectorPoint {
+        namespace: "beta".into(),
+        ..chunk(1, 0, "guides/a.md")
+    });
+    index.upsert(points.clone()).await.unwrap();
+
+    let access = whole("alpha");
+    assert_eq!(index.count(&access, &Scope::chunks()).await.unwrap(), 4);
+    assert_eq!(index.count(&access, &Scope::files()).await.unwrap(), 1);
+    assert_eq!(
+        index.count(&whole("beta"), &Scope::chunks()).await.unwrap(),
+        1
+    );
+
+    // The exact vector of f2-c0 is the nearest; scores are cosine similarities.
+    let hits = index
+        .search(&access, &Scope::chunks(), vec![1.0, 2.0, 0.0, 0.5], 10)
+        .await
+        .unwrap();
+    assert_eq!(hits.len(), 4);
+    assert_eq!(hits[0].chunk_key.as_deref(), Some("f2-c0"));
+    assert_eq!(hits[0].file_id, "f2");
+    assert_eq!(hits[0].path, "guides/b.md");
+    assert!((hits[0].score - 1.0).abs() < 1e-4, "{}", hits[0].score);
+    assert!(hits.windows(2).all(|w| w[0].score >= w[1].score));
+    let limited = index
+        .search(&access, &Scope::chunks(), vec![1.0, 2.0, 0.0, 0.5], 2)
+        .await
+        .unwrap();
+    assert_eq!(limited.len(), 2);
+    let files = index
+        .search(&access, &Scope::files(), vec![1.0, 1.0, 9.0, 0.5], 10)
+        .await
+        .unwrap();
+    assert_eq!(files.len(), 1);
+    assert_eq!(files[0].chunk_key, None);
+    assert_eq!(files[0].file_id, "f1");
+
+    // Scope: collections and excluded files.
+    let odd = Scope {
+        collections: vec!["all".into()],
+        ..Scope::chunks()
+    };
+    assert_eq!(index.count(&access, &odd).await.unwrap(), 3);
+    let not_f1 = Scope {
+        exclude_file_ids: vec!["f1".into()],
+        ..Scope::chunks()
+    };
+    assert_eq!(index.count(&access, &not_f1).await.unwrap(), 2);
+
+    // Upserting the same chunk again replaces it.
+    index
+        .upsert(vec![chunk(1, 0, "guides/a.md")])
+        .await
+        .unwrap();
+    assert_eq!(index.count(&access, &Scope::chunks()).await.unwrap(), 4);
+
+    // Disable f1, hide f2: gone for a reader, still there for an admin view.
+    index
+        .set_file_flags("alpha", "f1", false, false)
+        .await
+        .unwrap();
+    index
+        .set_file_flags("alpha", "f2", true, true)
+        .await
+        .unwrap();
+    let ids = |hits: Vec<kg_stores::vector::VectorHit>| {
+        let mut ids: Vec<String> = hits.into_iter().map(|h| h.file_id).collect();
+        ids.sort();
+        ids.dedup();
+        ids
+    };
+    let reader = index
+        .search(&access, &Scope::chunks(), vec![1.0, 1.0, 1.0, 1.0], 10)
+        .await
+        .unwrap();
+    assert_eq!(ids(reader), vec!["f3"]);
+    let admin = AccessFilter {
+        enabled_only: false,
+        visible_only: false,
+        ..whole("alpha")
+    };
+    assert_eq!(index.count(&admin, &Scope::chunks()).await.unwrap(), 4);
+    // The flags reach the file-level vector too.
+    assert_eq!(index.count(&access, &Scope::files()).await.unwrap(), 0);
+    // The other namespace's point with the same file id is untouched.
+    assert_eq!(
+        index.count(&whole("beta"), &Scope::chunks()).await.unwrap(),
+        1
+    );
+
+    // Delete f1 entirely (chunks and file vector).
+    index.delete_file("alpha", "f1").await.unwrap();
+    assert_eq!(index.count(&admin, &Scope::chunks()).await.unwrap(), 2);
+    assert_eq!(index.count(&admin, &Scope::files()).await.unwrap(), 0);
+    assert_eq!(
+        index.count(&whole("beta"), &Scope::chunks()).await.unwrap(),
+        1
+    );
+
+    // Everything survives closing and reopening the directory.
+    drop(index);
+    let reopened = EdgeIndex::open(&path, DIM).await.unwrap();
+    assert_eq!(reopened.count(&admin, &Scope::chunks()).await.unwrap(), 2);
+    assert_eq!(
+        ids(reopened
+            .search(&access, &Scope::chunks(), vec![1.0, 1.0, 1.0, 1.0], 10)
+            .await
+            .unwrap()),
+        vec!["f3"]
+    );
+    assert_eq!(
+        reopened
+            .count(&whole("beta"), &Scope::chunks())
+            .await
+            .unwrap(),
+        1
+    );
+}
+
+#[tokio::test]
+async fn one_shard_per_directory_and_dimension_is_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let a = EdgeIndex::open(dir.path(), DIM).await.unwrap();
+    // A second open in the same process shares the shard: its writes are seen at once.
+    let b = EdgeIndex::open(dir.path(), DIM).await.unwrap();
+    b.upsert(vec![chunk(1, 0, "a.md")]).await.unwrap();
+    assert_eq!(a.count(&whole("alpha"), &Scope::chunks()).await.unwrap(), 1);
+    let err = EdgeIndex::open(dir.path(), DIM + 1).await.unwrap_err();
+    assert!(matches!(err, VectorError::Incompatible { .. }), "{err:?}");
+    drop((a, b));
+    // Also checked against the configuration on disk.
+    let err = EdgeIndex::open(dir.path(), 8).await.unwrap_err();
+    assert!(matches!(err, VectorError::Incompatible { .. }), "{err:?}");
+}
+
+#[tokio::test]
+async fn invalid_input_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let index = EdgeIndex::open(dir.path(), DIM).await.unwrap();
+    let bad_path = chunk(1, 1, "guides//x.md");
+    let err = index
+        .upsert(vec![chunk(1, 0, "a.md"), bad_path])
+        .await
+        .unwrap_err();
+    assert!(matches!(err, VectorError::InvalidInput { .. }), "{err:?}");
+    let short = VectorPoint {
+        vector: vec![1.0],
+        ..chunk(1, 0, "a.md")
+    };
+    assert!(index.upsert(vec![short]).await.is_err());
+    assert_eq!(
+        index
+            .count(&whole("alpha"), &Scope::chunks())
+            .await
+            .unwrap(),
+        0
+    );
+    let err = index
+        .search(&whole("alpha"), &Scope::chunks(), vec![1.0, 0.0], 3)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, VectorError::InvalidInput { .. }), "{err:?}");
+    let err = index
+        .search(&whole("alpha"), &Scope::chunks(), vec![1.0; DIM], 1_000_000)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, VectorError::InvalidInput { .. }), "{err:?}");
+}
+
+#[tokio::test]
+async fn batches_and_optimisation_keep_filters_exact() {
+    let dir = tempfile::tempdir().unwrap();
+    let index = EdgeIndex::open(dir.path(), DIM).await.unwrap();
+    // Ten files, several batches of chunks; files 0, 3, 6, 9 are under secret/.
+    let n = UPSERT_BATCH * 5 + 17;
+    let folder = |file: usize| {
+        if file.is_multiple_of(3) {
+            "secret"
+        } else {
+            "open"
+        }
+    };
+    let points: Vec<VectorPoint> = (0..n)
+        .map(|i| {
+            let file = i % 10;
+            let mut p = chunk(file, i, &format!("{}/doc-{file}.md", folder(file)));
+            p.vector = vec![1.0, (i % 7) as f32, (i % 11) as f32, 1.0];
+            p
+        })
+        .collect();
+    let expect = |deleted: &[usize]| {
+        (0..n)
+            .filter(|i| folder(i % 10) == "open" && !deleted.contains(&(i % 10)))
+            .count() as u64
+    };
+    index.upsert(points).await.unwrap();
+    let open_only = AccessFilter {
+        deny_prefixes: vec!["secret/".into()],
+        ..whole("alpha")
+    };
+    assert_eq!(
+        index
+            .count(&whole("alpha"), &Scope::chunks())
+            .await
+            .unwrap(),
+        n as u64
+    );
+    assert_eq!(
+        index.count(&open_only, &Scope::chunks()).await.unwrap(),
+        expect(&[])
+    );
+    // Deleting 30% of the points makes the vacuum optimizer rebuild the segment.
+    for file in [1, 2, 4] {
+        index
+            .delete_file("alpha", &format!("f{file}"))
+            .await
+            .unwrap();
+    }
+    assert!(index.optimize().await.unwrap(), "nothing was optimised");
+    assert_eq!(
+        index.count(&open_only, &Scope::chunks()).await.unwrap(),
+        expect(&[1, 2, 4])
+    );
+    let hits = index
+        .search(&open_only, &Scope::chunks(), vec![1.0, 3.0, 5.0, 1.0], 50)
+        .await
+        .unwrap();
+    assert_eq!(hits.len(), 50);
+    assert!(hits.iter().all(|h| h.path.starts_with("open/")));
+    assert!(
+        hits.iter()
+            .all(|h| !["f1", "f2", "f4"].contains(&h.file_id.as_str()))
+    );
+}
