@@ -39,14 +39,15 @@ use tonic::transport::Channel;
 const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 /// Re-authorize well before the 60 s context TTL, outside any timed call.
 const CONTEXT_REFRESH: Duration = Duration::from_secs(20);
-/// The gateway's default package caps (mentions, rel, ancestors, siblings, children, similar).
+/// The gateway's default package caps (mentions, rel, ancestors, siblings, children, similar),
+/// sent explicitly as the gateway does (an absent cap would mean the same default).
 const DEFAULT_CAPS: PackageCaps = PackageCaps {
-    mentions: 8,
-    rel: 8,
-    ancestors: 6,
-    siblings: 8,
-    children: 8,
-    similar: 4,
+    mentions: Some(8),
+    rel: Some(8),
+    ancestors: Some(6),
+    siblings: Some(8),
+    children: Some(8),
+    similar: Some(4),
 };
 const MCP_PROTOCOL_VERSION: &str = "2025-06-18";
 

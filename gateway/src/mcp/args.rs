@@ -117,7 +117,8 @@ pub(crate) struct RawCaps {
 }
 
 /// Resolves caps: defaults filled in, each value from 0 to its hard max.
-/// Services always receive explicit values (0 means an empty list).
+/// Services always receive explicit values; 0 means an empty list whose total is
+/// still reported, never "the default".
 pub(crate) fn caps(raw: Option<RawCaps>) -> Result<PackageCaps, ClientError> {
     let raw = raw.unwrap_or_default();
     let values = [
@@ -134,12 +135,12 @@ pub(crate) fn caps(raw: Option<RawCaps>) -> Result<PackageCaps, ClientError> {
     }
     let [mentions, rel, ancestors, siblings, children, similar] = resolved;
     Ok(PackageCaps {
-        mentions,
-        rel,
-        ancestors,
-        siblings,
-        children,
-        similar,
+        mentions: Some(mentions),
+        rel: Some(rel),
+        ancestors: Some(ancestors),
+        siblings: Some(siblings),
+        children: Some(children),
+        similar: Some(similar),
     })
 }
 
@@ -695,9 +696,9 @@ mod tests {
         assert_eq!(args.top_k, 8);
         assert!(args.namespaces.is_empty() && args.lanes.is_empty());
         assert_eq!(args.token_budget, None);
-        assert_eq!(args.caps.mentions, 8);
-        assert_eq!(args.caps.ancestors, 6);
-        assert_eq!(args.caps.similar, 4);
+        assert_eq!(args.caps.mentions, Some(8));
+        assert_eq!(args.caps.ancestors, Some(6));
+        assert_eq!(args.caps.similar, Some(4));
 
         let args = search_args(&obj(json!({
             "query": "q", "namespaces": ["a", "b", "a"], "lanes": ["fulltext"], "topK": 32.0,
@@ -712,7 +713,7 @@ mod tests {
         assert_eq!(ranking.rrf_k, 30.0);
         assert_eq!(ranking.lane_weights.get("fulltext"), Some(&2.0));
         assert_eq!(ranking.min_score, Some(0.2));
-        assert_eq!((args.caps.mentions, args.caps.similar), (0, 16));
+        assert_eq!((args.caps.mentions, args.caps.similar), (Some(0), Some(16)));
     }
 
     #[test]
@@ -772,6 +773,69 @@ mod tests {
                 json!({"query": "q", "filters": {"folder": "x"}})
             )))
             .contains("unknown field `folder`")
+        );
+    }
+
+    #[test]
+    fn caps_zero_means_none_omitted_means_default() {
+        let defaults = PackageCaps {
+            mentions: Some(8),
+            rel: Some(8),
+            ancestors: Some(6),
+            siblings: Some(8),
+            children: Some(8),
+            similar: Some(4),
+        };
+        assert_eq!(caps(None).unwrap(), defaults);
+        let raw: RawCaps = parse(&obj(json!({}))).unwrap();
+        assert_eq!(caps(Some(raw)).unwrap(), defaults);
+
+        // Every cap at 0 goes to the services as an explicit 0, not as "unset".
+        let zero = obj(
+            json!({"mentions": 0, "rel": 0, "ancestors": 0, "siblings": 0,
+                              "children": 0, "similar": 0}),
+        );
+        assert_eq!(
+            caps(Some(parse(&zero).unwrap())).unwrap(),
+            PackageCaps {
+                mentions: Some(0),
+                rel: Some(0),
+                ancestors: Some(0),
+                siblings: Some(0),
+                children: Some(0),
+                similar: Some(0),
+            }
+        );
+        // One explicit 0 leaves the others at their defaults.
+        let args = open_args(&obj(
+            json!({"namespace": "demo", "chunkKey": "c1", "caps": {"rel": 0}}),
+        ))
+        .unwrap();
+        assert_eq!(
+            args.caps,
+            PackageCaps {
+                rel: Some(0),
+                ..defaults
+            }
+        );
+        let args = search_args(&obj(json!({"query": "q", "caps": {"mentions": 0}}))).unwrap();
+        assert_eq!((args.caps.mentions, args.caps.rel), (Some(0), Some(8)));
+
+        let message = refused(search_args(&obj(
+            json!({"query": "q", "caps": {"mentions": 25}}),
+        )));
+        assert_eq!(
+            message,
+            "caps.mentions must be from 0 to 24 (the hard max); got 25"
+        );
+        assert!(
+            refused(caps(Some(parse(&obj(json!({"similar": -1}))).unwrap())))
+                .contains("caps.similar")
+        );
+        // A search that returns nothing is useless: topK 0 is refused with the range.
+        assert_eq!(
+            refused(search_args(&obj(json!({"query": "q", "topK": 0})))),
+            "topK must be from 1 to 32 (the hard max); got 0"
         );
     }
 

@@ -580,7 +580,7 @@ mod tests {
         ))
         .unwrap();
         assert_eq!((args.kind, args.limit), (HopKind::Rel, 8));
-        assert_eq!(args.caps.mentions, 8);
+        assert_eq!(args.caps.mentions, Some(8));
         let err = hop_args(&map(
             json!({"namespace": "demo", "fromKey": "ch_1", "kind": "sideways"}),
         ))

@@ -196,13 +196,13 @@ pub(super) fn caps_input() -> Value {
             name.to_owned(),
             json!({
                 "type": "integer", "minimum": 0, "maximum": max, "default": default,
-                "description": format!("Most {name} entries per package (default {default}, hard max {max})."),
+                "description": format!("Most {name} entries per package (default {default}, hard max {max}); 0 leaves the list empty and still reports its total in counts."),
             }),
         );
     }
     json!({
         "type": "object",
-        "description": "Per-package list caps; values over the hard max are refused.",
+        "description": "Per-package list caps; an omitted cap takes its default, values over the hard max are refused.",
         "properties": properties,
         "additionalProperties": false,
     })

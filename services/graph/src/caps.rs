@@ -1,4 +1,6 @@
-//! Caps on package lists and result sizes: 0 means the default, over the hard maximum fails.
+//! Caps on package lists and result sizes. A package-list cap that is absent means the
+//! default and an explicit 0 means an empty list; a result-size `limit` of 0 means the
+//! default. Anything over its hard maximum fails closed.
 
 use kg_proto::v1::PackageCaps;
 
@@ -26,9 +28,20 @@ pub(crate) struct Caps {
     pub(crate) similar: usize,
 }
 
-/// Resolves `value` against `(default, max)`: 0 -> default, over max -> an error naming the cap.
-pub(crate) fn resolve(name: &str, value: u32, (default, max): (u32, u32)) -> Result<usize> {
-    let value = if value == 0 { default } else { value };
+/// Resolves a result-size `limit` against `(default, max)`: 0 -> default (a page of
+/// nothing is never what a caller means), over max -> an error naming the limit.
+pub(crate) fn resolve(name: &str, value: u32, bounds: (u32, u32)) -> Result<usize> {
+    resolve_cap(name, (value != 0).then_some(value), bounds)
+}
+
+/// Resolves a package-list cap against `(default, max)`: absent -> default, 0 -> an
+/// empty list (the total is still counted), over max -> an error naming the cap.
+pub(crate) fn resolve_cap(
+    name: &str,
+    value: Option<u32>,
+    (default, max): (u32, u32),
+) -> Result<usize> {
+    let value = value.unwrap_or(default);
     if value > max {
         return Err(GraphError::invalid(format!(
             "{name} = {value} is over its hard maximum of {max}"
@@ -41,12 +54,12 @@ impl Caps {
     pub(crate) fn from_request(caps: Option<&PackageCaps>) -> Result<Self> {
         let caps = caps.copied().unwrap_or_default();
         Ok(Self {
-            mentions: resolve("caps.mentions", caps.mentions, (8, 24))?,
-            rel: resolve("caps.rel", caps.rel, (8, 24))?,
-            ancestors: resolve("caps.ancestors", caps.ancestors, (6, 12))?,
-            siblings: resolve("caps.siblings", caps.siblings, (8, 24))?,
-            children: resolve("caps.children", caps.children, (8, 24))?,
-            similar: resolve("caps.similar", caps.similar, (4, 16))?,
+            mentions: resolve_cap("caps.mentions", caps.mentions, (8, 24))?,
+            rel: resolve_cap("caps.rel", caps.rel, (8, 24))?,
+            ancestors: resolve_cap("caps.ancestors", caps.ancestors, (6, 12))?,
+            siblings: resolve_cap("caps.siblings", caps.siblings, (8, 24))?,
+            children: resolve_cap("caps.children", caps.children, (8, 24))?,
+            similar: resolve_cap("caps.similar", caps.similar, (4, 16))?,
         })
     }
 }
@@ -70,7 +83,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn zero_means_default_and_maxima_fail_closed() {
+    fn absent_means_default_zero_means_none_and_maxima_fail_closed() {
         let caps = Caps::from_request(None).unwrap();
         assert_eq!(
             (
@@ -83,15 +96,31 @@ mod tests {
             ),
             (6, 8, 8, 8, 8, 4)
         );
+        assert_eq!(
+            Caps::from_request(Some(&PackageCaps::default())).unwrap(),
+            Caps::from_request(None).unwrap(),
+            "every cap absent is every default"
+        );
         let caps = Caps::from_request(Some(&PackageCaps {
-            ancestors: 12,
-            children: 1,
+            ancestors: Some(12),
+            children: Some(1),
+            mentions: Some(0),
+            similar: Some(0),
             ..Default::default()
         }))
         .unwrap();
-        assert_eq!((caps.ancestors, caps.children), (12, 1));
+        assert_eq!(
+            (
+                caps.ancestors,
+                caps.children,
+                caps.mentions,
+                caps.similar,
+                caps.rel
+            ),
+            (12, 1, 0, 0, 8)
+        );
         let err = Caps::from_request(Some(&PackageCaps {
-            siblings: 25,
+            siblings: Some(25),
             ..Default::default()
         }))
         .unwrap_err();
@@ -101,6 +130,9 @@ mod tests {
         );
         assert!(resolve("limit", 33, OPEN_LIMIT).is_err());
         assert_eq!(resolve("limit", 0, OUTLINE_LIMIT).unwrap(), 50);
+        assert_eq!(resolve_cap("caps.rel", Some(0), (8, 24)).unwrap(), 0);
+        assert_eq!(resolve_cap("caps.rel", None, (8, 24)).unwrap(), 8);
+        assert!(resolve_cap("caps.rel", Some(25), (8, 24)).is_err());
     }
 
     #[test]

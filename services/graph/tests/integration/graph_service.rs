@@ -185,7 +185,12 @@ fn setup_guide(ns: &str, version: &str) -> Fixture {
 
 /// `ops/flat.md`: five top-level sections of one chunk each, for sibling clipping.
 fn flat_file(ns: &str) -> Fixture {
-    let chunks: Vec<ChunkRecord> = (0..5)
+    flat_file_of(ns, 5)
+}
+
+/// `ops/flat.md` with `n` top-level sections Step 0.., one chunk each.
+fn flat_file_of(ns: &str, n: u32) -> Fixture {
+    let chunks: Vec<ChunkRecord> = (0..n)
         .map(|i| ChunkRecord {
             chunk_key: format!("ch_flat_{i}"),
             index: i,
@@ -201,7 +206,7 @@ fn flat_file(ns: &str) -> Fixture {
             section_key: Some(format!("ol_flat_{i}")),
         })
         .collect();
-    let outline = (0..5)
+    let outline = (0..n)
         .map(|i| OutlineRecord {
             outline_key: format!("ol_flat_{i}"),
             title: format!("Step {i}"),
@@ -276,6 +281,7 @@ async fn count_nodes_of(store: &GraphStore, ns: &str, file_id: &str) -> i64 {
 async fn graph_service_against_real_falkordb() {
     let env = start().await;
     packages_carry_position_outline_and_citation(&env).await;
+    zero_caps_give_empty_lists_and_absent_caps_the_defaults(&env).await;
     open_resolves_each_kind_of_key(&env).await;
     outline_pages_in_document_order(&env).await;
     access_filters_hide_files_everywhere(&env).await;
@@ -309,6 +315,163 @@ async fn store_outage_is_unavailable_without_driver_text(env: Env) {
         "{}",
         status.message()
     );
+}
+
+/// `(total, truncated)` of a package's clipped list `name`, if it was clipped.
+fn clipped(package: &ChunkPackage, name: &str) -> Option<(i64, bool)> {
+    package
+        .counts
+        .as_ref()?
+        .lists
+        .iter()
+        .find(|c| c.list == name)
+        .map(|c| (c.total, c.truncated))
+}
+
+fn titles(list: &[kg_proto::v1::OutlineRef]) -> Vec<&str> {
+    list.iter().map(|s| s.title.as_str()).collect()
+}
+
+/// An explicit cap of 0 is an empty list whose total is still reported; an absent cap (no
+/// caps at all, or caps with the field unset) is the default, here clipping 11 siblings to 8.
+async fn zero_caps_give_empty_lists_and_absent_caps_the_defaults(env: &Env) {
+    let ns = "caps";
+    let guide = setup_guide(ns, "v1");
+    guide.write(&env.store).await;
+    let flat = flat_file_of(ns, 12);
+    flat.write(&env.store).await;
+    let who = caller(ns, |_| {});
+    // Rotate keys (one ancestor), Configure (one sibling, one child), Step 6 (11 siblings).
+    let chunk_keys = vec![guide.chunk_key(3), guide.chunk_key(2), flat.chunk_key(6)];
+    let packages = |caps: Option<PackageCaps>| {
+        let chunk_keys = chunk_keys.clone();
+        let who = who.clone();
+        async move {
+            env.service
+                .packages_for(
+                    &who,
+                    PackagesRequest {
+                        namespace: ns.into(),
+                        chunk_keys,
+                        caps,
+                    },
+                )
+                .await
+                .unwrap()
+                .packages
+        }
+    };
+
+    let zero = packages(Some(PackageCaps {
+        mentions: Some(0),
+        rel: Some(0),
+        ancestors: Some(0),
+        siblings: Some(0),
+        children: Some(0),
+        similar: Some(0),
+    }))
+    .await;
+    assert_eq!(keys(&zero), chunk_keys);
+    let [rotate, configure, step] = [&zero[0], &zero[1], &zero[2]];
+    for package in &zero {
+        let outline = package.outline.as_ref().unwrap();
+        assert!(
+            outline.section.is_some(),
+            "the section itself is not a list"
+        );
+        assert!(
+            outline.ancestors.is_empty()
+                && outline.siblings.is_empty()
+                && outline.children.is_empty(),
+            "{}: {outline:?}",
+            package.chunk_key
+        );
+        assert!(package.mentions.is_empty() && package.rel_neighbors.is_empty());
+        assert!(package.similar_files.is_empty());
+    }
+    assert_eq!(clipped(rotate, "ancestors"), Some((1, true)));
+    assert_eq!(rotate.counts.as_ref().unwrap().lists.len(), 1);
+    // The citation still names the whole trail: it never depended on the ancestors cap.
+    assert_eq!(
+        rotate.text.as_ref().unwrap().citation,
+        "caps/guides/setup.md › Configure › Rotate keys (pp. 2–3)"
+    );
+    assert_eq!(clipped(configure, "siblings"), Some((1, true)));
+    assert_eq!(clipped(configure, "children"), Some((1, true)));
+    assert_eq!(
+        clipped(configure, "ancestors"),
+        None,
+        "no ancestors to clip"
+    );
+    assert_eq!(clipped(step, "siblings"), Some((11, true)));
+    assert_eq!(step.counts.as_ref().unwrap().lists.len(), 1);
+
+    // Absent caps are the defaults, whether the message or each field is absent.
+    let defaults = packages(None).await;
+    assert_eq!(packages(Some(PackageCaps::default())).await, defaults);
+    let [rotate, configure, step] = [&defaults[0], &defaults[1], &defaults[2]];
+    assert_eq!(
+        titles(&rotate.outline.as_ref().unwrap().ancestors),
+        ["Configure"]
+    );
+    assert!(rotate.counts.is_none());
+    let outline = configure.outline.as_ref().unwrap();
+    assert_eq!(titles(&outline.siblings), ["Install"]);
+    assert_eq!(titles(&outline.children), ["Rotate keys"]);
+    assert!(configure.counts.is_none());
+    let siblings: Vec<i64> = step
+        .outline
+        .as_ref()
+        .unwrap()
+        .siblings
+        .iter()
+        .map(|s| s.order)
+        .collect();
+    assert_eq!(
+        siblings,
+        [2, 3, 4, 5, 7, 8, 9, 10],
+        "the 8 nearest, by default"
+    );
+    assert_eq!(clipped(step, "siblings"), Some((11, true)));
+
+    // One explicit 0 leaves every other cap at its default.
+    let mixed = packages(Some(PackageCaps {
+        siblings: Some(0),
+        ..Default::default()
+    }))
+    .await;
+    let outline = mixed[1].outline.as_ref().unwrap();
+    assert!(outline.siblings.is_empty());
+    assert_eq!(titles(&outline.children), ["Rotate keys"]);
+    assert_eq!(clipped(&mixed[1], "siblings"), Some((1, true)));
+    assert_eq!(clipped(&mixed[1], "children"), None);
+    assert_eq!(
+        titles(&mixed[0].outline.as_ref().unwrap().ancestors),
+        ["Configure"]
+    );
+    assert_eq!(clipped(&mixed[2], "siblings"), Some((11, true)));
+
+    // Open takes the same caps.
+    let opened = env
+        .service
+        .open_for(
+            &who,
+            OpenRequest {
+                namespace: ns.into(),
+                key: Some(Key::ChunkKey(guide.chunk_key(2))),
+                limit: 0,
+                caps: Some(PackageCaps {
+                    children: Some(0),
+                    ..Default::default()
+                }),
+            },
+        )
+        .await
+        .unwrap();
+    let outline = opened.packages[0].outline.as_ref().unwrap();
+    assert!(outline.children.is_empty());
+    assert_eq!(titles(&outline.siblings), ["Install"]);
+    assert_eq!(clipped(&opened.packages[0], "children"), Some((1, true)));
 }
 
 async fn packages_carry_position_outline_and_citation(env: &Env) {
@@ -426,7 +589,7 @@ async fn packages_carry_position_outline_and_citation(env: &Env) {
                 namespace: ns.into(),
                 chunk_keys: vec![flat.chunk_key(2)],
                 caps: Some(PackageCaps {
-                    siblings: 2,
+                    siblings: Some(2),
                     ..Default::default()
                 }),
             },
@@ -463,7 +626,7 @@ async fn packages_carry_position_outline_and_citation(env: &Env) {
                 namespace: ns.into(),
                 chunk_keys: vec![guide.chunk_key(0)],
                 caps: Some(PackageCaps {
-                    ancestors: 13,
+                    ancestors: Some(13),
                     ..Default::default()
                 }),
             },
@@ -790,7 +953,7 @@ async fn narrowed_callers_still_read_everything_allowed(env: &Env) {
                     namespace: ns.into(),
                     chunk_keys: keys,
                     caps: Some(PackageCaps {
-                        siblings: 2,
+                        siblings: Some(2),
                         ..Default::default()
                     }),
                 },

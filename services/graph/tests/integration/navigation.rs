@@ -322,6 +322,7 @@ async fn navigation_against_real_stores() {
     entity_hops_respect_access(&env).await;
     outline_hops(&env).await;
     packages_carry_mentions_and_readable_relations(&env).await;
+    zero_caps_empty_entity_lists_but_keep_their_totals(&env).await;
     file_entities_page_to_the_end(&env).await;
     file_triples_page_to_the_end(&env).await;
     ontology_is_the_published_tbox(&env).await;
@@ -578,8 +579,8 @@ async fn packages_carry_mentions_and_readable_relations(env: &Env) {
         &restricted(),
         "a0",
         PackageCaps {
-            rel: 2,
-            mentions: 1,
+            rel: Some(2),
+            mentions: Some(1),
             ..Default::default()
         },
     )
@@ -624,6 +625,111 @@ async fn packages_carry_mentions_and_readable_relations(env: &Env) {
         "disabled REL"
     );
     assert!(b0.similar_files.is_empty());
+}
+
+/// `(total, truncated)` of a package's clipped list `name`, if it was clipped.
+fn clipped(package: &ChunkPackage, name: &str) -> Option<(i64, bool)> {
+    package
+        .counts
+        .as_ref()?
+        .lists
+        .iter()
+        .find(|c| c.list == name)
+        .map(|c| (c.total, c.truncated))
+}
+
+/// Caps of 0 empty mentions and relNeighbors (and the outline lists) yet report the
+/// readable totals; absent caps are the defaults; a hop's packages take the same caps.
+async fn zero_caps_empty_entity_lists_but_keep_their_totals(env: &Env) {
+    let none = PackageCaps {
+        mentions: Some(0),
+        rel: Some(0),
+        ancestors: Some(0),
+        siblings: Some(0),
+        children: Some(0),
+        similar: Some(0),
+    };
+    let a0 = open_chunk(env, &full(), "a0", none).await;
+    assert!(a0.mentions.is_empty() && a0.rel_neighbors.is_empty());
+    assert_eq!(clipped(&a0, "mentions"), Some((2, true)));
+    assert_eq!(clipped(&a0, "relNeighbors"), Some((4, true)));
+    // Intro's one sibling (Body) is counted, not shown.
+    assert!(a0.outline.as_ref().unwrap().siblings.is_empty());
+    assert_eq!(clipped(&a0, "siblings"), Some((1, true)));
+    // Totals stay within what the caller may read: 3 edges, not the secret file's 4th.
+    let a0 = open_chunk(env, &restricted(), "a0", none).await;
+    assert_eq!(clipped(&a0, "relNeighbors"), Some((3, true)));
+    // A list that is empty anyway is not reported as clipped.
+    let a3 = open_chunk(env, &full(), "a3", none).await;
+    assert!(a3.mentions.is_empty() && clipped(&a3, "mentions").is_none());
+    assert!(clipped(&a3, "relNeighbors").is_none());
+    assert_eq!(clipped(&a3, "ancestors"), Some((1, true)));
+
+    // Absent caps (the field or the whole message) are the defaults: nothing clipped here.
+    let defaults = open_chunk(env, &full(), "a0", PackageCaps::default()).await;
+    assert_eq!(
+        (defaults.mentions.len(), defaults.rel_neighbors.len()),
+        (2, 4)
+    );
+    assert!(defaults.counts.is_none());
+    let bare = env
+        .service
+        .open_for(
+            &full(),
+            OpenRequest {
+                namespace: NS.into(),
+                key: Some(Key::ChunkKey("a0".into())),
+                limit: 0,
+                caps: None,
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(bare.packages, [defaults]);
+    // One explicit 0 leaves the other lists at their defaults.
+    let a0 = open_chunk(
+        env,
+        &full(),
+        "a0",
+        PackageCaps {
+            rel: Some(0),
+            ..Default::default()
+        },
+    )
+    .await;
+    assert_eq!(a0.mentions.len(), 2);
+    assert!(a0.rel_neighbors.is_empty());
+    assert_eq!(a0.counts.unwrap().lists.len(), 1);
+
+    // The packages a hop lands on are built with the hop's caps.
+    let hopped = env
+        .service
+        .hop_for(
+            &full(),
+            HopRequest {
+                namespace: NS.into(),
+                from_key: "a0".into(),
+                kind: HopKind::NextChunk as i32,
+                limit: 2,
+                caps: Some(PackageCaps {
+                    mentions: Some(0),
+                    ..Default::default()
+                }),
+            },
+        )
+        .await
+        .unwrap();
+    assert_eq!(keys(&hopped), ["a1", "a2"]);
+    for package in &hopped.packages {
+        assert!(package.mentions.is_empty());
+        assert_eq!(
+            clipped(package, "mentions"),
+            Some((1, true)),
+            "{}",
+            package.chunk_key
+        );
+        assert!(!package.rel_neighbors.is_empty(), "rel keeps its default");
+    }
 }
 
 async fn file_entities(
@@ -863,21 +969,21 @@ async fn caps_over_the_hard_max_fail_closed(env: &Env) {
     for (caps, name) in [
         (
             PackageCaps {
-                mentions: 25,
+                mentions: Some(25),
                 ..Default::default()
             },
             "caps.mentions",
         ),
         (
             PackageCaps {
-                rel: 25,
+                rel: Some(25),
                 ..Default::default()
             },
             "caps.rel",
         ),
         (
             PackageCaps {
-                similar: 17,
+                similar: Some(17),
                 ..Default::default()
             },
             "caps.similar",

@@ -159,7 +159,7 @@ async fn open(
     service: &GraphService,
     caller: &CallerContext,
     key: &str,
-    similar: u32,
+    similar: Option<u32>,
 ) -> ChunkPackage {
     let mut response = service
         .open_for(
@@ -222,7 +222,9 @@ async fn similar_files_in_hops_and_packages() {
     let err = hop(&bare, &full(), "a1", 0).await.unwrap_err();
     assert_eq!(err.code(), ErrorCode::Unavailable);
     assert!(err.to_string().contains("without embeddings"), "{err}");
-    let a0 = open(&bare, &full(), "a0", 0).await;
+    let a0 = open(&bare, &full(), "a0", None).await;
+    assert!(a0.similar_files.is_empty() && similar_count(&a0).is_none());
+    let a0 = open(&bare, &full(), "a0", Some(0)).await;
     assert!(a0.similar_files.is_empty() && similar_count(&a0).is_none());
 
     let service = GraphService::new(store.clone()).with_vectors(index.clone());
@@ -256,7 +258,7 @@ async fn similar_files_in_hops_and_packages() {
     assert_eq!(similar_ids(&response.packages[0]), vec!["fa", "ff", "fe"]);
 
     // Packages: default cap 4, nothing clipped for the full caller (4 readable others).
-    let a0 = open(&service, &full(), "a0", 0).await;
+    let a0 = open(&service, &full(), "a0", None).await;
     assert_eq!(similar_ids(&a0), vec!["fc", "fb", "ff", "fe"]);
     assert_eq!(a0.similar_files[0].path, "secret/c.md");
     assert!(
@@ -268,12 +270,22 @@ async fn similar_files_in_hops_and_packages() {
     );
     assert!(similar_count(&a0).is_none());
     // A smaller cap clips and reports the total.
-    let a0 = open(&service, &full(), "a0", 2).await;
+    let a0 = open(&service, &full(), "a0", Some(2)).await;
     assert_eq!(similar_ids(&a0), vec!["fc", "fb"]);
     assert_eq!(similar_count(&a0), Some((4, true)));
-    let a0 = open(&service, &restricted(), "a0", 2).await;
+    let a0 = open(&service, &restricted(), "a0", Some(2)).await;
     assert_eq!(similar_ids(&a0), vec!["fb", "ff"]);
     assert_eq!(similar_count(&a0), Some((3, true)));
+    // A cap of 0 is an empty list that still reports how many readable files there are.
+    let a0 = open(&service, &full(), "a0", Some(0)).await;
+    assert!(a0.similar_files.is_empty());
+    assert_eq!(similar_count(&a0), Some((4, true)));
+    let a0 = open(&service, &restricted(), "a0", Some(0)).await;
+    assert!(a0.similar_files.is_empty());
+    assert_eq!(similar_count(&a0), Some((3, true)));
+    // A file with no similar file to rank reports nothing, even at 0.
+    let g0 = open(&service, &full(), "g0", Some(0)).await;
+    assert!(g0.similar_files.is_empty() && similar_count(&g0).is_none());
     // Each package gets its own file's neighbours, never its own file.
     let response = service
         .packages_for(
@@ -282,7 +294,7 @@ async fn similar_files_in_hops_and_packages() {
                 namespace: NS.into(),
                 chunk_keys: s(&["b1", "a0", "g0", "c0"]),
                 caps: Some(PackageCaps {
-                    similar: 16,
+                    similar: Some(16),
                     ..Default::default()
                 }),
             },
@@ -311,7 +323,7 @@ async fn similar_files_in_hops_and_packages() {
                 key: Some(Key::ChunkKey("a0".into())),
                 limit: 0,
                 caps: Some(PackageCaps {
-                    similar: 17,
+                    similar: Some(17),
                     ..Default::default()
                 }),
             },
@@ -332,7 +344,7 @@ async fn similar_files_in_hops_and_packages() {
     let down =
         VectorIndex::from(ServerIndex::connect("http://127.0.0.1:1", None, "kg", DIM).unwrap());
     let service = GraphService::new(store.clone()).with_vectors(down);
-    let a0 = open(&service, &full(), "a0", 0).await;
+    let a0 = open(&service, &full(), "a0", None).await;
     assert!(a0.similar_files.is_empty());
     assert_eq!(a0.chunk_key, "a0");
     let err = hop(&service, &full(), "a0", 0).await.unwrap_err();
