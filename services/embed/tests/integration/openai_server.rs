@@ -24,6 +24,9 @@ struct Server {
     fail_status: StatusCode,
     requests: AtomicUsize,
     max_batch: AtomicUsize,
+    /// Requests with a text starting `slow` wait here until the test adds permits.
+    slow_gate: tokio::sync::Semaphore,
+    slow_waiting: AtomicUsize,
 }
 
 async fn embeddings(
@@ -70,6 +73,11 @@ async fn embeddings(
         }
     };
     server.max_batch.fetch_max(input.len(), Ordering::SeqCst);
+    if input.iter().any(|t| t.starts_with("slow")) {
+        server.slow_waiting.fetch_add(1, Ordering::SeqCst);
+        server.slow_gate.acquire().await.unwrap().forget();
+        server.slow_waiting.fetch_sub(1, Ordering::SeqCst);
+    }
     let vectors = server.model.embed(input).await.unwrap();
     // Out of order on purpose: clients must use `index`.
     let data: Vec<Value> = vectors
@@ -98,6 +106,8 @@ async fn start(fail_first: usize, fail_status: StatusCode) -> (String, Arc<Serve
         fail_status,
         requests: AtomicUsize::new(0),
         max_batch: AtomicUsize::new(0),
+        slow_gate: tokio::sync::Semaphore::new(0),
+        slow_waiting: AtomicUsize::new(0),
     });
     let app = Router::new()
         .route("/v1/embeddings", post(embeddings))
@@ -191,4 +201,39 @@ async fn a_wrong_key_fails_at_once_and_never_shows_the_key() {
     let client = OpenAiEmbedder::connect(opts).await.unwrap();
     let err = client.embed(vec!["x".into()]).await.unwrap_err();
     assert!(matches!(err, EmbedError::Unavailable(_)), "{err}");
+}
+
+/// A query goes out on its own request while every ingest slot is taken by a request
+/// the server is still working on, and no ingest batch is sent ahead of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_query_is_not_blocked_by_a_slow_ingest_request() {
+    let (endpoint, server) = start(0, StatusCode::OK).await;
+    let mut opts = options(&endpoint, KEY);
+    opts.dims = Some(384);
+    opts.concurrency = 1;
+    let client = Arc::new(OpenAiEmbedder::connect(opts).await.unwrap());
+    let ingest = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let texts: Vec<String> = (0..6).map(|i| format!("slow chunk {i}")).collect();
+            client.embed(texts).await
+        })
+    };
+    while server.slow_waiting.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let query = tokio::time::timeout(
+        Duration::from_secs(10),
+        client.embed_query(vec!["rotate the signing keys".into()]),
+    )
+    .await
+    .expect("the query waited for the ingest request")
+    .unwrap();
+    assert_eq!(query.len(), 1);
+    // The first ingest batch is still held, and the second was never sent.
+    assert_eq!(server.slow_waiting.load(Ordering::SeqCst), 1);
+    assert_eq!(server.requests.load(Ordering::SeqCst), 2);
+    server.slow_gate.add_permits(2);
+    assert_eq!(ingest.await.unwrap().unwrap().len(), 6);
+    assert_eq!(server.requests.load(Ordering::SeqCst), 3);
 }
