@@ -31,6 +31,13 @@ pub struct ToolLabels {
     pub outcome: String,
 }
 
+/// Labels of LLM token counts.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TokenLabels {
+    /// "prompt" or "completion".
+    pub kind: String,
+}
+
 /// Every metric family kgmesh exports.
 pub struct Metrics {
     registry: Mutex<Registry>,
@@ -44,6 +51,29 @@ pub struct Metrics {
     pub tool_latency: Family<ToolLabels, Histogram>,
     /// Files indexed, by outcome.
     pub files_indexed: Family<ToolLabels, Counter>,
+    /// LLM extractor requests that returned an answer.
+    pub llm_requests: Counter,
+    /// LLM tokens the endpoint reported, by kind (prompt, completion).
+    pub llm_tokens: Family<TokenLabels, Counter>,
+    /// LLM batches whose request failed or whose answer was unusable.
+    pub llm_failed_batches: Counter,
+    /// Items an LLM answer held that were dropped as ungrounded.
+    pub llm_dropped: Counter,
+    /// Chunks not sent to the LLM because their file's token budget was spent.
+    pub llm_skipped_chunks: Counter,
+}
+
+impl Metrics {
+    /// Counts the tokens of one LLM answer.
+    pub fn record_llm_tokens(&self, prompt: u64, completion: u64) {
+        for (kind, tokens) in [("prompt", prompt), ("completion", completion)] {
+            self.llm_tokens
+                .get_or_create(&TokenLabels {
+                    kind: kind.to_owned(),
+                })
+                .inc_by(tokens);
+        }
+    }
 }
 
 fn latency_histogram() -> Histogram {
@@ -64,6 +94,17 @@ pub fn metrics() -> &'static Metrics {
             latency_histogram as fn() -> Histogram,
         );
         let files_indexed = Family::<ToolLabels, Counter>::default();
+        let llm_requests = Counter::default();
+        let llm_tokens = Family::<TokenLabels, Counter>::default();
+        // Both kinds exported from the start, so a dashboard sees 0 rather than no series.
+        for kind in ["prompt", "completion"] {
+            drop(llm_tokens.get_or_create(&TokenLabels {
+                kind: kind.to_owned(),
+            }));
+        }
+        let llm_failed_batches = Counter::default();
+        let llm_dropped = Counter::default();
+        let llm_skipped_chunks = Counter::default();
         registry.register(
             "grpc_requests",
             "gRPC requests served",
@@ -85,6 +126,31 @@ pub fn metrics() -> &'static Metrics {
             "files indexed by outcome",
             files_indexed.clone(),
         );
+        registry.register(
+            "llm_requests",
+            "LLM extractor requests that returned an answer",
+            llm_requests.clone(),
+        );
+        registry.register(
+            "llm_tokens",
+            "LLM tokens reported by the endpoint, by kind",
+            llm_tokens.clone(),
+        );
+        registry.register(
+            "llm_failed_batches",
+            "LLM batches whose request failed or whose answer was unusable",
+            llm_failed_batches.clone(),
+        );
+        registry.register(
+            "llm_dropped",
+            "items of LLM answers dropped as ungrounded",
+            llm_dropped.clone(),
+        );
+        registry.register(
+            "llm_skipped_chunks",
+            "chunks not sent to the LLM because the file's token budget was spent",
+            llm_skipped_chunks.clone(),
+        );
         Metrics {
             registry: Mutex::new(registry),
             grpc_requests,
@@ -92,6 +158,11 @@ pub fn metrics() -> &'static Metrics {
             tool_calls,
             tool_latency,
             files_indexed,
+            llm_requests,
+            llm_tokens,
+            llm_failed_batches,
+            llm_dropped,
+            llm_skipped_chunks,
         }
     })
 }
@@ -184,5 +255,57 @@ where
                 .observe(started.elapsed().as_secs_f64());
             result
         })
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    /// The value of the sample line that starts with `series` (name and labels).
+    fn sample(text: &str, series: &str) -> Option<f64> {
+        text.lines()
+            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+            .and_then(|value| value.trim().parse().ok())
+    }
+
+    #[test]
+    fn llm_counters_are_exported_under_the_kgmesh_prefix() {
+        let before = encode_text();
+        assert!(
+            before.contains("# TYPE kgmesh_llm_tokens counter"),
+            "{before}"
+        );
+        let prompt = r#"kgmesh_llm_tokens_total{kind="prompt"}"#;
+        let completion = r#"kgmesh_llm_tokens_total{kind="completion"}"#;
+        let (p0, c0) = (
+            sample(&before, prompt).unwrap(),
+            sample(&before, completion).unwrap(),
+        );
+        let r0 = sample(&before, "kgmesh_llm_requests_total").unwrap();
+        let d0 = sample(&before, "kgmesh_llm_dropped_total").unwrap();
+
+        metrics().record_llm_tokens(412, 96);
+        metrics().llm_requests.inc();
+        metrics().llm_dropped.inc_by(2);
+
+        let after = encode_text();
+        assert_eq!(sample(&after, prompt).unwrap() - p0, 412.0);
+        assert_eq!(sample(&after, completion).unwrap() - c0, 96.0);
+        assert_eq!(
+            sample(&after, "kgmesh_llm_requests_total").unwrap() - r0,
+            1.0
+        );
+        assert_eq!(
+            sample(&after, "kgmesh_llm_dropped_total").unwrap() - d0,
+            2.0
+        );
+        for name in [
+            "kgmesh_llm_failed_batches_total",
+            "kgmesh_llm_skipped_chunks_total",
+        ] {
+            assert!(sample(&after, name).is_some(), "{name} missing:\n{after}");
+        }
     }
 }

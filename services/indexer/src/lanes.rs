@@ -6,8 +6,11 @@
 //! other lanes proceed in parallel. A lane also remembers the highest stream sequence
 //! it applied per key: a redelivered older event (e.g. one that was NAKed while a
 //! newer one succeeded) is acked without being applied. Each message is acked only
-//! after its handler says its writes are durable; long handlers send progress acks
-//! so JetStream does not redeliver work that is still running.
+//! after its handler says its writes are durable. Every message pulled and not yet
+//! settled, queued or running, gets progress acks (see `in_flight`), so JetStream
+//! never redelivers work that is still pending here.
+
+mod in_flight;
 
 use std::collections::HashMap;
 use std::hash::{Hash as _, Hasher as _};
@@ -21,9 +24,16 @@ use futures::future::BoxFuture;
 use kg_stores::StoreError;
 use kg_stores::consumer::{ConsumerSpec, Delivery, Handled, backoff};
 use kg_stores::error::StoreKind;
-use tokio::sync::mpsc;
+use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
+
+use in_flight::{InFlight, Pending};
+
+/// How long one pull request waits for messages before a new one is sent.
+const PULL_EXPIRES: Duration = Duration::from_secs(10);
+/// Pause after a failed pull, so a broken consumer does not spin.
+const PULL_RETRY: Duration = Duration::from_secs(1);
 
 /// What the lanes run for each message.
 pub(crate) trait LaneHandler: Send + Sync + 'static {
@@ -35,7 +45,7 @@ pub(crate) trait LaneHandler: Send + Sync + 'static {
 }
 
 struct Job {
-    message: jetstream::Message,
+    pending: Pending<jetstream::Message>,
     key: String,
 }
 
@@ -51,6 +61,20 @@ fn lane_of(key: &str, lanes: usize) -> usize {
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     key.hash(&mut hasher);
     usize::try_from(hasher.finish() % lanes.max(1) as u64).unwrap_or(0)
+}
+
+/// Messages pulled ahead of `lanes` lanes: enough to keep every lane fed when keys
+/// spread unevenly, few enough that a crash leaves little waiting for its ack wait.
+fn pull_ahead(lanes: usize) -> usize {
+    lanes.max(1) * 4
+}
+
+/// Waits `delay` unless `shutdown` comes first; false on shutdown.
+async fn pause(delay: Duration, shutdown: &CancellationToken) -> bool {
+    tokio::select! {
+        _ = shutdown.cancelled() => false,
+        _ = tokio::time::sleep(delay) => true,
+    }
 }
 
 /// Consumes until `shutdown` with `lanes` concurrent lanes.
@@ -77,20 +101,26 @@ pub(crate) async fn run<H: LaneHandler>(
         )
         .await
         .map_err(events_err)?;
-    // Pull little ahead of the lanes: a buffered message's ack wait is already running.
-    let mut messages = consumer
-        .stream()
-        .max_messages_per_batch(lanes * 2)
-        .messages()
-        .await
-        .map_err(events_err)?;
+    // A durable created earlier keeps its own ack wait: pace progress by the shorter.
+    let server_ack_wait = consumer.cached_info().config.ack_wait;
+    let ack_wait = if server_ack_wait.is_zero() {
+        spec.ack_wait
+    } else {
+        server_ack_wait.min(spec.ack_wait)
+    };
 
     // The lanes stop with the caller's token, or when this loop ends for any reason.
     let shutdown = shutdown.child_token();
+    let in_flight = InFlight::new();
     let mut senders = Vec::with_capacity(lanes);
     let mut workers = JoinSet::new();
+    workers.spawn(
+        Arc::clone(&in_flight).tick(in_flight::progress_interval(ack_wait), shutdown.clone()),
+    );
     for lane in 0..lanes {
-        let (tx, rx) = mpsc::channel::<Job>(1);
+        // Unbounded: the pull-ahead window bounds all lanes together, and the pull
+        // loop must never wait on one busy lane while messages sit unseen.
+        let (tx, rx) = mpsc::unbounded_channel::<Job>();
         senders.push(tx);
         workers.spawn(run_lane(
             lane,
@@ -101,38 +131,73 @@ pub(crate) async fn run<H: LaneHandler>(
         ));
     }
 
-    let result = loop {
-        let next = tokio::select! {
+    // One permit per message pulled and not yet settled. A pull asks for exactly the
+    // free permits, so every message the server delivers is taken out of the client
+    // buffer at once and tracked.
+    let window = Arc::new(Semaphore::new(pull_ahead(lanes)));
+    let result = 'pull: loop {
+        let first = tokio::select! {
             _ = shutdown.cancelled() => break Ok(()),
-            next = messages.next() => next,
+            permit = Arc::clone(&window).acquire_owned() => permit,
         };
-        let Some(message) = next else {
-            break Err(events_err("message stream ended"));
+        let Ok(mut room) = first else {
+            break Err(events_err("indexer pull window closed"));
         };
-        let message = match message {
-            Ok(m) => m,
+        let free = u32::try_from(window.available_permits()).unwrap_or(0);
+        if let Ok(more) = Arc::clone(&window).try_acquire_many_owned(free) {
+            room.merge(more);
+        }
+        let request = consumer
+            .batch()
+            .max_messages(room.num_permits())
+            .expires(PULL_EXPIRES)
+            .messages();
+        let batch = tokio::select! {
+            _ = shutdown.cancelled() => break Ok(()),
+            batch = request => batch,
+        };
+        let mut batch = match batch {
+            Ok(batch) => batch,
             Err(err) => {
-                tracing::warn!(error = %err, consumer = %spec.durable, "consumer error; continuing");
+                tracing::warn!(error = %err, consumer = %spec.durable, "pull request failed; retrying");
+                drop(room);
+                if !pause(PULL_RETRY, &shutdown).await {
+                    break Ok(());
+                }
                 continue;
             }
         };
-        let Some(key) = handler.key(&message.payload) else {
-            tracing::warn!(subject = %message.subject, "dropping undecodable event");
-            if let Err(err) = message.ack().await {
-                tracing::warn!(error = %err, "ack failed");
+        loop {
+            let next = tokio::select! {
+                _ = shutdown.cancelled() => break 'pull Ok(()),
+                next = batch.next() => next,
+            };
+            let message = match next {
+                None => break,
+                Some(Ok(message)) => message,
+                Some(Err(err)) => {
+                    tracing::warn!(error = %err, consumer = %spec.durable, "consumer error; continuing");
+                    if !pause(PULL_RETRY, &shutdown).await {
+                        break 'pull Ok(());
+                    }
+                    break;
+                }
+            };
+            let pending = in_flight.track(message, room.split(1));
+            let Some(key) = handler.key(&pending.message().payload) else {
+                tracing::warn!(subject = %pending.message().subject, "dropping undecodable event");
+                if let Err(err) = pending.settle(AckKind::Ack).await {
+                    tracing::warn!(error = %err, "ack failed");
+                }
+                continue;
+            };
+            let lane = lane_of(&key, lanes);
+            if senders[lane].send(Job { pending, key }).is_err() {
+                break 'pull Err(events_err(format!("indexer lane {lane} stopped")));
             }
-            continue;
-        };
-        let lane = lane_of(&key, lanes);
-        let sent = tokio::select! {
-            _ = shutdown.cancelled() => break Ok(()),
-            sent = senders[lane].send(Job { message, key }) => sent,
-        };
-        if sent.is_err() {
-            break Err(events_err(format!("indexer lane {lane} stopped")));
         }
     };
-    // Unacked messages in flight are redelivered to whoever consumes next.
+    // Unsettled messages are redelivered to whoever consumes next, after their ack wait.
     drop(senders);
     shutdown.cancel();
     while workers.join_next().await.is_some() {}
@@ -141,7 +206,7 @@ pub(crate) async fn run<H: LaneHandler>(
 
 async fn run_lane<H: LaneHandler>(
     lane: usize,
-    mut jobs: mpsc::Receiver<Job>,
+    mut jobs: mpsc::UnboundedReceiver<Job>,
     handler: Arc<H>,
     spec: ConsumerSpec,
     shutdown: CancellationToken,
@@ -153,9 +218,10 @@ async fn run_lane<H: LaneHandler>(
             _ = shutdown.cancelled() => return,
             job = jobs.recv() => job,
         };
-        let Some(Job { message, key }) = job else {
+        let Some(Job { pending, key }) = job else {
             return;
         };
+        let message = pending.message();
         let (attempt, sequence) = message
             .info()
             .map(|i| (i.delivered, i.stream_sequence))
@@ -164,7 +230,7 @@ async fn run_lane<H: LaneHandler>(
             && sequence < last
         {
             tracing::info!(lane, key = %key, sequence, last, "skipping an event older than one already applied");
-            if let Err(err) = message.ack().await {
+            if let Err(err) = pending.settle(AckKind::Ack).await {
                 tracing::warn!(error = %err, "ack failed");
             }
             continue;
@@ -175,34 +241,23 @@ async fn run_lane<H: LaneHandler>(
             attempt,
             last_attempt: attempt >= spec.max_deliver,
         };
-        let work = handler.handle(delivery);
-        tokio::pin!(work);
-        // Tell JetStream the message is still being worked on, well before ack_wait.
-        let mut progress = tokio::time::interval((spec.ack_wait / 3).max(Duration::from_secs(1)));
-        progress.tick().await;
-        let outcome = loop {
-            tokio::select! {
-                _ = shutdown.cancelled() => return,
-                outcome = &mut work => break outcome,
-                _ = progress.tick() => {
-                    if let Err(err) = message.ack_with(AckKind::Progress).await {
-                        tracing::debug!(error = %err, "progress ack failed");
-                    }
-                }
-            }
+        // The in-flight ticker keeps the message alive while this runs.
+        let outcome = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            outcome = handler.handle(delivery) => outcome,
         };
-        let acked = match outcome {
+        let settled = match outcome {
             Handled::Ack => {
                 let entry = applied.entry(key).or_insert(sequence);
                 *entry = (*entry).max(sequence);
-                message.ack().await
+                pending.settle(AckKind::Ack).await
             }
             Handled::Retry(reason) => {
                 tracing::warn!(consumer = %spec.durable, lane, attempt, reason = %reason, "message will be redelivered");
-                message.ack_with(AckKind::Nak(Some(backoff(attempt)))).await
+                pending.settle(AckKind::Nak(Some(backoff(attempt)))).await
             }
         };
-        if let Err(err) = acked {
+        if let Err(err) = settled {
             tracing::warn!(error = %err, consumer = %spec.durable, "ack failed; the message will be redelivered");
         }
     }

@@ -6,8 +6,9 @@
 //! (it is data, not instructions); a mention is kept only when its quote occurs verbatim, on
 //! word boundaries, in the original chunk, and its offsets are computed here; a relation only
 //! when its quote occurs verbatim and both ends are kept mentions of the declared types.
-//! Token usage from each response's `usage` is summed and reported. A failed request costs
-//! that batch its LLM mentions, never the file.
+//! Token usage from each response's `usage` is summed, reported per file and counted on
+//! `/metrics` (`kgmesh_llm_*`). A failed request costs that batch its LLM mentions, never
+//! the file.
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -199,13 +200,15 @@ pub struct LlmOutcome {
     pub dropped: u32,
 }
 
-/// Process-wide token totals, for `/metrics` and benchmarks.
+/// Process-wide token totals, for benchmarks (`/metrics` has the same counts as
+/// `kgmesh_llm_*`).
 #[derive(Debug, Default)]
 pub struct LlmTotals {
     pub prompt_tokens: AtomicU64,
     pub completion_tokens: AtomicU64,
     pub requests: AtomicU64,
     pub failed_batches: AtomicU64,
+    pub dropped: AtomicU64,
 }
 
 /// The totals of every LLM extractor in this process.
@@ -387,6 +390,9 @@ impl LlmExtractor {
             let estimate = (chars + types_text.len() as u64) / CHARS_PER_TOKEN;
             if outcome.usage.total_tokens + estimate > self.max_tokens_per_file {
                 outcome.skipped_chunks += u32::try_from(batch.len()).unwrap_or(u32::MAX);
+                kg_common::metrics::metrics()
+                    .llm_skipped_chunks
+                    .inc_by(batch.len() as u64);
                 continue;
             }
             let messages = messages(&types_text, &batch);
@@ -401,11 +407,21 @@ impl LlmExtractor {
                         .completion_tokens
                         .fetch_add(usage.completion_tokens, Ordering::Relaxed);
                     llm_totals().requests.fetch_add(1, Ordering::Relaxed);
+                    let metrics = kg_common::metrics::metrics();
+                    metrics.llm_requests.inc();
+                    metrics.record_llm_tokens(usage.prompt_tokens, usage.completion_tokens);
                     match parse_answer(&content) {
-                        Ok(answer) => keep_grounded(tbox, &batch, answer, &mut outcome),
+                        Ok(answer) => {
+                            let before = outcome.dropped;
+                            keep_grounded(tbox, &batch, answer, &mut outcome);
+                            let dropped = u64::from(outcome.dropped.saturating_sub(before));
+                            llm_totals().dropped.fetch_add(dropped, Ordering::Relaxed);
+                            metrics.llm_dropped.inc_by(dropped);
+                        }
                         Err(error) => {
                             outcome.failed_batches += 1;
                             llm_totals().failed_batches.fetch_add(1, Ordering::Relaxed);
+                            metrics.llm_failed_batches.inc();
                             tracing::warn!(url = %self.url, error = %error, "LLM answer unusable; those chunks get no LLM mentions");
                         }
                     }
@@ -413,6 +429,7 @@ impl LlmExtractor {
                 Err(error) => {
                     outcome.failed_batches += 1;
                     llm_totals().failed_batches.fetch_add(1, Ordering::Relaxed);
+                    kg_common::metrics::metrics().llm_failed_batches.inc();
                     tracing::warn!(url = %self.url, error = %error, "LLM extraction failed; those chunks get no LLM mentions");
                 }
             }

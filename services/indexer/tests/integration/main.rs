@@ -6,4 +6,5 @@ mod branch_uploads;
 mod entities;
 mod formats_graph;
 mod llm_extractor;
+mod progress_acks;
 mod vector_backfill;
