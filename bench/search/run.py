@@ -237,10 +237,16 @@ def main() -> int:
     parser.add_argument("--debug", action="store_true", help="use target/debug binaries (smoke runs)")
     parser.add_argument("--indexer-concurrency", type=int, default=4)
     parser.add_argument("--json", type=Path, help="also write the figures as JSON to this file")
+    parser.add_argument(
+        "--ingest-only", action="store_true",
+        help="build and ingest the namespace (or resume an interrupted ingest), then stop",
+    )
+    parser.add_argument("--kgmesh-bin", type=Path, help="kgmesh binary (default: target/<profile>/kgmesh)")
+    parser.add_argument("--bench-bin", type=Path, help="kg-search-bench binary (default: target/<profile>/...)")
     args = parser.parse_args()
     profile = "debug" if args.debug else "release"
-    binary = REPO_ROOT / "target" / profile / "kgmesh"
-    bench_bin = REPO_ROOT / "target" / profile / "kg-search-bench"
+    binary = args.kgmesh_bin or REPO_ROOT / "target" / profile / "kgmesh"
+    bench_bin = args.bench_bin or REPO_ROOT / "target" / profile / "kg-search-bench"
     for path in (binary, bench_bin):
         if not path.is_file():
             sys.exit(f"{path} not found; build it with `cargo build {'--release ' if profile == 'release' else ''}"
@@ -254,8 +260,12 @@ def main() -> int:
     )
     home = args.cache_dir / manifest["sha256"][:16]
     marker = home / "ingested.json"
+    # Written before the ingest starts: a 100k-chunk MiniLM ingest takes hours on 2 cores, so an
+    # interrupted one resumes from its data dir (uploads of unchanged files are no-ops, and
+    # JetStream still holds the files not yet indexed) instead of starting over.
+    started_marker = home / "ingest-started.json"
     token_file = home / "admin-token"
-    if args.rebuild or not marker.is_file():
+    if args.rebuild or not (marker.is_file() or started_marker.is_file()):
         shutil.rmtree(home, ignore_errors=True)
     home.mkdir(parents=True, exist_ok=True)
 
@@ -272,6 +282,11 @@ def main() -> int:
             fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as out:
                 out.write(mesh.admin_token)
+            earlier = json.loads(started_marker.read_text()) if started_marker.is_file() else None
+            if earlier is None:
+                started_marker.write_text(json.dumps({"corpus": manifest["sha256"], "seconds_before": 0.0}))
+            else:
+                print(f"ingest: resuming the interrupted ingest in {home}", flush=True)
             started = time.monotonic()
             done = mesh.run(
                 "ingest", str(corpus), "--namespace", NAMESPACE, "--timeout-secs", str(INGEST_TIMEOUT_S),
@@ -281,11 +296,17 @@ def main() -> int:
                 raise MeshError(f"ingest failed ({done.returncode}):\n{done.stderr[-3000:]}\n{mesh.log_tail(30)}")
             seconds = time.monotonic() - started
             last = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
-            marker.write_text(json.dumps({"seconds": seconds, "ingest": last, "corpus": manifest}, indent=2))
-            print(f"ingest: {seconds:.1f} s ({manifest['chunks'] / seconds:.1f} chunks/s); {last}", flush=True)
+            resumed = earlier is not None
+            marker.write_text(
+                json.dumps({"seconds": seconds, "resumed": resumed, "ingest": last, "corpus": manifest}, indent=2)
+            )
+            rate = "" if resumed else f" ({manifest['chunks'] / seconds:.1f} chunks/s)"
+            print(f"ingest: {seconds:.1f} s{' (resumed; this part only)' if resumed else ''}{rate}; {last}", flush=True)
         else:
             ingested = json.loads(marker.read_text())
             print(f"ingest: cached in {home} (took {ingested['seconds']:.1f} s)", flush=True)
+        if args.ingest_only:
+            return 0
 
         with tempfile.TemporaryDirectory(prefix="kgmesh-bench-search-") as tmp:
             queries = Path(tmp) / "queries.jsonl"
