@@ -223,7 +223,10 @@ async def test_entity_search_returns_types_degree_role_and_evidence(mesh: Mesh, 
             assert "Acme" in package["text"], package
             assert package["citation"].startswith(f"{corpus}/{package['path']}"), package
         assert acme["evidenceTruncated"] is False
-        assert found["trace"]["namespaces"] == [{"namespace": corpus, "ok": True}]
+        # No embeddings on this mesh: the default mode is text, and the trace says so.
+        [ns_trace] = found["trace"]["namespaces"]
+        assert (ns_trace["namespace"], ns_trace["ok"], ns_trace["mode"]) == (corpus, True, "text"), ns_trace
+        assert [(s["side"], s["ok"]) for s in ns_trace["sides"]] == [("text", True)], ns_trace
 
         # By alias, and with evidence capped at one package.
         alias = await call_ok(
@@ -245,6 +248,33 @@ async def test_entity_search_returns_types_degree_role_and_evidence(mesh: Mesh, 
             await expect_rejected(
                 client, "kg_entity_search", {"text": "Acme", "namespaces": [corpus], **bad}, {"invalid_argument"}
             )
+
+
+async def test_entity_search_mode_argument(mesh: Mesh, corpus: str) -> None:
+    """`mode` over MCP on a mesh without embeddings: text answers, vector is refused with a
+    pointer to text, hybrid falls back to text and says why, an unknown mode is rejected."""
+    async with mcp_http(mesh.mcp_url, mesh.admin_token) as client:
+        text = await call_ok(client, "kg_entity_search", {"text": "Acme", "namespaces": [corpus], "mode": "text"})
+        assert text["hits"][0]["entityKey"] == "ent:org:acme", text["hits"]
+        assert text["trace"]["namespaces"][0]["mode"] == "text"
+
+        vector = await call_tool(client, "kg_entity_search", {"text": "Acme", "namespaces": [corpus], "mode": "vector"})
+        error = vector.error()
+        assert error["code"] == "failed_precondition", error
+        assert "embeddings are not configured" in error["message"] and "use mode text" in error["message"], error
+
+        hybrid = await call_ok(client, "kg_entity_search", {"text": "Acme", "namespaces": [corpus], "mode": "hybrid"})
+        [ns_trace] = hybrid["trace"]["namespaces"]
+        assert ns_trace["mode"] == "text", ns_trace
+        assert [(s["side"], s["ok"], s.get("errorCode")) for s in ns_trace["sides"]] == [
+            ("text", True, None),
+            ("vector", False, "lane_unavailable"),
+        ], ns_trace
+        assert hybrid["hits"][0]["entityKey"] == "ent:org:acme"
+
+        await expect_rejected(
+            client, "kg_entity_search", {"text": "Acme", "namespaces": [corpus], "mode": "fuzzy"}, {"invalid_argument"}
+        )
 
 
 async def test_entity_search_counts_only_readable_mentions(
@@ -318,6 +348,11 @@ async def test_co_annotation_grounding_reports_roles_pair_and_counts(mesh: Mesh,
         default = await search(client, query="Acme and Zephyr contract")
         assert "grounding" not in default["trace"], "co_annotation is opt-in"
         assert {lane["lane"] for lane in default["trace"]["lanes"]} == {"fulltext", "vector", "graph_expand"}
+        # This mesh has no embeddings: the vector lane says so, in words an agent can act on.
+        vector_lane = next(lane for lane in default["trace"]["lanes"] if lane["lane"] == "vector")
+        assert (vector_lane["ok"], vector_lane["errorCode"]) == (False, "lane_unavailable"), vector_lane
+        assert "needs embeddings" in vector_lane["message"], vector_lane
+        assert all("message" not in lane for lane in default["trace"]["lanes"] if lane["ok"])
 
         direct = await search(client, query="Acme and Zephyr contract", lanes=["co_annotation"])
         [grounding] = direct["trace"]["grounding"]
@@ -451,6 +486,11 @@ async def test_caps_over_the_hard_max_fail_closed(mesh: Mesh, corpus: str) -> No
         one = await search(client, query="Acme supply contract", lanes=["fulltext"], caps={"mentions": 1})
         contract = next(r for r in one["results"] if r["path"] == "contracts/acme-zephyr.md")
         assert len(contract["mentions"]) == 1, contract["mentions"]
+        assert contract["counts"]["mentions"] == {"total": 2, "truncated": True}, contract.get("counts")
+        # 0 is "none of this list", not "the default": empty, with the total still counted.
+        zero = await search(client, query="Acme supply contract", lanes=["fulltext"], caps={"mentions": 0})
+        contract = next(r for r in zero["results"] if r["path"] == "contracts/acme-zephyr.md")
+        assert contract.get("mentions", []) == [], contract["mentions"]
         assert contract["counts"]["mentions"] == {"total": 2, "truncated": True}, contract.get("counts")
 
 

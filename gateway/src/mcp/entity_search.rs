@@ -3,6 +3,7 @@
 //! co_annotation `trace.grounding` entries.
 
 use futures::future::join_all;
+use kg_proto::v1::entity_search_response::Side;
 use kg_proto::v1::{
     EntityHit, EntitySearchRequest, Grounding, PackageCaps, PackagesRequest, SearchFilters,
 };
@@ -23,6 +24,8 @@ pub(crate) const ENTITY_LIMIT: (u32, u32) = (8, 32);
 pub(crate) const EVIDENCE_LIMIT: (u32, u32) = (3, 8);
 /// Longest entity search text.
 const MAX_TEXT_CHARS: usize = 512;
+/// The `mode` values; the retrieval service checks the same and picks the default.
+const MODES: [&str; 3] = ["text", "vector", "hybrid"];
 
 /// The `filters` argument of kg_search, as the agent writes it.
 #[derive(Debug, Default, Deserialize)]
@@ -94,6 +97,7 @@ struct RawEntitySearch {
     limit: Option<Int>,
     evidence_limit: Option<Int>,
     caps: Option<RawCaps>,
+    mode: Option<String>,
 }
 
 /// Validated `kg_entity_search` arguments.
@@ -104,6 +108,8 @@ pub(crate) struct EntitySearchArgs {
     pub(crate) limit: u32,
     pub(crate) evidence_limit: u32,
     pub(crate) caps: PackageCaps,
+    /// text | vector | hybrid; empty lets the service pick (hybrid with embeddings).
+    pub(crate) mode: String,
 }
 
 pub(crate) fn entity_search_args(
@@ -134,7 +140,16 @@ pub(crate) fn entity_search_args(
             namespaces.len()
         )));
     }
+    let mode = raw.mode.unwrap_or_default().trim().to_owned();
+    if !mode.is_empty() && !MODES.contains(&mode.as_str()) {
+        return Err(ClientError::invalid(format!(
+            "unknown mode `{}`; valid modes: {}",
+            mode.chars().take(64).collect::<String>(),
+            MODES.join(", ")
+        )));
+    }
     Ok(EntitySearchArgs {
+        mode,
         text,
         namespaces,
         limit: bounded("limit", raw.limit, 1, ENTITY_LIMIT.0, ENTITY_LIMIT.1)?,
@@ -166,12 +181,13 @@ pub(crate) async fn run(
             limit: args.limit,
             // 0 would mean "the default" to the service; asking for none needs no keys.
             evidence_limit: args.evidence_limit.max(1),
+            mode: args.mode.clone(),
         });
         async move {
             client
                 .entity_search(request)
                 .await
-                .map(|r| r.into_inner().hits)
+                .map(tonic::Response::into_inner)
                 .map_err(|status| ClientError::from_status("retrieval", &status))
         }
     });
@@ -180,9 +196,12 @@ pub(crate) async fn run(
     let mut first_error = None;
     for (ns, result) in namespaces.iter().zip(join_all(calls).await) {
         match result {
-            Ok(hits) => {
-                trace.push(json!({"namespace": ns, "ok": true}));
-                lists.push(hits);
+            Ok(response) => {
+                let sides: Vec<Value> = response.sides.iter().map(side_json).collect();
+                trace.push(
+                    json!({"namespace": ns, "ok": true, "mode": response.mode, "sides": sides}),
+                );
+                lists.push(response.hits);
             }
             Err(err) => {
                 tracing::warn!(namespace = %ns, code = %err.code, "entity search soft-failed");
@@ -225,6 +244,16 @@ pub(crate) async fn run(
         })
         .collect();
     Ok(json!({"hits": hits, "trace": {"namespaces": trace}}))
+}
+
+/// One side of a namespace's entity search, as `trace.namespaces[].sides[]` shows it.
+fn side_json(side: &Side) -> Value {
+    let mut out = json!({"side": side.side, "ok": side.ok, "candidates": side.candidates});
+    if !side.ok {
+        out["errorCode"] = json!(side.error_code);
+        out["message"] = json!(side.message);
+    }
+    out
 }
 
 /// Evidence packages by (namespace, chunk key); a namespace whose Packages call fails
@@ -297,7 +326,9 @@ pub(crate) fn tool_entry(
     )
 }
 
-const DESCRIPTION: &str = "Named-entity entry: find entities by name or alias (full-text over entity names and aliases), then read the chunks that mention them. \
+const DESCRIPTION: &str = "Named-entity entry: find entities by name or alias, by text and/or vector similarity, then read the chunks that mention them. \
+mode: text (full-text over entity names and aliases; an exact name or alias ranks first), vector (entities of the chunks nearest in meaning: finds an entity from a paraphrase), \
+hybrid (both fused; the default when embeddings are configured, else text). trace.namespaces[].mode is the mode that answered: hybrid reports text or vector when one side failed, and sides[] says why. \
 Each hit has entityKey, name, typeId, typeLabels, degree (how many chunks you may read mention it), role and evidence: the first mentioning chunks as chunk packages, so answers stay citation-backed. \
 role: bridge (at most 25 mentioning chunks: specific enough to connect the question to evidence), filter (26-250: narrows a question, does not connect chunks), ignore (over 250: too common to connect anything). \
 Only entities mentioned by a chunk you may read are returned. Continue with kg_open {entityKey} for more mentions or kg_hop from the entityKey.";
@@ -313,6 +344,8 @@ fn input_schema() -> Value {
             "evidenceLimit": {"type": "integer", "minimum": 0, "maximum": EVIDENCE_LIMIT.1, "default": EVIDENCE_LIMIT.0,
                               "description": "Evidence packages per entity (hard max 8)."},
             "caps": caps_input(),
+            "mode": {"type": "string", "enum": MODES,
+                     "description": "text, vector or hybrid; omit for hybrid when embeddings are configured, else text. vector without embeddings is an error."},
         },
         "required": ["text"],
         "additionalProperties": false
@@ -332,7 +365,12 @@ fn output_schema() -> Value {
             }, "required": ["namespace", "entityKey", "name", "degree", "role", "evidence"]}},
             "trace": {"type": "object", "properties": {
                 "namespaces": {"type": "array", "items": {"type": "object", "properties": {
-                    "namespace": {"type": "string"}, "ok": {"type": "boolean"}, "errorCode": {"type": "string"}
+                    "namespace": {"type": "string"}, "ok": {"type": "boolean"}, "errorCode": {"type": "string"},
+                    "mode": {"type": "string", "enum": MODES},
+                    "sides": {"type": "array", "items": {"type": "object", "properties": {
+                        "side": {"type": "string", "enum": ["text", "vector"]}, "ok": {"type": "boolean"},
+                        "candidates": {"type": "integer"}, "errorCode": {"type": "string"}, "message": {"type": "string"}
+                    }, "required": ["side", "ok"]}}
                 }, "required": ["namespace", "ok"]}}
             }, "required": ["namespaces"]}
         },
@@ -367,6 +405,20 @@ mod tests {
         assert!(entity_search_args(&args(json!({"text": "x", "limit": 33}))).is_err());
         assert!(entity_search_args(&args(json!({"text": "x", "evidenceLimit": 9}))).is_err());
         assert!(entity_search_args(&args(json!({"text": "x", "bogus": 1}))).is_err());
+        assert_eq!(ok.mode, "");
+        let vector = entity_search_args(&args(json!({"text": "x", "mode": " vector "}))).unwrap();
+        assert_eq!(vector.mode, "vector");
+        let err = entity_search_args(&args(json!({"text": "x", "mode": "fuzzy"}))).unwrap_err();
+        assert_eq!(err.code, kg_common::ErrorCode::InvalidArgument);
+        assert_eq!(
+            err.message,
+            "unknown mode `fuzzy`; valid modes: text, vector, hybrid"
+        );
+        let schema = input_schema();
+        assert_eq!(
+            schema["properties"]["mode"]["enum"],
+            json!(["text", "vector", "hybrid"])
+        );
     }
 
     #[test]

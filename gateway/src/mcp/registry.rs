@@ -413,7 +413,8 @@ fn search_output() -> Value {
                 "properties": {
                     "lanes": {"type": "array", "items": {"type": "object", "properties": {
                         "namespace": {"type": "string"}, "lane": {"type": "string"}, "ok": {"type": "boolean"},
-                        "errorCode": {"type": "string"}, "hits": {"type": "integer"}, "millis": {"type": "number"}
+                        "errorCode": {"type": "string"}, "message": {"type": "string"},
+                        "hits": {"type": "integer"}, "millis": {"type": "number"}
                     }, "required": ["namespace", "lane", "ok"]}},
                     "namespaces": {"type": "array", "items": {"type": "object", "properties": {
                         "namespace": {"type": "string"}, "ok": {"type": "boolean"}, "errorCode": {"type": "string"},

@@ -195,6 +195,9 @@ fn collect_searches(
                     if !lane.ok && !lane.error_code.is_empty() {
                         entry["errorCode"] = json!(lane.error_code);
                     }
+                    if !lane.ok && !lane.message.is_empty() {
+                        entry["message"] = json!(lane.message);
+                    }
                     lanes.push(entry);
                 }
                 if let Some(report) = &response.grounding {

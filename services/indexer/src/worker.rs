@@ -117,6 +117,19 @@ async fn run_worker(
         tboxes,
     });
     let concurrency = worker.config.concurrency;
+    // Index definitions can change between releases (the Chunk full-text index gained
+    // contextHeader): rebuild them at start, not at each namespace's next write.
+    {
+        let graph = worker.graph.clone();
+        tokio::spawn(async move {
+            match graph.ensure_all_indexes().await {
+                Ok(namespaces) => tracing::info!(namespaces, "graph indexes checked"),
+                Err(err) => {
+                    tracing::warn!(error = %err.detail(), "checking graph indexes failed; each namespace is checked again at its next write")
+                }
+            }
+        });
+    }
     // Files indexed before embeddings were on get their vectors through the normal path.
     if let Some(vectors) = worker.config.vectors.clone() {
         let (graph, js) = (worker.graph.clone(), jetstream.clone());

@@ -1,4 +1,10 @@
-//! EntitySearch: named-entity entry by text and vector similarity over names and aliases.
+//! EntitySearch: named-entity entry by text and/or vector similarity over names and aliases.
+//!
+//! The request's `mode` picks the sides: `text`, `vector` or `hybrid` (both, fused); empty
+//! means hybrid when the deployment has embeddings, else text. The response names the mode
+//! that produced the hits and reports each side asked for: a hybrid search whose vector side
+//! fails answers from text and says so (mode `text`), and the other way round; a single-side
+//! search whose side fails fails the call, so an outage never reads as "no entity".
 //!
 //! Text candidates come from the full-text index on `Entity` name and `aliasText`; each query
 //! term is looked up on its own and scored like the full-text lane (sum of term scores times
@@ -20,6 +26,7 @@
 
 use kg_common::access::{cypher_predicate, validate_namespace};
 use kg_common::caller::access_for;
+use kg_proto::v1::entity_search_response::Side;
 use kg_proto::v1::{
     AccessFilter, CallerContext, EntityHit, EntitySearchRequest, EntitySearchResponse,
 };
@@ -29,7 +36,9 @@ use serde_json::Value;
 use crate::error::{Result, RetrievalError};
 use crate::filters::LaneFilters;
 use crate::graph_expand::strings;
+use crate::lanes::missing_index_check;
 use crate::roles::{Role, degrees};
+use crate::service::LANE_UNAVAILABLE;
 use crate::vector_lane::VectorLane;
 
 /// Default and hard maximum of hits.
@@ -50,6 +59,58 @@ const VECTOR_CHUNKS: usize = 32;
 pub const VECTOR_ENTITIES: usize = 64;
 /// The rank constant of the fusion of the text and vector lists (as kg_search's default).
 const RRF_K: f64 = 60.0;
+
+/// Which sides an entity search runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// Full-text over names and aliases only; never calls the embedder.
+    Text,
+    /// Entities of the nearest readable chunks, ranked by embedding similarity only.
+    Vector,
+    /// Both, fused by reciprocal rank.
+    Hybrid,
+}
+
+impl Mode {
+    const ALL: [Mode; 3] = [Mode::Text, Mode::Vector, Mode::Hybrid];
+
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Mode::Text => "text",
+            Mode::Vector => "vector",
+            Mode::Hybrid => "hybrid",
+        }
+    }
+
+    /// The requested mode: empty picks hybrid with embeddings, text without; vector
+    /// without embeddings fails with a pointer to text.
+    pub(crate) fn parse(value: &str, has_vectors: bool) -> Result<Mode> {
+        let value = value.trim();
+        if value.is_empty() {
+            return Ok(if has_vectors {
+                Mode::Hybrid
+            } else {
+                Mode::Text
+            });
+        }
+        let Some(mode) = Mode::ALL.into_iter().find(|m| m.as_str() == value) else {
+            let valid: Vec<&str> = Mode::ALL.iter().map(|m| m.as_str()).collect();
+            return Err(RetrievalError::invalid(format!(
+                "unknown mode `{}`; valid modes: {}",
+                value.chars().take(64).collect::<String>(),
+                valid.join(", ")
+            )));
+        };
+        if mode == Mode::Vector && !has_vectors {
+            return Err(RetrievalError::FailedPrecondition(
+                "mode vector needs embeddings, and embeddings are not configured in this \
+                 deployment; use mode text"
+                    .into(),
+            ));
+        }
+        Ok(mode)
+    }
+}
 
 struct Candidate {
     key: String,
@@ -81,20 +142,65 @@ pub(crate) async fn entity_search(
     }
     let limit = cap("limit", request.limit, LIMIT)?;
     let evidence = cap("evidence_limit", request.evidence_limit, EVIDENCE)?;
+    let requested = Mode::parse(&request.mode, vectors.is_some())?;
     let ns = request.namespace.as_str();
 
-    let mut candidates = candidates(store, ns, text).await?;
-    if let Some(lane) = vectors {
-        // Soft-fail: a failing embedder or index leaves the text candidates standing.
-        match vector_candidates(store, lane, ns, access, text).await {
-            Ok(by_vector) => candidates = fuse(candidates, by_vector),
-            Err(err) => tracing::warn!(
-                namespace = ns,
-                error = %err,
-                "entity search: vector candidates skipped"
-            ),
+    let mut sides = Vec::with_capacity(2);
+    let mut first_failure = None;
+    let by_text = if requested == Mode::Vector {
+        None
+    } else {
+        match candidates(store, ns, text).await {
+            Ok(found) => {
+                sides.push(side_ok("text", found.len()));
+                Some(found)
+            }
+            Err(err) if requested == Mode::Text => return Err(err),
+            Err(err) => {
+                tracing::warn!(namespace = ns, error = %err, "entity search: text side failed");
+                sides.push(side_failed("text", &err));
+                first_failure = Some(err);
+                None
+            }
         }
-    }
+    };
+    let by_vector = match (requested, vectors) {
+        (Mode::Text, _) => None,
+        // Hybrid asked for explicitly on a deployment without embeddings: text answers.
+        (_, None) => {
+            sides.push(Side {
+                side: "vector".into(),
+                ok: false,
+                error_code: LANE_UNAVAILABLE.into(),
+                message: "embeddings are not configured in this deployment".into(),
+                candidates: 0,
+            });
+            None
+        }
+        (_, Some(lane)) => match vector_candidates(store, lane, ns, access, text).await {
+            Ok(found) => {
+                sides.push(side_ok("vector", found.len()));
+                Some(found)
+            }
+            Err(err) if requested == Mode::Vector => return Err(err),
+            Err(err) => {
+                tracing::warn!(namespace = ns, error = %err, "entity search: vector side failed");
+                sides.push(side_failed("vector", &err));
+                first_failure.get_or_insert(err);
+                None
+            }
+        },
+    };
+    let (mode, mut candidates) = match (by_text, by_vector) {
+        (Some(t), Some(v)) => (Mode::Hybrid, fuse(t, v)),
+        (Some(t), None) => (Mode::Text, t),
+        (None, Some(v)) => (Mode::Vector, v),
+        (None, None) => {
+            return Err(first_failure.unwrap_or_else(|| {
+                RetrievalError::UnexpectedReply("entity search ran no side".into())
+            }));
+        }
+    };
     let keys: Vec<String> = candidates.iter().map(|c| c.key.clone()).collect();
     let degree = degrees(store, ns, access, &keys).await?;
     // No readable mention, no hit: the degree map only holds readable entities.
@@ -127,7 +233,33 @@ pub(crate) async fn entity_search(
             }
         })
         .collect();
-    Ok(EntitySearchResponse { hits })
+    Ok(EntitySearchResponse {
+        hits,
+        mode: mode.as_str().to_owned(),
+        sides,
+    })
+}
+
+fn side_ok(side: &str, candidates: usize) -> Side {
+    Side {
+        side: side.to_owned(),
+        ok: true,
+        error_code: String::new(),
+        message: String::new(),
+        candidates: u32::try_from(candidates).unwrap_or(u32::MAX),
+    }
+}
+
+/// A failed side: a missing index says what to do; any other failure only its code.
+fn side_failed(side: &str, err: &RetrievalError) -> Side {
+    let message = err.trace_message(&format!("the {side} side"));
+    Side {
+        side: side.to_owned(),
+        ok: false,
+        error_code: err.trace_code().to_owned(),
+        message,
+        candidates: 0,
+    }
 }
 
 fn cap(field: &str, value: u32, (default, max): (u32, u32)) -> Result<usize> {
@@ -172,6 +304,9 @@ async fn candidates(store: &GraphStore, ns: &str, text: &str) -> Result<Vec<Cand
             TIMEOUT_MS,
         )
         .await?;
+    if rows.rows.is_empty() {
+        missing_index_check(store, ns, "Entity").await?;
+    }
     let wanted = norm(text);
     rows.rows
         .iter()
@@ -452,5 +587,29 @@ mod tests {
                 .contains("evidence_limit = 9 is over its hard maximum of 8")
         );
         assert_eq!(norm("  Acme-Corp. "), "acme corp");
+    }
+
+    #[test]
+    fn modes_parse_with_deployment_defaults() {
+        assert_eq!(Mode::parse("", true).unwrap(), Mode::Hybrid);
+        assert_eq!(Mode::parse(" ", false).unwrap(), Mode::Text);
+        assert_eq!(Mode::parse("text", true).unwrap(), Mode::Text);
+        assert_eq!(Mode::parse("vector", true).unwrap(), Mode::Vector);
+        assert_eq!(Mode::parse("hybrid", false).unwrap(), Mode::Hybrid);
+        let unknown = Mode::parse("fuzzy", true).unwrap_err();
+        assert_eq!(
+            unknown.to_string(),
+            "unknown mode `fuzzy`; valid modes: text, vector, hybrid"
+        );
+        assert_eq!(
+            kg_common::ErrorExt::code(&unknown),
+            kg_common::error::ErrorCode::InvalidArgument
+        );
+        let no_vectors = Mode::parse("vector", false).unwrap_err();
+        assert_eq!(
+            kg_common::ErrorExt::code(&no_vectors),
+            kg_common::error::ErrorCode::FailedPrecondition
+        );
+        assert!(no_vectors.to_string().contains("use mode text"));
     }
 }

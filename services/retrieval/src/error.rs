@@ -33,11 +33,53 @@ pub enum RetrievalError {
     /// The service was built with parts that do not fit together.
     #[error("{0}")]
     Config(String),
+    /// The namespace graph holds `label` nodes but not their full-text index, so a full-text
+    /// search would find nothing whatever the query; never reported as "no hits".
+    #[error(
+        "the full-text index on {label} is missing in this namespace, so text search cannot run \
+         there; re-index the namespace to rebuild it"
+    )]
+    IndexMissing {
+        /// The indexed label (`Chunk`, `Entity`).
+        label: &'static str,
+    },
+    /// The call needs a part this deployment does not have (entity search by vector without
+    /// an embedder).
+    #[error("{0}")]
+    FailedPrecondition(String),
 }
+
+/// Stable trace code of a lane or side whose full-text index is missing.
+pub(crate) const INDEX_MISSING: &str = "index_missing";
 
 impl RetrievalError {
     pub(crate) fn invalid(message: impl Into<String>) -> Self {
         RetrievalError::InvalidArgument(message.into())
+    }
+
+    /// The code a soft-failed lane reports in its trace: [`INDEX_MISSING`] for a missing
+    /// index (more telling than its `failed_precondition`), else the error code.
+    pub(crate) fn trace_code(&self) -> &'static str {
+        match self {
+            RetrievalError::IndexMissing { .. } => INDEX_MISSING,
+            other => other.code().as_str(),
+        }
+    }
+
+    /// What a trace says about a soft-failed lane or side (`what`: "the fulltext lane").
+    /// Only messages written for the caller pass through; anything else may hold store or
+    /// embedder detail (an address, a query), so it stays in the log and the caller gets
+    /// the code.
+    pub(crate) fn trace_message(&self, what: &str) -> String {
+        match self {
+            RetrievalError::IndexMissing { .. } | RetrievalError::FailedPrecondition(_) => {
+                self.to_string()
+            }
+            other => format!(
+                "{what} failed ({}); the details are in the server log",
+                other.code().as_str()
+            ),
+        }
     }
 }
 
@@ -49,6 +91,9 @@ impl ErrorExt for RetrievalError {
             RetrievalError::Name(err) => err.code(),
             RetrievalError::Store(err) => err.code(),
             RetrievalError::Unavailable(_) => ErrorCode::Unavailable,
+            RetrievalError::IndexMissing { .. } | RetrievalError::FailedPrecondition(_) => {
+                ErrorCode::FailedPrecondition
+            }
             RetrievalError::UnexpectedReply(_)
             | RetrievalError::Serve(_)
             | RetrievalError::Config(_) => ErrorCode::Internal,

@@ -9,6 +9,7 @@
 // the default query depth.
 #![recursion_limit = "256"]
 
+mod bm25;
 mod co_annotation;
 mod config;
 mod entity_search;

@@ -108,6 +108,12 @@ impl RetrievalService {
                     error_code: LANE_UNAVAILABLE.to_owned(),
                     hits: 0,
                     millis: 0.0,
+                    message: if configured {
+                        format!("the {} lane is not available in this build", lane.as_str())
+                    } else {
+                        "the vector lane needs embeddings, which this deployment does not configure"
+                            .to_owned()
+                    },
                 });
                 continue;
             }
@@ -193,6 +199,7 @@ impl RetrievalService {
                         error_code: String::new(),
                         hits: u32::try_from(hits.len()).unwrap_or(u32::MAX),
                         millis,
+                        message: String::new(),
                     });
                     ran.push(LaneHits {
                         lane,
@@ -201,14 +208,14 @@ impl RetrievalService {
                     });
                 }
                 Err(err) => {
-                    let code = kg_common::ErrorExt::code(&err);
                     tracing::warn!(namespace = %request.namespace, lane = lane.as_str(), error = %err, "lane failed");
                     traces.push(LaneTrace {
                         lane: lane.as_str().to_owned(),
                         ok: false,
-                        error_code: code.as_str().to_owned(),
+                        error_code: err.trace_code().to_owned(),
                         hits: 0,
                         millis,
+                        message: err.trace_message(&format!("the {} lane", lane.as_str())),
                     });
                     first_failure.get_or_insert(err);
                 }

@@ -26,6 +26,7 @@ async fn find(
                 text: text.into(),
                 limit: 0,
                 evidence_limit: evidence,
+                ..Default::default()
             },
         )
         .await
@@ -136,6 +137,7 @@ async fn entity_search_against_real_falkordb() {
                     text: "Globex".into(),
                     limit,
                     evidence_limit: evidence,
+                    ..Default::default()
                 },
             )
             .await

@@ -8,9 +8,11 @@ use crate::common;
 use std::sync::Arc;
 
 use common::*;
+use kg_common::ErrorExt;
+use kg_common::error::ErrorCode;
 use kg_embed::{HashingEmbedder, SharedEmbedder};
 use kg_indexer::document::DocumentMeta;
-use kg_proto::v1::{CallerContext, EntityHit, EntitySearchRequest};
+use kg_proto::v1::{CallerContext, EntityHit, EntitySearchRequest, EntitySearchResponse};
 use kg_retrieval::RetrievalService;
 use kg_stores::vector::{EdgeIndex, PointKind, ServerIndex, VectorIndex, VectorPoint};
 
@@ -58,6 +60,7 @@ async fn find(service: &RetrievalService, who: &CallerContext, text: &str) -> Ve
                 text: text.into(),
                 limit: 0,
                 evidence_limit: 0,
+                ..Default::default()
             },
         )
         .await
@@ -283,4 +286,163 @@ async fn entity_names_are_embedded_apart_from_the_query_and_once() {
             vec!["parental leave".to_owned()]
         ]
     );
+}
+
+async fn find_mode(
+    service: &RetrievalService,
+    who: &CallerContext,
+    text: &str,
+    mode: &str,
+) -> Result<EntitySearchResponse, kg_retrieval::RetrievalError> {
+    service
+        .entity_search_for(
+            who,
+            EntitySearchRequest {
+                namespace: NS.into(),
+                text: text.into(),
+                mode: mode.into(),
+                ..Default::default()
+            },
+        )
+        .await
+}
+
+fn sides(response: &EntitySearchResponse) -> Vec<(&str, bool, &str)> {
+    response
+        .sides
+        .iter()
+        .map(|s| (s.side.as_str(), s.ok, s.error_code.as_str()))
+        .collect()
+}
+
+/// `mode` picks the sides: vector finds an entity from a paraphrase that shares no word with
+/// its name (text finds nothing), text never calls the embedder, hybrid fuses and keeps an
+/// exact name first, and the response says which mode answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn entity_search_modes() {
+    let env = start().await;
+    let s = &env.store;
+    entity_index(s, NS).await;
+    let dir = tempfile::tempdir().unwrap();
+    let index: VectorIndex = EdgeIndex::open(dir.path(), DIMS).await.unwrap().into();
+    let recording = Arc::new(Recording {
+        inner: HashingEmbedder::new(DIMS),
+        batches: Default::default(),
+    });
+    let embedder: SharedEmbedder = recording.clone();
+    let text = "the deployment pipeline ships nightly builds to staging";
+    file(&env, &index, &embedder, "ci", "ops/ci.md", text).await;
+    file(
+        &env,
+        &index,
+        &embedder,
+        "hr",
+        "hr/leave.md",
+        "holiday allowance and parental leave rules",
+    )
+    .await;
+    let orion = entity(s, NS, "product", "Orion", &["Orion Platform"]).await;
+    let leave = entity(s, NS, "topic", "Parental Leave", &[]).await;
+    mention(s, NS, "ci#0", &orion).await;
+    mention(s, NS, "hr#0", &leave).await;
+    let service = RetrievalService::new(s.clone())
+        .with_vectors(index.clone(), embedder.clone())
+        .unwrap();
+    let full = caller(NS, |_| {});
+    // Shares words with the chunk that mentions Orion, none with any entity name or alias.
+    let paraphrase = "how does the deployment pipeline ship to staging";
+
+    recording.batches.lock().unwrap().clear();
+    let by_text = find_mode(&service, &full, paraphrase, "text")
+        .await
+        .unwrap();
+    assert!(by_text.hits.is_empty(), "{:?}", names(&by_text.hits));
+    assert_eq!(by_text.mode, "text");
+    assert_eq!(sides(&by_text), [("text", true, "")]);
+    let by_text = find_mode(&service, &full, "Orion", "text").await.unwrap();
+    assert_eq!(by_text.hits[0].entity_key, orion);
+    assert!(
+        recording.batches.lock().unwrap().is_empty(),
+        "text mode never calls the embedder"
+    );
+
+    let by_vector = find_mode(&service, &full, paraphrase, "vector")
+        .await
+        .unwrap();
+    assert_eq!(
+        by_vector.hits[0].entity_key,
+        orion,
+        "{:?}",
+        names(&by_vector.hits)
+    );
+    assert_eq!(by_vector.mode, "vector");
+    assert_eq!(sides(&by_vector), [("vector", true, "")]);
+    assert!(!recording.batches.lock().unwrap().is_empty());
+
+    // Omitted with embeddings: hybrid, both sides reported.
+    let hybrid = find_mode(&service, &full, paraphrase, "").await.unwrap();
+    assert_eq!(hybrid.mode, "hybrid");
+    assert_eq!(sides(&hybrid), [("text", true, ""), ("vector", true, "")]);
+    assert_eq!(hybrid.hits[0].entity_key, orion);
+    // An exact name ranks first in hybrid.
+    let exact = find_mode(&service, &full, "Parental Leave", "hybrid")
+        .await
+        .unwrap();
+    assert_eq!(exact.hits[0].entity_key, leave);
+
+    let err = find_mode(&service, &full, "Orion", "fuzzy")
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::InvalidArgument);
+    assert_eq!(
+        err.to_string(),
+        "unknown mode `fuzzy`; valid modes: text, vector, hybrid"
+    );
+
+    // No embedder: the default is text, vector is refused with a pointer to text, and an
+    // explicit hybrid answers from text and says the vector side is unavailable.
+    let plain = RetrievalService::new(s.clone());
+    let default = find_mode(&plain, &full, "Orion", "").await.unwrap();
+    assert_eq!(
+        (default.mode.as_str(), default.hits[0].entity_key.as_str()),
+        ("text", orion.as_str())
+    );
+    assert_eq!(sides(&default), [("text", true, "")]);
+    let err = find_mode(&plain, &full, paraphrase, "vector")
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::FailedPrecondition);
+    assert!(
+        err.to_string().contains("embeddings are not configured")
+            && err.to_string().contains("use mode text"),
+        "{err}"
+    );
+    let asked = find_mode(&plain, &full, "Orion", "hybrid").await.unwrap();
+    assert_eq!(asked.mode, "text");
+    assert_eq!(
+        sides(&asked),
+        [("text", true, ""), ("vector", false, "lane_unavailable")]
+    );
+
+    // Hybrid whose vector index is down: text answers, the mode says so, the message keeps
+    // the store's detail (its address) out.
+    let down =
+        VectorIndex::from(ServerIndex::connect("http://127.0.0.1:1", None, "kg", DIMS).unwrap());
+    let degraded = RetrievalService::new(s.clone())
+        .with_vectors(down, embedder)
+        .unwrap();
+    let fell_back = find_mode(&degraded, &full, "Orion", "").await.unwrap();
+    assert_eq!(fell_back.mode, "text");
+    assert_eq!(fell_back.hits[0].entity_key, orion);
+    assert_eq!(
+        sides(&fell_back),
+        [("text", true, ""), ("vector", false, "unavailable")]
+    );
+    let message = &fell_back.sides[1].message;
+    assert!(!message.contains("127.0.0.1"), "{message}");
+    // Vector alone on the broken index fails instead of answering "no entity".
+    let err = find_mode(&degraded, &full, "Orion", "vector")
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Unavailable);
 }

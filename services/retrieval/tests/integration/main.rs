@@ -2,12 +2,14 @@
 //! build links it once instead of once per file (disk and link time on 2 cores).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod bm25;
 mod co_annotation;
 mod common;
 mod entity_search;
 mod entity_vector;
 mod filters;
 mod graph_expand;
+mod missing_index;
 mod search;
 mod trace;
 mod vector;

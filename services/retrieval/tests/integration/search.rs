@@ -480,6 +480,7 @@ async fn grpc_search_with_a_signed_context(env: &Env) {
         text: "auth".into(),
         limit: 5,
         evidence_limit: 0,
+        ..Default::default()
     });
     attach_caller(&mut request, &signed);
     // Served now; this corpus holds no entities.

@@ -4,10 +4,24 @@
 //! text fails (`keys)`, `(`, `a:b`, `"x` are syntax errors) or changes meaning (`-x` negates,
 //! `*` matches everything, `k*` is a prefix, `@f:x` picks a field). Backslash escapes parse,
 //! but the index splits text at that punctuation (`foo-bar` is stored as `foo`, `bar`), so an
-//! escaped `foo\-bar` matches nothing. Verified against FalkorDB in `tests/servers.rs`.
+//! escaped `foo\-bar` matches nothing. Verified against FalkorDB in `tests/integration/servers.rs`.
 //! So we never escape: [`fulltext_query`] splits at every non-word character, as the index
 //! does, keeps the words (Unicode letters, digits, `_`) lowercased, drops stop words, and joins
 //! the distinct terms with `|` (OR). The result holds nothing but word characters and `|`.
+//! [`exact_term`] quotes one term: the index stems English words, a quoted word matches
+//! only itself (verified against FalkorDB in kg-retrieval's `tests/integration/bm25.rs`).
+//!
+//! `queryNodes` on a label without a full-text index answers with no rows, not an error, so
+//! a search cannot tell a dropped index from "no hits": [`GraphStore::fulltext_index_missing`]
+//! asks `db.indexes()` (callers ask only when a search came back empty).
+
+use serde_json::Value;
+
+use super::{GraphStore, Params};
+use crate::error::StoreError;
+
+/// Server-side limit on the index lookup.
+const INDEX_LOOKUP_TIMEOUT_MS: u64 = 2_000;
 
 /// Common English words. FalkorDB's full-text index keeps them (a query for `the` matches),
 /// but they match nearly every chunk, so in an OR query they only add noise.
@@ -22,9 +36,10 @@ pub const MAX_TERMS: usize = 32;
 /// Longest term kept, in characters; longer runs are cut (no real word is this long).
 pub const MAX_TERM_CHARS: usize = 64;
 
-/// Turns free text into an OR-of-terms full-text query, or `None` when no searchable term
-/// remains (empty input, only punctuation or stop words).
-pub fn fulltext_query(user_text: &str) -> Option<String> {
+/// The distinct searchable terms of free text, in order: lower-cased runs of letters, digits
+/// and `_` (cut at [`MAX_TERM_CHARS`]), stop words dropped, at most [`MAX_TERMS`]. Each holds
+/// only word characters.
+pub fn fulltext_terms(user_text: &str) -> Vec<String> {
     let mut terms: Vec<String> = Vec::new();
     for word in user_text.split(|c: char| !(c.is_alphanumeric() || c == '_')) {
         let word: String = word
@@ -45,10 +60,103 @@ pub fn fulltext_query(user_text: &str) -> Option<String> {
             break;
         }
     }
+    terms
+}
+
+/// Turns free text into an OR-of-terms full-text query, or `None` when no searchable term
+/// remains (empty input, only punctuation or stop words).
+pub fn fulltext_query(user_text: &str) -> Option<String> {
+    let terms = fulltext_terms(user_text);
     if terms.is_empty() {
         None
     } else {
         Some(terms.join("|"))
+    }
+}
+
+/// The full-text query matching exactly `term` (a [`fulltext_terms`] term): quoted, because
+/// the index stems English (a bare `rule` also finds `rules`, `run` finds `running`) while
+/// an exact phrase of one word matches that token only. Scoring that counts the term's own
+/// occurrences (BM25 term frequency) needs the same matches for its document frequency.
+/// Any other character is dropped, so the result is always `"` + word characters + `"`.
+pub fn exact_term(term: &str) -> String {
+    let word: String = term
+        .chars()
+        .filter(|c| c.is_alphanumeric() || *c == '_')
+        .collect();
+    format!("\"{word}\"")
+}
+
+impl GraphStore {
+    /// Whether the namespace graph holds `label` nodes but no full-text index on `label`
+    /// (dropped, or never created), so a full-text search over it would wrongly find nothing.
+    /// `false` when the index exists, when no `label` node exists (nothing ingested: an empty
+    /// result is the truth) and when the graph itself does not exist yet. `label` must be a
+    /// plain identifier (`Chunk`, `Entity`).
+    pub async fn fulltext_index_missing(
+        &self,
+        namespace: &str,
+        label: &str,
+    ) -> Result<bool, StoreError> {
+        if label.is_empty() || !label.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+            return Err(StoreError::InvalidInput {
+                what: "label",
+                reason: "a label is letters, digits and `_`".into(),
+            });
+        }
+        let mut params = Params::new();
+        params.insert("label".into(), Value::from(label));
+        // One row on an existing graph (the aggregate), none when the graph does not exist.
+        let cypher = format!(
+            "CALL db.indexes() YIELD label, types, entitytype \
+             WHERE label = $label AND entitytype = 'NODE' \
+             WITH sum(size([p IN keys(types) WHERE 'FULLTEXT' IN types[p]])) AS fulltext \
+             OPTIONAL MATCH (n:{label}) WITH fulltext, n LIMIT 1 \
+             RETURN fulltext, n IS NOT NULL"
+        );
+        let rows = self
+            .ro_query(namespace, &cypher, &params, INDEX_LOOKUP_TIMEOUT_MS)
+            .await?;
+        let Some(row) = rows.rows.first() else {
+            return Ok(false);
+        };
+        let indexed = row.first().and_then(Value::as_f64).unwrap_or(0.0) > 0.0;
+        let has_nodes = row.get(1).and_then(Value::as_bool).unwrap_or(false);
+        Ok(has_nodes && !indexed)
+    }
+
+    /// The properties of `label` nodes the full-text index covers (empty without an index),
+    /// or `None` while an index on `label` is under construction. `label` is a constant
+    /// identifier of this crate.
+    pub(crate) async fn fulltext_properties(
+        &self,
+        namespace: &str,
+        label: &str,
+    ) -> Result<Option<Vec<String>>, StoreError> {
+        let mut params = Params::new();
+        params.insert("label".into(), Value::from(label));
+        let rows = self
+            .query(
+                namespace,
+                "CALL db.indexes() YIELD label, types, entitytype, status \
+                 WHERE label = $label AND entitytype = 'NODE' \
+                 RETURN [p IN keys(types) WHERE 'FULLTEXT' IN types[p]], status",
+                &params,
+            )
+            .await?;
+        let mut properties: Vec<String> = Vec::new();
+        for row in &rows.rows {
+            if row.get(1).and_then(Value::as_str) != Some("OPERATIONAL") {
+                return Ok(None);
+            }
+            let names = row.first().and_then(Value::as_array).into_iter().flatten();
+            for name in names.filter_map(Value::as_str) {
+                if !properties.iter().any(|p| p == name) {
+                    properties.push(name.to_owned());
+                }
+            }
+        }
+        Ok(Some(properties))
     }
 }
 
@@ -79,6 +187,16 @@ mod tests {
                 .chars()
                 .all(|c| c.is_alphanumeric() || c == '_' || c == '|')
         );
+    }
+
+    #[test]
+    fn exact_terms_are_quoted_words() {
+        assert_eq!(
+            fulltext_terms("Rotate the API keys, rotate!"),
+            ["rotate", "api", "keys"]
+        );
+        assert_eq!(exact_term("snake_case"), "\"snake_case\"");
+        assert_eq!(exact_term("a\"|b*"), "\"ab\"");
     }
 
     #[test]

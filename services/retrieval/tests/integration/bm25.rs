@@ -1,0 +1,369 @@
+//! The full-text lane ranks by Okapi BM25 (k1 1.2, b 0.75, Lucene idf) on real FalkorDB:
+//! hand-computed scores on a corpus where FalkorDB's own ordering disagrees, statistics over
+//! readable chunks only, cached statistics (counted with the server's own command stats),
+//! and the lane's limit and truncation.
+
+use std::collections::HashMap;
+
+use kg_indexer::document::DocumentMeta;
+use kg_proto::v1::SearchResponse;
+use kg_stores::graph::{GraphStore, Params, exact_term};
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::common::*;
+
+const K1: f64 = 1.2;
+const B: f64 = 0.75;
+
+/// The corpus: one chunk per file, ids are the chunk keys' file part.
+const CORPUS: &[(&str, &str)] = &[
+    // tf saturation: ten `alpha` are worth far less than ten times one.
+    (
+        "sat",
+        "alpha alpha alpha alpha alpha alpha alpha alpha alpha alpha beta",
+    ),
+    ("both", "alpha beta gamma"),
+    // Length normalisation: both terms, but 64 tokens against an average of 12.875.
+    ("long", LONG),
+    ("short", "beta"),
+    ("f1", "gamma delta epsilon"),
+    ("f2", "gamma delta"),
+    ("f3", "delta epsilon zeta"),
+    ("f4", "alpha zeta"),
+];
+
+const LONG: &str = "alpha beta filler0 filler1 filler2 filler3 filler4 filler5 filler6 filler7 \
+    filler8 filler9 filler10 filler11 filler12 filler13 filler14 filler15 filler16 filler17 \
+    filler18 filler19 filler20 filler21 filler22 filler23 filler24 filler25 filler26 filler27 \
+    filler28 filler29 filler30 filler31 filler32 filler33 filler34 filler35 filler36 filler37 \
+    filler38 filler39 filler40 filler41 filler42 filler43 filler44 filler45 filler46 filler47 \
+    filler48 filler49 filler50 filler51 filler52 filler53 filler54 filler55 filler56 filler57 \
+    filler58 filler59";
+
+/// BM25 of one term, written out.
+fn term_score(tf: f64, df: f64, n: f64, dl: f64, avgdl: f64) -> f64 {
+    let idf = (1.0 + (n - df + 0.5) / (df + 0.5)).ln();
+    idf * tf * (K1 + 1.0) / (tf + K1 * (1.0 - B + B * dl / avgdl))
+}
+
+async fn write_corpus(store: &GraphStore, ns: &str, folder: &str) {
+    for (id, text) in CORPUS {
+        write(
+            store,
+            ns,
+            &format!("{folder}{id}"),
+            &format!("{folder}{id}.md"),
+            &[text],
+            DocumentMeta::default(),
+        )
+        .await;
+    }
+}
+
+async fn fulltext(
+    env: &Env,
+    ns: &str,
+    query: &str,
+    who: &kg_proto::v1::CallerContext,
+) -> SearchResponse {
+    env.service
+        .search_for(who, search(ns, query, &["fulltext"]))
+        .await
+        .unwrap()
+}
+
+/// (chunk key, raw lane score), best first.
+fn ranked(response: &SearchResponse) -> Vec<(String, f64)> {
+    response
+        .hits
+        .iter()
+        .map(|h| (h.chunk_key.clone(), h.lanes[0].raw_score))
+        .collect()
+}
+
+#[tokio::test]
+async fn fulltext_lane_ranks_by_bm25_where_falkordb_scores_disagree() {
+    let env = start().await;
+    write_corpus(&env.store, "bm", "").await;
+    let reader = caller("bm", |_| {});
+    let response = fulltext(&env, "bm", "Alpha beta?", &reader).await;
+
+    // Hand-counted over contextHeader (the path: `sat.md` is 2 tokens) and text: N 8;
+    // lengths 13, 5, 64, 3, 5, 4, 5, 4 (avgdl 103 / 8); alpha in sat, both, long, f4 (df 4);
+    // beta in sat, both, long, short (df 4).
+    let (n, avgdl) = (8.0, 103.0 / 8.0);
+    let s = |tf_alpha: f64, tf_beta: f64, dl: f64| {
+        let mut score = 0.0;
+        if tf_alpha > 0.0 {
+            score += term_score(tf_alpha, 4.0, n, dl, avgdl);
+        }
+        if tf_beta > 0.0 {
+            score += term_score(tf_beta, 4.0, n, dl, avgdl);
+        }
+        score
+    };
+    let expected = [
+        ("sat#0", s(10.0, 1.0, 13.0)),
+        ("both#0", s(1.0, 1.0, 5.0)),
+        ("short#0", s(0.0, 1.0, 3.0)),
+        ("f4#0", s(1.0, 0.0, 4.0)),
+        ("long#0", s(1.0, 1.0, 64.0)),
+    ];
+    let got = ranked(&response);
+    assert_eq!(
+        got.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
+        expected.iter().map(|(k, _)| *k).collect::<Vec<_>>(),
+        "{got:?}"
+    );
+    for ((key, score), (_, want)) in got.iter().zip(expected) {
+        assert!((score - want).abs() < 1e-9, "{key}: {score} != {want}");
+    }
+
+    // The same corpus in FalkorDB's own order (RediSearch scores of the OR query): not BM25's,
+    // so the assertions above cannot pass on the index's ranking.
+    let rows = env
+        .store
+        .ro_query(
+            "bm",
+            "CALL db.idx.fulltext.queryNodes('Chunk', 'alpha|beta') YIELD node, score \
+             RETURN node.chunkKey ORDER BY score DESC, node.chunkKey",
+            &Params::new(),
+            5_000,
+        )
+        .await
+        .unwrap();
+    let falkor: Vec<&str> = rows.rows.iter().filter_map(|r| r[0].as_str()).collect();
+    assert_eq!(falkor.len(), expected.len());
+    assert_ne!(
+        falkor,
+        expected.iter().map(|(k, _)| *k).collect::<Vec<_>>(),
+        "the corpus no longer separates BM25 from FalkorDB's scoring"
+    );
+}
+
+#[tokio::test]
+async fn exact_terms_skip_the_index_stemming() {
+    let env = start().await;
+    write(
+        &env.store,
+        "stem",
+        "a",
+        "a.md",
+        &["running rules"],
+        DocumentMeta::default(),
+    )
+    .await;
+    write(
+        &env.store,
+        "stem",
+        "b",
+        "b.md",
+        &["rule run"],
+        DocumentMeta::default(),
+    )
+    .await;
+    let count = |q: String| {
+        let store = env.store.clone();
+        async move {
+            let mut params = Params::new();
+            params.insert("q".into(), json!(q));
+            store
+                .ro_query(
+                    "stem",
+                    "CALL db.idx.fulltext.queryNodes('Chunk', $q) YIELD node RETURN count(node)",
+                    &params,
+                    5_000,
+                )
+                .await
+                .unwrap()
+                .rows[0][0]
+                .as_u64()
+                .unwrap()
+        }
+    };
+    // The index stems: a bare word also finds its inflections ...
+    assert_eq!(count("rule".into()).await, 2);
+    // ... a quoted one only itself, which is what BM25's tf counts.
+    assert_eq!(count(exact_term("rule")).await, 1);
+    assert_eq!(count(exact_term("running")).await, 1);
+    let hits = fulltext(&env, "stem", "rule", &caller("stem", |_| {})).await;
+    assert_eq!(ranked(&hits).len(), 1);
+    assert_eq!(hits.hits[0].chunk_key, "b#0");
+}
+
+#[tokio::test]
+async fn statistics_count_only_chunks_the_caller_may_read() {
+    let env = start().await;
+    // `open` holds the corpus; `mixed` the same corpus plus a folder the restricted caller
+    // cannot read, full of the query's terms and long (df, N and avgdl would all move).
+    write_corpus(&env.store, "open", "").await;
+    write_corpus(&env.store, "mixed", "").await;
+    let secret = format!("beta beta {}", "alpha ".repeat(40));
+    for i in 0..6 {
+        write(
+            &env.store,
+            "mixed",
+            &format!("s{i}"),
+            &format!("secret/s{i}.md"),
+            &[secret.as_str(), "beta gamma"],
+            DocumentMeta::default(),
+        )
+        .await;
+    }
+    let open = fulltext(&env, "open", "alpha beta", &caller("open", |_| {})).await;
+    let restricted_hits = fulltext(&env, "mixed", "alpha beta", &restricted("mixed")).await;
+    assert_eq!(ranked(&restricted_hits), ranked(&open));
+    assert_eq!(ranked(&open).len(), 5);
+    // A reader of everything does see the secret folder, with other statistics.
+    let everyone = fulltext(&env, "mixed", "alpha beta", &caller("mixed", |_| {})).await;
+    let everyone = ranked(&everyone);
+    assert!(everyone.iter().any(|(k, _)| k.starts_with("s0#")));
+    let sat = everyone.iter().find(|(k, _)| k == "sat#0").unwrap().1;
+    assert!((sat - ranked(&open)[0].1).abs() > 1e-6);
+}
+
+/// Calls of `GRAPH.*` commands the server has answered, from `INFO commandstats`.
+async fn graph_calls(store: &GraphStore) -> u64 {
+    let port = store
+        .server_identity()
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.trim_end_matches('/').parse::<u16>().ok())
+        .unwrap();
+    let mut socket = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    socket
+        .write_all(b"*2\r\n$4\r\nINFO\r\n$12\r\ncommandstats\r\n")
+        .await
+        .unwrap();
+    // A bulk string: `$<len>\r\n<body>\r\n`.
+    let mut reply = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = socket.read(&mut buf).await.unwrap();
+        assert!(n > 0, "INFO reply cut short");
+        reply.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&reply);
+        if let Some((head, body)) = text.split_once("\r\n") {
+            let len: usize = head.trim_start_matches('$').parse().unwrap();
+            if body.len() >= len {
+                break;
+            }
+        }
+    }
+    let text = String::from_utf8_lossy(&reply);
+    text.lines()
+        .filter(|l| l.to_ascii_lowercase().starts_with("cmdstat_graph."))
+        .map(|l| {
+            let calls = l.split("calls=").nth(1).unwrap();
+            calls.split(',').next().unwrap().parse::<u64>().unwrap()
+        })
+        .sum()
+}
+
+#[tokio::test]
+async fn cached_statistics_are_not_asked_again() {
+    let env = start().await;
+    write_corpus(&env.store, "cache", "").await;
+    let reader = caller("cache", |_| {});
+    let mut asked = Vec::new();
+    let mut scores: HashMap<&str, Vec<(String, f64)>> = HashMap::new();
+    for query in ["alpha beta", "alpha beta", "beta alpha zeta", "alpha beta"] {
+        let before = graph_calls(&env.store).await;
+        let response = fulltext(&env, "cache", query, &reader).await;
+        asked.push(graph_calls(&env.store).await - before);
+        scores.entry(query).or_insert_with(|| ranked(&response));
+    }
+    // A miss asks N, the avgdl sample and df on top of what a hit asks (the candidates and
+    // the search's own offsets lookup); a new term asks its df alone.
+    let hit = asked[1];
+    assert!(hit <= 2, "{asked:?}");
+    assert_eq!(asked, [hit + 3, hit, hit + 1, hit]);
+    // Another reader (another access predicate) has statistics of its own.
+    let before = graph_calls(&env.store).await;
+    fulltext(&env, "cache", "alpha beta", &restricted("cache")).await;
+    assert_eq!(graph_calls(&env.store).await - before, hit + 3);
+    assert_eq!(scores["alpha beta"].len(), 5);
+}
+
+#[tokio::test]
+async fn lane_limit_and_truncation_are_unchanged() {
+    let env = start().await;
+    // 150 chunks hold the term: more than the lane's pool of 100.
+    let texts: Vec<String> = (0..150)
+        .map(|i| format!("kappa {}", "word ".repeat(i % 7)))
+        .collect();
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    write(
+        &env.store,
+        "many",
+        "m",
+        "m.md",
+        &refs,
+        DocumentMeta::default(),
+    )
+    .await;
+    let reader = caller("many", |_| {});
+    let mut request = search("many", "kappa", &["fulltext"]);
+    request.top_k = 32;
+    let response = env.service.search_for(&reader, request).await.unwrap();
+    assert_eq!(response.hits.len(), 32);
+    assert_eq!(response.lanes[0].hits, 100);
+    assert_eq!(response.total_candidates, 100);
+    let ranks: Vec<u32> = response.hits.iter().map(|h| h.lanes[0].rank).collect();
+    assert_eq!(ranks, (1..=32).collect::<Vec<u32>>());
+    let scores: Vec<f64> = response.hits.iter().map(|h| h.lanes[0].raw_score).collect();
+    assert!(scores.windows(2).all(|w| w[0] >= w[1]), "{scores:?}");
+    // Shortest chunks first (same tf, length normalised), ties by chunk key.
+    assert_eq!(response.hits[0].chunk_key, "m#0");
+    let mut request = search("many", "kappa", &["fulltext"]);
+    request.top_k = 3;
+    let response = env.service.search_for(&reader, request).await.unwrap();
+    assert_eq!(response.hits.len(), 3);
+    // Nothing searchable: no hits, no error.
+    let response = fulltext(&env, "many", "the of", &reader).await;
+    assert!(response.hits.is_empty());
+}
+
+#[tokio::test]
+async fn context_headers_are_searched_and_old_indexes_are_rebuilt() {
+    let env = start().await;
+    let reader = caller("old", |_| {});
+    // A namespace indexed by an older release: the full-text index covers `text` only.
+    let mut params = Params::new();
+    params.insert("header".into(), json!("Operator guide › Upgrades"));
+    run(
+        &env.store,
+        "old",
+        "CALL db.idx.fulltext.createNodeIndex('Chunk', 'text')",
+        Params::new(),
+    )
+    .await;
+    run(
+        &env.store,
+        "old",
+        "CREATE (f:FileRef {fileId: 'g', versionId: 'v1', vfsPath: 'guide.md', name: 'guide.md', \
+             folderPath: '', enabled: true, hidden: false}) \
+         CREATE (c:Chunk {chunkKey: 'g#0', fileId: 'g', path: 'guide.md', enabled: true, \
+             chunkIndex: 0, text: 'Stop the old nodes first.', contextHeader: $header}) \
+         CREATE (c)-[:PART_OF]->(f)",
+        params,
+    )
+    .await;
+    let before = fulltext(&env, "old", "upgrades", &reader).await;
+    assert!(before.hits.is_empty() && before.lanes[0].ok);
+    // The start-up sweep rebuilds it with contextHeader; the chunk is found by its heading.
+    assert!(env.store.ensure_all_indexes().await.unwrap() >= 1);
+    let after = fulltext(&env, "old", "upgrades", &reader).await;
+    assert_eq!(ranked(&after).len(), 1);
+    assert_eq!(after.hits[0].chunk_key, "g#0");
+    // Text is still indexed, and a second sweep changes nothing.
+    assert_eq!(fulltext(&env, "old", "nodes", &reader).await.hits.len(), 1);
+    env.store.ensure_all_indexes().await.unwrap();
+    assert_eq!(
+        fulltext(&env, "old", "upgrades", &reader).await.hits.len(),
+        1
+    );
+}
