@@ -291,6 +291,11 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the temp dir (mesh logs)")
     parser.add_argument("--json", type=Path, help="also write the scores as JSON to this file")
     parser.add_argument(
+        "--dump-runs", type=Path,
+        help="also write every run's rankings (query id -> [[corpus-id, chunk text], ...]) as JSON, "
+        "for offline analysis such as fusion experiments",
+    )
+    parser.add_argument(
         "--fulltext-backend",
         default="",
         help="full-text backends to compare, comma-separated (falkordb, qdrant_sparse); "
@@ -347,6 +352,10 @@ def main() -> int:
                 f"; not run: {', '.join(sorted(run.unavailable))}" if run.unavailable else ""
             )
         table = score_runs(dataset, runs)
+        if args.dump_runs:
+            args.dump_runs.write_text(
+                json.dumps({name: {qid: r.chunks for qid, r in by_q.items()} for name, by_q in runs.items()})
+            )
         print_table(table, notes)
         print(
             "\nfile level: nDCG@10, R@8 (files ranked by their best chunk); chunk level: hit@8, MRR@8 "
