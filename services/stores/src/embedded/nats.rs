@@ -42,6 +42,7 @@ impl EmbeddedNats {
             data_dir,
             log_name: "nats",
             ready_timeout: READY_TIMEOUT,
+            busy_marker: None,
             stop_signal: Signal::TERM,
         };
         let command_for = |port: u16| {

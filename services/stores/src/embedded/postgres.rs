@@ -78,6 +78,7 @@ impl EmbeddedPostgres {
             data_dir,
             log_name: "postgres",
             ready_timeout: READY_TIMEOUT,
+            busy_marker: None,
             stop_signal: Signal::INT,
         };
         let command_for = |port: u16| {
