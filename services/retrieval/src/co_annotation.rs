@@ -16,7 +16,9 @@
 //!
 //! Reasons when no hit comes out: `no_grounded_entities` (nothing linked), `too_few_bridges`
 //! (fewer than two usable entities, or no bridge among them), `no_evidence` (a pair, but
-//! neither direct nor bridged chunks). Filters apply to the evidence queries.
+//! neither direct nor bridged chunks). Filters apply to the evidence queries. When the lane
+//! fails, the grounding entry's reason is the lane's trace code (`index_missing` when the
+//! namespace holds entities but no full-text index on them).
 
 use std::collections::HashSet;
 
@@ -29,7 +31,7 @@ use crate::error::{Result, RetrievalError};
 use crate::filters::LaneFilters;
 use crate::fusion::LaneHit;
 use crate::graph_expand::{hit, strings};
-use crate::lanes::LANE_POOL;
+use crate::lanes::{LANE_POOL, missing_index_check};
 use crate::roles::{Role, degrees};
 
 /// Longest question phrase the linker tries, in words.
@@ -164,6 +166,10 @@ async fn link(store: &GraphStore, namespace: &str, query_text: &str) -> Result<V
             TIMEOUT_MS,
         )
         .await?;
+    if rows.rows.is_empty() {
+        // No candidate may mean no Entity index rather than no entity by these names.
+        missing_index_check(store, namespace, "Entity").await?;
+    }
     let question = words(query_text);
     let grams = grams(&question);
     let mut linked: Vec<Linked> = Vec::new();

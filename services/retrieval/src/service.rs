@@ -6,8 +6,8 @@ use kg_common::access::validate_namespace;
 use kg_common::caller::access_for;
 use kg_embed::SharedEmbedder;
 use kg_proto::v1::{
-    CallerContext, EntitySearchRequest, EntitySearchResponse, LaneTrace, Ranking, SearchFilters,
-    SearchHit, SearchRequest, SearchResponse, VectorWidening,
+    CallerContext, EntitySearchRequest, EntitySearchResponse, Grounding, LaneTrace, Ranking,
+    SearchFilters, SearchHit, SearchRequest, SearchResponse, VectorWidening,
 };
 use kg_stores::graph::GraphStore;
 use kg_stores::vector::VectorIndex;
@@ -155,7 +155,7 @@ impl RetrievalService {
                     )
                     .await
                 }
-                Lane::CoAnnotation => co_annotation::co_annotation(
+                Lane::CoAnnotation => match co_annotation::co_annotation(
                     &self.store,
                     &request.namespace,
                     access,
@@ -163,10 +163,21 @@ impl RetrievalService {
                     &plan.filters,
                 )
                 .await
-                .map(|(hits, report)| {
-                    grounding = Some(report);
-                    hits
-                }),
+                {
+                    Ok((hits, report)) => {
+                        grounding = Some(report);
+                        Ok(hits)
+                    }
+                    Err(err) => {
+                        // Still one grounding entry per namespace: its reason is the trace code.
+                        grounding = Some(Grounding {
+                            namespace: request.namespace.clone(),
+                            reason: err.trace_code().to_owned(),
+                            ..Default::default()
+                        });
+                        Err(err)
+                    }
+                },
                 Lane::Vector => match &self.vectors {
                     Some(vectors) => vectors
                         .search(

@@ -1,9 +1,9 @@
 //! A missing full-text index is a failure, not "no hits" (FalkorDB answers `queryNodes` on a
 //! label without an index with no rows): the fulltext lane (and graph_expand, seeded by it)
 //! soft-fails with `index_missing` while the vector lane answers, a search of that lane alone
-//! fails with FAILED_PRECONDITION, and EntitySearch's text side does the same over the Entity
-//! index. A namespace with nothing ingested is still a plain empty answer. Real FalkorDB and
-//! qdrant-edge.
+//! fails with FAILED_PRECONDITION, and EntitySearch's text side and the co_annotation lane's
+//! span linker do the same over the Entity index. A namespace with nothing ingested is still
+//! a plain empty answer. Real FalkorDB and qdrant-edge.
 
 use crate::common;
 
@@ -177,7 +177,44 @@ async fn a_missing_fulltext_index_fails_the_lane_instead_of_finding_nothing() {
         .await
         .unwrap();
     assert_eq!(found.hits[0].entity_key, orion);
+    let co = ["co_annotation", "vector"];
+    let linked = search_in(&service, &full, NS, "orion pipeline", &co)
+        .await
+        .unwrap();
+    assert_eq!(
+        lanes(&linked),
+        [("co_annotation", true, ""), ("vector", true, "")]
+    );
+    let grounding = linked.grounding.as_ref().unwrap();
+    assert_eq!(grounding.entities[0].entity_key, orion);
+    assert_eq!(grounding.reason, "too_few_bridges");
     drop_index(s, "Entity").await;
+    // co_annotation's span linker reads the Entity index: it soft-fails and says so in the
+    // lane trace and in the namespace's grounding entry, while vector still answers.
+    let unlinked = search_in(&service, &full, NS, "orion pipeline", &co)
+        .await
+        .unwrap();
+    assert_eq!(
+        lanes(&unlinked),
+        [
+            ("co_annotation", false, "index_missing"),
+            ("vector", true, "")
+        ]
+    );
+    assert!(
+        unlinked.lanes[0]
+            .message
+            .contains("full-text index on Entity is missing"),
+        "{:?}",
+        unlinked.lanes[0]
+    );
+    let grounding = unlinked.grounding.as_ref().unwrap();
+    assert_eq!(
+        (grounding.namespace.as_str(), grounding.reason.as_str()),
+        (NS, "index_missing")
+    );
+    assert!(grounding.entities.is_empty() && grounding.pair.is_empty());
+    assert_eq!(unlinked.hits[0].chunk_key, "ci#0");
     let err = service
         .entity_search_for(&full, entities(NS, "text"))
         .await
