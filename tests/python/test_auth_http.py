@@ -109,6 +109,28 @@ def test_revoked_pat_is_401_even_inside_an_open_session(mesh: Mesh, make_princip
     assert_unauthorized(post_mcp(mesh, tools_list, bearer, **session, **version))
 
 
+def test_session_delete_closes_the_session_with_204(mesh: Mesh) -> None:
+    bearer = f"Bearer {mesh.admin_token}"
+    opened = post_mcp(mesh, INITIALIZE, bearer)
+    assert opened.status_code == 200, opened.text[:300]
+    session = {"Mcp-Session-Id": opened.headers["mcp-session-id"], "MCP-Protocol-Version": "2025-06-18"}
+    initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+    assert post_mcp(mesh, initialized, bearer, **session).status_code in (200, 202)
+    tools_list = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+    assert post_mcp(mesh, tools_list, bearer, **session).status_code == 200
+    with httpx2.Client(timeout=30.0) as http:
+        # The guard runs first: no token, no termination.
+        refused = http.delete(mesh.mcp_url, headers=session)
+        assert refused.status_code == 401, refused.text[:300]
+        closed = http.delete(mesh.mcp_url, headers=dict(session, Authorization=bearer))
+    # 204, not rmcp's 202: the MCP Python SDK warns on anything but 200 and 204.
+    assert closed.status_code == 204, f"{closed.status_code}: {closed.text[:300]}"
+    assert closed.content == b""
+    # The session is gone: the spec's answer to a request on it is 404.
+    after = post_mcp(mesh, tools_list, bearer, **session)
+    assert after.status_code == 404, f"{after.status_code}: {after.text[:300]}"
+
+
 def test_cli_rejects_a_revoked_token(mesh: Mesh, make_principal: Callable[..., Principal]) -> None:
     # The admin CLI goes through the same PAT check as /mcp.
     operator = make_principal("operator", admin=True)

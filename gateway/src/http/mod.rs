@@ -11,9 +11,10 @@ mod versions;
 use std::sync::Arc;
 
 use axum::Router;
+use axum::extract::Request;
 use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode, header};
-use axum::middleware::from_fn_with_state;
+use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::middleware::{Next, from_fn, from_fn_with_state};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use kg_common::ErrorCode;
@@ -30,6 +31,7 @@ use guard::{BearerGuard, require_bearer};
 pub fn router(state: GatewayState) -> Router {
     let mcp = Router::new()
         .route_service("/mcp", mcp_service(&state))
+        .route_layer(from_fn(closed_session_is_no_content))
         .route_layer(from_fn_with_state(
             BearerGuard {
                 state: state.clone(),
@@ -84,6 +86,18 @@ pub fn router(state: GatewayState) -> Router {
         .merge(approvals)
         .fallback(not_found)
         .layer(tower_http::trace::TraceLayer::new_for_http())
+}
+
+/// rmcp answers a session DELETE with 202 Accepted, though the session is already closed
+/// when it answers: 204 says that, and is what the MCP Python SDK expects (it logs
+/// "Session termination failed: 202" for anything but 200 and 204).
+async fn closed_session_is_no_content(request: Request, next: Next) -> Response {
+    let delete = request.method() == Method::DELETE;
+    let mut response = next.run(request).await;
+    if delete && response.status() == StatusCode::ACCEPTED {
+        *response.status_mut() = StatusCode::NO_CONTENT;
+    }
+    response
 }
 
 /// rmcp's Streamable HTTP service with our host and origin policy. Its own
