@@ -77,7 +77,28 @@ impl GraphService {
                                 m.charStart, m.charEnd]) AS ms \
              RETURN key, size(ms), ms[0..$cap]"
         ));
-        for cells in &self.read(scope, &q).await?.rows {
+        let mentions = q;
+
+        let mut q = Query::new();
+        let pc = q.access(scope.access, "c", Node::Content);
+        let pr = q.access(scope.access, "r", Node::Content);
+        q.param("keys", key_list).param("cap", caps.rel as i64);
+        q.set_text(format!(
+            "UNWIND $keys AS key \
+             MATCH (c:Chunk {{chunkKey: key}})-[:MENTIONS]->(e:Entity)-[r:REL]-(o:Entity) \
+             WHERE {pc} AND r.enabled = true AND {pr} \
+             WITH DISTINCT key, e, r, o \
+             WITH key, e, r, o, CASE WHEN ID(startNode(r)) = ID(e) THEN 'out' ELSE 'in' END AS dir \
+             ORDER BY r.relationTypeId, e.entityKey, o.entityKey, dir \
+             WITH key, collect([e.entityKey, e.name, r.relationTypeId, dir, o.entityKey, o.name, \
+                                o.typeId, r.fileId, r.chunkKey]) AS rels \
+             RETURN key, size(rels), rels[0..$cap]"
+        ));
+        let rels = q;
+
+        let (mentions, rels) =
+            tokio::try_join!(self.read(scope, &mentions), self.read(scope, &rels))?;
+        for cells in &mentions.rows {
             let row = Row(cells);
             let mut items = Vec::new();
             for item in row.list(2)? {
@@ -99,22 +120,7 @@ impl GraphService {
                 .insert(row.str(0)?.to_owned(), (to_u64(row.int(1)?)?, items));
         }
 
-        let mut q = Query::new();
-        let pc = q.access(scope.access, "c", Node::Content);
-        let pr = q.access(scope.access, "r", Node::Content);
-        q.param("keys", key_list).param("cap", caps.rel as i64);
-        q.set_text(format!(
-            "UNWIND $keys AS key \
-             MATCH (c:Chunk {{chunkKey: key}})-[:MENTIONS]->(e:Entity)-[r:REL]-(o:Entity) \
-             WHERE {pc} AND r.enabled = true AND {pr} \
-             WITH DISTINCT key, e, r, o \
-             WITH key, e, r, o, CASE WHEN ID(startNode(r)) = ID(e) THEN 'out' ELSE 'in' END AS dir \
-             ORDER BY r.relationTypeId, e.entityKey, o.entityKey, dir \
-             WITH key, collect([e.entityKey, e.name, r.relationTypeId, dir, o.entityKey, o.name, \
-                                o.typeId, r.fileId, r.chunkKey]) AS rels \
-             RETURN key, size(rels), rels[0..$cap]"
-        ));
-        for cells in &self.read(scope, &q).await?.rows {
+        for cells in &rels.rows {
             let row = Row(cells);
             let mut items = Vec::new();
             for item in row.list(2)? {

@@ -1,5 +1,7 @@
 //! Chunk packages: a chunk with its text, citation, position and outline context,
-//! assembled from a handful of batched queries that each carry the access predicate.
+//! assembled from a handful of batched queries that each carry the access predicate, sent in
+//! two rounds (chunks with their mentions and relations, then outline context with similar
+//! files) so a package costs two round trips to the graph, not six.
 
 use std::collections::{HashMap, HashSet};
 
@@ -59,7 +61,13 @@ impl GraphService {
         if keys.is_empty() {
             return Ok(Vec::new());
         }
-        let chunks = self.chunk_rows(scope, &keys).await?;
+        // Mentions and relations carry their own access predicate on the chunk, so they need
+        // not wait for the chunk rows; only chunks those rows admit get packages below.
+        let all: Vec<&str> = keys.iter().map(|k| k.as_str()).collect();
+        let (chunks, entities) = tokio::try_join!(
+            self.chunk_rows(scope, &keys),
+            self.entity_lists(scope, &all, caps)
+        )?;
         let sections: Vec<&str> = {
             let mut seen = HashSet::new();
             chunks
@@ -68,23 +76,21 @@ impl GraphService {
                 .filter(|k| seen.insert(*k))
                 .collect()
         };
-        let context = if sections.is_empty() {
-            SectionContext::default()
-        } else {
-            self.section_context(scope, &sections, caps).await?
-        };
-        let readable: Vec<&str> = keys
+        let files: Vec<&str> = keys
             .iter()
-            .filter(|k| chunks.contains_key(k.as_str()))
-            .map(|k| k.as_str())
-            .collect();
-        let entities = self.entity_lists(scope, &readable, caps).await?;
-        let files: Vec<&str> = readable
-            .iter()
-            .filter_map(|k| chunks.get(*k))
+            .filter_map(|k| chunks.get(k.as_str()))
             .map(|c| c.file_id.as_str())
             .collect();
-        let similar = self.similar_lists(scope, &files, caps.similar).await;
+        let context = async {
+            if sections.is_empty() {
+                Ok(SectionContext::default())
+            } else {
+                self.section_context(scope, &sections, caps).await
+            }
+        };
+        let (context, similar) =
+            tokio::join!(context, self.similar_lists(scope, &files, caps.similar));
+        let context = context?;
         Ok(keys
             .iter()
             .filter_map(|key| chunks.get(key.as_str()))
@@ -187,7 +193,46 @@ impl GraphService {
              WHERE {ps} AND {pa} \
              RETURN sk, a.outlineKey, a.title, a.depth, a.order"
         ));
-        let rows = self.read(scope, &q).await?;
+        let ancestors = q;
+
+        let mut q = Query::new();
+        let ps = q.access(scope.access, "s", Node::Content);
+        let psib = q.access(scope.access, "sib", Node::Content);
+        q.param("sections", section_list.clone());
+        q.param("cap", caps.siblings as i64);
+        // Nearest siblings first, so a clipped list stays around the section.
+        q.set_text(format!(
+            "UNWIND $sections AS sk \
+             MATCH (s:OutlineNode {{outlineKey: sk}}) WHERE {ps} \
+             MATCH (sib:OutlineNode {{fileId: s.fileId}}) \
+             WHERE sib.outlineKey <> s.outlineKey AND coalesce(sib.parentKey, '') = coalesce(s.parentKey, '') \
+               AND {psib} \
+             WITH sk, s, sib ORDER BY abs(sib.order - s.order), sib.order \
+             WITH sk, collect([sib.outlineKey, sib.title, sib.depth, sib.order]) AS sibs \
+             RETURN sk, size(sibs), sibs[0..$cap]"
+        ));
+        let siblings = q;
+
+        let mut q = Query::new();
+        let ps = q.access(scope.access, "s", Node::Content);
+        let pch = q.access(scope.access, "ch", Node::Content);
+        q.param("sections", section_list);
+        q.param("cap", caps.children as i64);
+        q.set_text(format!(
+            "UNWIND $sections AS sk \
+             MATCH (s:OutlineNode {{outlineKey: sk}})-[:HAS_SUBSECTION]->(ch:OutlineNode) \
+             WHERE {ps} AND {pch} \
+             WITH sk, ch ORDER BY ch.order \
+             WITH sk, collect([ch.outlineKey, ch.title, ch.depth, ch.order]) AS kids \
+             RETURN sk, size(kids), kids[0..$cap]"
+        ));
+        let children = q;
+
+        let (rows, siblings, children) = tokio::try_join!(
+            self.read(scope, &ancestors),
+            self.read(scope, &siblings),
+            self.read(scope, &children)
+        )?;
         let mut context = SectionContext::default();
         for cells in &rows.rows {
             let row = Row(cells);
@@ -207,38 +252,8 @@ impl GraphService {
             list.dedup_by(|a, b| a.outline_key == b.outline_key);
         }
 
-        let mut q = Query::new();
-        let ps = q.access(scope.access, "s", Node::Content);
-        let psib = q.access(scope.access, "sib", Node::Content);
-        q.param("sections", section_list.clone());
-        q.param("cap", caps.siblings as i64);
-        // Nearest siblings first, so a clipped list stays around the section.
-        q.set_text(format!(
-            "UNWIND $sections AS sk \
-             MATCH (s:OutlineNode {{outlineKey: sk}}) WHERE {ps} \
-             MATCH (sib:OutlineNode {{fileId: s.fileId}}) \
-             WHERE sib.outlineKey <> s.outlineKey AND coalesce(sib.parentKey, '') = coalesce(s.parentKey, '') \
-               AND {psib} \
-             WITH sk, s, sib ORDER BY abs(sib.order - s.order), sib.order \
-             WITH sk, collect([sib.outlineKey, sib.title, sib.depth, sib.order]) AS sibs \
-             RETURN sk, size(sibs), sibs[0..$cap]"
-        ));
-        context.siblings = clipped_lists(&self.read(scope, &q).await?)?;
-
-        let mut q = Query::new();
-        let ps = q.access(scope.access, "s", Node::Content);
-        let pch = q.access(scope.access, "ch", Node::Content);
-        q.param("sections", section_list);
-        q.param("cap", caps.children as i64);
-        q.set_text(format!(
-            "UNWIND $sections AS sk \
-             MATCH (s:OutlineNode {{outlineKey: sk}})-[:HAS_SUBSECTION]->(ch:OutlineNode) \
-             WHERE {ps} AND {pch} \
-             WITH sk, ch ORDER BY ch.order \
-             WITH sk, collect([ch.outlineKey, ch.title, ch.depth, ch.order]) AS kids \
-             RETURN sk, size(kids), kids[0..$cap]"
-        ));
-        context.children = clipped_lists(&self.read(scope, &q).await?)?;
+        context.siblings = clipped_lists(&siblings)?;
+        context.children = clipped_lists(&children)?;
         Ok(context)
     }
 }
