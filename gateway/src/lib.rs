@@ -14,6 +14,7 @@ mod mcp;
 mod metrics;
 mod state;
 
+use axum::serve::ListenerExt as _;
 use rmcp::ServiceExt as _;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -34,6 +35,13 @@ pub async fn serve(
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "gateway listening; MCP at /mcp");
     }
+    // TCP_NODELAY: rmcp answers a POST as a stream (headers, then the event), and with
+    // Nagle on the second write waits for the client's delayed ACK, ~40 ms per MCP call.
+    let listener = listener.tap_io(|tcp| {
+        if let Err(err) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %err, "TCP_NODELAY not set on an accepted connection");
+        }
+    });
     axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await

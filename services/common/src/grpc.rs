@@ -4,9 +4,9 @@
 use std::time::Duration;
 
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::service::Routes;
+use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 
 use crate::caller::CallerContextLayer;
@@ -49,9 +49,16 @@ pub async fn serve(
         .layer(GrpcMetricsLayer::new(service_label))
         .layer(caller_layer)
         .add_routes(routes)
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown.cancelled_owned())
+        .serve_with_incoming_shutdown(incoming(listener), shutdown.cancelled_owned())
         .await?;
     Ok(())
+}
+
+/// Accepted connections with TCP_NODELAY: a reply written in more than one piece (headers,
+/// then body) otherwise waits for the client's delayed ACK, ~40 ms per call on Linux.
+/// tonic's own `tcp_nodelay` setting does not apply to `serve_with_incoming`.
+fn incoming(listener: TcpListener) -> TcpIncoming {
+    TcpIncoming::from(listener).with_nodelay(Some(true))
 }
 
 /// A lazily connecting channel to `addr` (`http://host:port`), with the
