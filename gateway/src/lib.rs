@@ -14,9 +14,9 @@ mod mcp;
 mod metrics;
 mod state;
 
-use axum::serve::ListenerExt as _;
+use axum::serve::{ListenerExt as _, TapIo};
 use rmcp::ServiceExt as _;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
 pub use config::{BackendAddrs, DEFAULT_MAX_UPLOAD_BYTES, GatewayConfig};
@@ -35,17 +35,22 @@ pub async fn serve(
     if let Ok(addr) = listener.local_addr() {
         tracing::info!(%addr, "gateway listening; MCP at /mcp");
     }
-    // TCP_NODELAY: rmcp answers a POST as a stream (headers, then the event), and with
-    // Nagle on the second write waits for the client's delayed ACK, ~40 ms per MCP call.
-    let listener = listener.tap_io(|tcp| {
-        if let Err(err) = tcp.set_nodelay(true) {
-            tracing::debug!(error = %err, "TCP_NODELAY not set on an accepted connection");
-        }
-    });
-    axum::serve(listener, router(state))
+    axum::serve(nodelay(listener), router(state))
         .with_graceful_shutdown(shutdown.cancelled_owned())
         .await
         .map_err(GatewayError::Serve)
+}
+
+/// Accepted connections with TCP_NODELAY: rmcp answers a POST as a stream (headers, then the
+/// event), and under Nagle the second write waits for the client's delayed ACK, ~40 ms per
+/// MCP call on Linux.
+fn nodelay(listener: TcpListener) -> TapIo<TcpListener, fn(&mut TcpStream)> {
+    fn set_nodelay(tcp: &mut TcpStream) {
+        if let Err(err) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %err, "TCP_NODELAY not set on an accepted connection");
+        }
+    }
+    listener.tap_io(set_nodelay)
 }
 
 /// Serves MCP over stdin/stdout with a fixed PAT, authorized on every tool
@@ -74,4 +79,22 @@ pub async fn serve_stdio_with_role(
         .map_err(|err| GatewayError::Stdio(err.to_string()))?;
     tracing::info!(?reason, "stdio MCP session ended");
     Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use axum::serve::Listener as _;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn accepted_connections_have_tcp_nodelay() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let mut accepted = nodelay(listener);
+        let _client = TcpStream::connect(addr).await.unwrap();
+        let (stream, _) = accepted.accept().await;
+        assert!(stream.nodelay().unwrap());
+    }
 }
