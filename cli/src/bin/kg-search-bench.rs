@@ -9,7 +9,8 @@
 //! straight to the services over gRPC (retrieval `Search`, then graph `Packages` for the
 //! winners, which is what the gateway does) and through the gateway over MCP Streamable
 //! HTTP (JSON-RPC `tools/call kg_search`, bearer token). It prints p50/p95/p99/mean per
-//! lane and path and the gateway overhead per query (MCP minus the two backend calls).
+//! lane and path, the gateway overhead per query (MCP minus the two backend calls), and the
+//! Authorize call to auth that the gateway makes per request, timed on its own.
 
 // A report on stdout is this program's output.
 #![allow(clippy::print_stdout)]
@@ -320,8 +321,10 @@ struct Direct {
     minted: Instant,
 }
 
-/// One timed direct call: retrieval Search, then graph Packages for its hits.
+/// One timed direct call: the Authorize the gateway makes per request, retrieval Search, then
+/// graph Packages for its hits.
 struct DirectSample {
+    authorize: Duration,
     search: Duration,
     packages: Duration,
     hits: usize,
@@ -369,6 +372,23 @@ impl Direct {
         Ok(())
     }
 
+    /// Times the Authorize call the gateway makes for every MCP request (same token and tool,
+    /// no namespace selection); the context it returns is not used.
+    async fn time_authorize(&mut self) -> anyhow::Result<Duration> {
+        let request = AuthorizeRequest {
+            token: self.token.clone(),
+            tool: "kg_search".into(),
+            namespaces: Vec::new(),
+            request_id: format!("bench-{}", kg_common::caller::now_ms()),
+        };
+        let started = Instant::now();
+        self.auth
+            .authorize(request)
+            .await
+            .context("auth refused the token")?;
+        Ok(started.elapsed())
+    }
+
     fn request<T>(&self, message: T) -> tonic::Request<T> {
         let mut request = tonic::Request::new(message);
         kg_common::caller::attach_caller(&mut request, &self.signed);
@@ -389,6 +409,7 @@ impl Direct {
         lanes: &[String],
         top_k: u32,
     ) -> anyhow::Result<DirectSample> {
+        let authorize = self.time_authorize().await?;
         let request = self.request(SearchRequest {
             namespace: self.namespace.clone(),
             query: query.to_owned(),
@@ -426,6 +447,7 @@ impl Direct {
                 .context("graph Packages failed")?;
         }
         Ok(DirectSample {
+            authorize,
             search,
             packages: started.elapsed(),
             hits,
@@ -618,6 +640,7 @@ struct LaneSet {
 /// One query through both paths for one lane set.
 struct Sample {
     lane_set: usize,
+    authorize: Duration,
     search: Duration,
     packages: Duration,
     mcp: Duration,
@@ -689,6 +712,7 @@ async fn client_loop(
             match both(&mut direct, &mut mcp, query, set, grpc_first, top_k).await {
                 Ok((d, (mcp_time, mcp_hits))) => samples.push(Sample {
                     lane_set: set_index,
+                    authorize: d.authorize,
                     search: d.search,
                     packages: d.packages,
                     mcp: mcp_time,
@@ -887,7 +911,7 @@ fn report(
         let grpc_hits = mean_hits(|s| s.grpc_hits);
         let mcp_hits = mean_hits(|s| s.mcp_hits);
         let failed_lanes: usize = of_set.iter().map(|s| s.failed_lanes).sum();
-        let rows: [(&str, Stats, Option<f64>); 5] = [
+        let rows: [(&str, Stats, Option<f64>); 7] = [
             (
                 "grpc Search",
                 stats(of_set.iter().map(|s| ms(s.search)).collect()),
@@ -916,6 +940,21 @@ fn report(
             (
                 "overhead mcp-S",
                 stats(of_set.iter().map(|s| ms(s.mcp) - ms(s.search)).collect()),
+                None,
+            ),
+            (
+                "grpc Authorize",
+                stats(of_set.iter().map(|s| ms(s.authorize)).collect()),
+                None,
+            ),
+            (
+                "overhead mcp-(A+S+P)",
+                stats(
+                    of_set
+                        .iter()
+                        .map(|s| ms(s.mcp) - ms(s.authorize + s.search + s.packages))
+                        .collect(),
+                ),
                 None,
             ),
         ];
@@ -967,8 +1006,9 @@ fn report(
     let calls = samples.len();
     println!(
         "\nms per call; hits = mean results returned. Search = retrieval alone (query embedding included); \
-         Packages = graph packages for its hits; overhead = the same query's MCP time minus the backend calls \
-         (HTTP, JSON-RPC, the per-request Authorize, JSON rendering)."
+         Packages = graph packages for its hits; Authorize = auth's per-request check of the token, as the \
+         gateway makes it; overhead mcp-(S+P) = the same query's MCP time minus the search backends \
+         (HTTP, JSON-RPC, the Authorize, JSON rendering), mcp-(A+S+P) = also minus the Authorize."
     );
     println!(
         "{calls} query x lane-set pairs in {wall:.1} s ({:.1} pairs/s, each pair = one gRPC and one MCP search)",
