@@ -18,7 +18,7 @@ use subtle::ConstantTimeEq as _;
 use crate::error::{AuthError, Result};
 use crate::pat::{self, DeploymentTag, PatHasher};
 use crate::resolve::{admin_filters, intersect, resolve};
-use crate::store::{AuditQuery, AuthStore};
+use crate::store::{AuditQuery, AuthStore, PAT_TOUCH_MS};
 
 /// Longest accepted display name.
 const MAX_NAME_LEN: usize = 200;
@@ -172,11 +172,20 @@ impl AuthService {
         if owner.revoked_at_ms.is_some() || owner.expires_at_ms.is_some_and(|e| e <= now) {
             return Err(AuthError::InvalidToken);
         }
-        if let Err(err) = self.store.touch_pat(&owner.pat_id, now).await {
-            tracing::warn!(error = %err, "could not record PAT use");
-        }
-        let principal = owner.principal;
-        let mut access = self.access_of(&principal).await?;
+        let principal = &owner.principal;
+        // The checks above are the gate; what follows only reads the principal's access and
+        // roles, so the independent statements run side by side on the pool.
+        let touch = async {
+            let recent = owner
+                .last_used_at_ms
+                .is_some_and(|used| now - used < PAT_TOUCH_MS);
+            if !recent && let Err(err) = self.store.touch_pat(&owner.pat_id, now).await {
+                tracing::warn!(error = %err, "could not record PAT use");
+            }
+            Ok(())
+        };
+        let (mut access, roles, ()) =
+            tokio::try_join!(self.access_of(principal), self.roles_of(principal), touch)?;
         if !namespaces.is_empty() {
             let mut selected = BTreeMap::new();
             for ns in namespaces {
@@ -191,7 +200,7 @@ impl AuthService {
             principal_id: principal.id.clone(),
             principal_kind: principal.kind,
             on_behalf_of: principal.acts_for.clone(),
-            roles: self.roles_of(&principal).await?,
+            roles,
             access: access.into_values().collect(),
             issued_at_ms: now,
             expires_at_ms: now + CONTEXT_TTL_MS,

@@ -170,8 +170,14 @@ pub(crate) struct PatOwner {
     pub token_hash: String,
     pub expires_at_ms: Option<i64>,
     pub revoked_at_ms: Option<i64>,
+    /// When the token was last recorded as used (minute resolution, see [`PAT_TOUCH_MS`]).
+    pub last_used_at_ms: Option<i64>,
     pub principal: Principal,
 }
+
+/// How stale a PAT's `last_used_at_ms` may get before a use rewrites it: hot tokens must not
+/// turn every call into a write.
+pub(crate) const PAT_TOUCH_MS: i64 = 60_000;
 
 impl AuthStore {
     pub(crate) async fn open(sql: SqlStore) -> Result<Self> {
@@ -691,7 +697,7 @@ impl AuthStore {
 
     pub(crate) async fn pat_owner(&self, token_hash: &str) -> Result<Option<PatOwner>> {
         let row = sqlx::query(
-            "SELECT t.id AS pat_id, t.token_hash, t.expires_at_ms, t.revoked_at_ms, p.id, p.name, p.kind, p.acts_for, p.is_admin, p.created_at_ms \
+            "SELECT t.id AS pat_id, t.token_hash, t.expires_at_ms, t.revoked_at_ms, t.last_used_at_ms, p.id, p.name, p.kind, p.acts_for, p.is_admin, p.created_at_ms \
              FROM kg_pats t JOIN kg_principals p ON p.id = t.principal_id WHERE t.token_hash = $1",
         )
         .bind(token_hash)
@@ -703,6 +709,7 @@ impl AuthStore {
                 token_hash: r.try_get("token_hash")?,
                 expires_at_ms: r.try_get("expires_at_ms")?,
                 revoked_at_ms: r.try_get("revoked_at_ms")?,
+                last_used_at_ms: r.try_get("last_used_at_ms")?,
                 principal: principal_from(&r)?,
             })
         })
@@ -710,14 +717,13 @@ impl AuthStore {
     }
 
     pub(crate) async fn touch_pat(&self, pat_id: &str, now_ms: i64) -> Result<()> {
-        // Only write when the stored value is a minute old: keeps hot tokens from
-        // turning every call into a write.
+        // The guard repeats the caller's check, for two callers racing on one token.
         sqlx::query(
             "UPDATE kg_pats SET last_used_at_ms = $1 WHERE id = $2 AND (last_used_at_ms IS NULL OR last_used_at_ms < $3)",
         )
         .bind(now_ms)
         .bind(pat_id)
-        .bind(now_ms - 60_000)
+        .bind(now_ms - PAT_TOUCH_MS)
         .execute(self.sql.pool())
         .await?;
         Ok(())
