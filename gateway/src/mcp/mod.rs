@@ -48,9 +48,18 @@ const RESPONSE_ENVELOPE_BYTES: usize = 8 * 1024;
 /// answer becomes a PAYLOAD_TOO_LARGE error.
 pub(crate) const MAX_RESULT_BYTES: usize = MAX_RESPONSE_BYTES - RESPONSE_ENVELOPE_BYTES;
 
-/// Bytes of JSON text as a JSON string literal, without the quotes.
+/// Bytes of JSON text as a JSON string literal, without the quotes, as serde_json writes it:
+/// `"` and `\\` and the short control escapes take two bytes, other control bytes six
+/// (`\\u00XX`), everything else (UTF-8 included) itself. Counted, not rendered: results are
+/// up to a megabyte and this runs on every call.
 fn escaped_len(text: &str) -> usize {
-    serde_json::to_string(text).map_or(text.len() * 6, |s| s.len().saturating_sub(2))
+    text.bytes()
+        .map(|b| match b {
+            b'"' | b'\\' | b'\n' | b'\r' | b'\t' | 0x08 | 0x0c => 2,
+            0x00..=0x1f => 6,
+            _ => 1,
+        })
+        .sum()
 }
 
 /// Wire bytes of a result `value`: the client receives it twice, as
@@ -334,6 +343,17 @@ mod tests {
             wire_len(&value),
             text.len() + serde_json::to_string(&text).unwrap().len() - 2
         );
+
+        for tricky in [
+            "",
+            "plain",
+            "quote \" backslash \\ slash /",
+            "\n\r\t\u{8}\u{c}\u{0}\u{1f}\u{7f}",
+            "héllo wörld \u{202e} \u{e0041} \u{200b} 漢字",
+        ] {
+            let rendered = serde_json::to_string(tricky).unwrap();
+            assert_eq!(escaped_len(tricky), rendered.len() - 2, "{tricky:?}");
+        }
 
         let (_, failure) = finish(Err(ClientError::invalid("bad")));
         assert_eq!(failure, Some(ErrorCode::InvalidArgument));
