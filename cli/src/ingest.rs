@@ -147,7 +147,10 @@ pub async fn ingest(
     let bar = progress(waiting.len() as u64, "indexing");
     let deadline = Instant::now() + timeout;
     while !waiting.is_empty() {
-        for file in list_all(client, namespace).await? {
+        let listed = Instant::now();
+        let files = list_all(client, namespace).await?;
+        let pause = poll_pause(listed.elapsed());
+        for file in files {
             let path = file.get("path").and_then(Value::as_str).unwrap_or_default();
             let Some(version) = waiting.get(path) else {
                 continue;
@@ -182,10 +185,20 @@ pub async fn ingest(
                 pending.first().map(|s| s.as_str()).unwrap_or_default()
             );
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        tokio::time::sleep(pause).await;
     }
     bar.finish_and_clear();
     Ok(report)
+}
+
+/// The wait between two status listings: twenty times what the last one took, within
+/// 200 ms..5 s. A listing reads every file of the namespace, so polling a big one at a
+/// fixed rate would take CPU from the indexer it is waiting for; this keeps the poller's
+/// share of the server near 5% whatever the namespace's size.
+fn poll_pause(listing: Duration) -> Duration {
+    listing
+        .saturating_mul(20)
+        .clamp(Duration::from_millis(200), Duration::from_secs(5))
 }
 
 async fn ensure_namespace(client: &AdminClient, namespace: &str) -> anyhow::Result<()> {
@@ -231,5 +244,21 @@ pub async fn list_all(client: &AdminClient, namespace: &str) -> anyhow::Result<V
             Some(next) if !next.is_empty() => cursor = next.to_owned(),
             _ => return Ok(out),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn polling_backs_off_with_the_cost_of_a_listing() {
+        let ms = Duration::from_millis;
+        // A small namespace lists in a few ms: poll every 200 ms, as before.
+        assert_eq!(poll_pause(ms(3)), ms(200));
+        // 6,000 files listed in 120 ms: wait 2.4 s, so listings take ~5% of the time.
+        assert_eq!(poll_pause(ms(120)), ms(2_400));
+        // However slow the listing, the wait for the last file stays bounded.
+        assert_eq!(poll_pause(Duration::from_secs(60)), Duration::from_secs(5));
     }
 }
