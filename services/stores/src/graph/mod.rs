@@ -41,7 +41,7 @@ pub const RANGE_INDEXES: &[(&str, &str)] = &[
 /// better (nDCG@10 0.782 against 0.764 on text alone).
 pub const FULLTEXT_INDEXES: &[(&str, &[&str])] = &[("Chunk", &["text", "contextHeader"])];
 
-/// Longest wait for a rebuilt full-text index to be searchable.
+/// Longest wait for a new or rebuilt full-text index to be searchable.
 const INDEX_BUILD_WAIT: Duration = Duration::from_secs(60);
 
 /// The graph key of a namespace: `kg_ns_<namespace>`.
@@ -216,14 +216,15 @@ impl GraphStore {
                 let drop = format!("CALL db.idx.fulltext.drop('{label}')");
                 self.query(namespace, &drop, &none).await?;
                 self.query(namespace, &create, &none).await?;
-                // FalkorDB re-indexes the existing nodes in the background; searches see
-                // them once it is built, so a migration waits for that (bounded).
-                let deadline = std::time::Instant::now() + INDEX_BUILD_WAIT;
-                while self.fulltext_properties(namespace, label).await?.is_none()
-                    && std::time::Instant::now() < deadline
-                {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
+            }
+            // FalkorDB builds a new or recreated index in the background, and until it is
+            // built a search misses the nodes it covers: wait for it (bounded), so that what
+            // is written after this returns is searchable. A built index answers at once.
+            let deadline = std::time::Instant::now() + INDEX_BUILD_WAIT;
+            while self.fulltext_properties(namespace, label).await?.is_none()
+                && std::time::Instant::now() < deadline
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
         Ok(())
