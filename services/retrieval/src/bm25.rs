@@ -4,12 +4,15 @@
 //! the two properties the index covers. RediSearch's own score neither saturates term
 //! frequency nor normalises length that way, and cost ~0.05 nDCG@10 on docs-qa.
 //!
-//! Corpus statistics count only the chunks the caller may read (the access predicate is
-//! inside every statistics query), so a ranking never depends on unreadable text: N and
+//! Corpus statistics count only the chunks the caller may read (the chunk's access predicate
+//! is inside every statistics query), so a ranking never depends on unreadable text: N and
 //! avgdl from the readable chunks (avgdl over the first [`AVGDL_SAMPLE`] of them, counted
 //! by FalkorDB with the tokenizer's own pattern), df per term from the index with the term
 //! quoted (exact token, like tf). They are cached in-process per (server, namespace, access
-//! predicate) for [`STATS_TTL`]; the cache holds counts only, never text.
+//! predicate) for [`STATS_TTL`]; the cache holds counts only, never text. A Chunk carries
+//! the access properties of its file, so the statistics never traverse to the FileRef: the
+//! df of a common term walks tens of thousands of postings, and a traversal for each cost
+//! three quarters of the query at 100k chunks.
 
 use std::collections::HashMap;
 use std::sync::{LazyLock, Mutex, PoisonError};
@@ -193,17 +196,16 @@ impl StatsCache {
     }
 }
 
-/// BM25 statistics of `terms` over the chunks `node` (a Chunk) and `file` (its FileRef)
-/// admit, from the cache when fresh; otherwise asked from FalkorDB (only the missing parts).
-/// `node` must be compiled for variable `node`, `file` for `f`.
+/// BM25 statistics of `terms` over the chunks `node` (a Chunk access predicate compiled for
+/// variable `node`) admits, from the cache when fresh; otherwise asked from FalkorDB (only
+/// the missing parts).
 pub(crate) async fn stats(
     store: &GraphStore,
     namespace: &str,
     node: &CypherPredicate,
-    file: &CypherPredicate,
     terms: &[String],
 ) -> Result<Stats> {
-    let key = scope_key(store, namespace, node, file);
+    let key = scope_key(store, namespace, node);
     let (cached_corpus, cached_df) = CACHE.get(&key, terms);
     let missing: Vec<usize> = (0..terms.len())
         .filter(|&i| cached_df[i].is_none())
@@ -212,7 +214,7 @@ pub(crate) async fn stats(
     let corpus_query = async {
         match cached_corpus {
             Some(corpus) => Ok((corpus, false)),
-            None => corpus_stats(store, namespace, node, file)
+            None => corpus_stats(store, namespace, node)
                 .await
                 .map(|c| (c, true)),
         }
@@ -222,7 +224,7 @@ pub(crate) async fn stats(
         if missing_terms.is_empty() {
             Ok(Vec::new())
         } else {
-            document_frequencies(store, namespace, node, file, &missing_terms).await
+            document_frequencies(store, namespace, node, &missing_terms).await
         }
     };
     let ((corpus, corpus_fetched), fetched_df) = tokio::try_join!(corpus_query, df_query)?;
@@ -245,37 +247,25 @@ pub(crate) async fn stats(
     })
 }
 
-/// Server, namespace and the predicates with their parameters: two callers share cached
+/// Server, namespace and the predicate with its parameters: two callers share cached
 /// statistics only when they read exactly the same chunks.
-fn scope_key(
-    store: &GraphStore,
-    namespace: &str,
-    node: &CypherPredicate,
-    file: &CypherPredicate,
-) -> String {
-    let params = |p: &CypherPredicate| {
-        Value::Array(
-            p.params
-                .iter()
-                .map(|(name, value)| Value::Array(vec![Value::from(name.as_str()), value.clone()]))
-                .collect(),
-        )
-        .to_string()
-    };
+fn scope_key(store: &GraphStore, namespace: &str, node: &CypherPredicate) -> String {
+    let params = Value::Array(
+        node.params
+            .iter()
+            .map(|(name, value)| Value::Array(vec![Value::from(name.as_str()), value.clone()]))
+            .collect(),
+    );
     format!(
-        "{}\u{0}{namespace}\u{0}{}\u{0}{}\u{0}{}\u{0}{}",
+        "{}\u{0}{namespace}\u{0}{}\u{0}{params}",
         store.server_identity(),
         node.text,
-        params(node),
-        file.text,
-        params(file)
     )
 }
 
-fn with_predicates(node: &CypherPredicate, file: &CypherPredicate) -> Params {
+fn with_predicate(node: &CypherPredicate) -> Params {
     let mut params = Params::new();
     params.extend(node.params.iter().cloned());
-    params.extend(file.params.iter().cloned());
     params
 }
 
@@ -284,21 +274,17 @@ async fn corpus_stats(
     store: &GraphStore,
     namespace: &str,
     node: &CypherPredicate,
-    file: &CypherPredicate,
 ) -> Result<Corpus> {
-    let readable = format!(
-        "MATCH (node:Chunk)-[:PART_OF]->(f:FileRef) WHERE {} AND {}",
-        node.text, file.text
-    );
+    let readable = format!("MATCH (node:Chunk) WHERE {}", node.text);
     let count = format!("{readable} RETURN count(node)");
-    let mut sample_params = with_predicates(node, file);
+    let mut sample_params = with_predicate(node);
     sample_params.insert("bm25_sample".into(), Value::from(AVGDL_SAMPLE));
     sample_params.insert("bm25_token".into(), Value::from(TOKEN_PATTERN));
     let sample = format!(
         "{readable} WITH node LIMIT $bm25_sample \
          RETURN count(node), sum(size(string.matchRegEx(coalesce(node.contextHeader, '') + ' ' + coalesce(node.text, ''), $bm25_token)))"
     );
-    let count_params = with_predicates(node, file);
+    let count_params = with_predicate(node);
     let (counted, sampled) = tokio::try_join!(
         store.ro_query(namespace, &count, &count_params, STATS_TIMEOUT_MS),
         store.ro_query(namespace, &sample, &sample_params, STATS_TIMEOUT_MS),
@@ -330,10 +316,9 @@ async fn document_frequencies(
     store: &GraphStore,
     namespace: &str,
     node: &CypherPredicate,
-    file: &CypherPredicate,
     terms: &[&str],
 ) -> Result<Vec<u64>> {
-    let mut params = with_predicates(node, file);
+    let mut params = with_predicate(node);
     params.insert(
         "bm25_terms".into(),
         Value::Array(terms.iter().map(|t| Value::from(exact_term(t))).collect()),
@@ -342,9 +327,8 @@ async fn document_frequencies(
         "UNWIND range(0, size($bm25_terms) - 1) AS i \
          CALL db.idx.fulltext.queryNodes('Chunk', $bm25_terms[i]) YIELD node \
          WHERE {} \
-         MATCH (node)-[:PART_OF]->(f:FileRef) WHERE {} \
          RETURN i, count(node)",
-        node.text, file.text
+        node.text
     );
     let rows = store
         .ro_query(namespace, &cypher, &params, STATS_TIMEOUT_MS)

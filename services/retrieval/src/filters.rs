@@ -61,6 +61,15 @@ impl LaneFilters {
         })
     }
 
+    /// Whether any clause tests the FileRef (collections, dates), so a lane must match it
+    /// for every candidate rather than only for the ones it keeps.
+    pub(crate) fn needs_file(&self) -> bool {
+        !self.collections.is_empty()
+            || self.date_from.is_some()
+            || self.date_to.is_some()
+            || self.effective_at.is_some()
+    }
+
     /// `AND ...` clauses over chunk `c` and its FileRef `f` (empty when nothing applies).
     /// The relation filter is not among them: see [`LaneFilters::relation_stage`].
     pub(crate) fn where_clauses(&self, c: &str, f: &str, params: &mut Params) -> String {

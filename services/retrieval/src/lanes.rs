@@ -95,7 +95,7 @@ pub(crate) async fn fulltext(
     }
     let node_predicate = cypher_predicate(access, "node", "path", "acl_node_");
     let file_predicate = cypher_predicate(access, "f", "vfsPath", "acl_f_");
-    let stats = bm25::stats(store, namespace, &node_predicate, &file_predicate, &terms).await?;
+    let stats = bm25::stats(store, namespace, &node_predicate, &terms).await?;
     let idf = stats.idf();
 
     let mut params = Params::new();
@@ -113,19 +113,35 @@ pub(crate) async fn fulltext(
     params.insert("pool".into(), Value::from(CANDIDATE_POOL as i64));
     let folder_clause = filters.where_clauses("node", "f", &mut params);
     let relation = filters.relation_stage("node", "node, i, score", access, &mut params);
-    // Every access predicate comes before the first WITH: FalkorDB 4.16 evaluates a list
-    // predicate (`any(p IN $list WHERE x.path ...)`) over a variable bound after a WITH as
-    // false, which would silently hide readable chunks.
+    // The chunk's own access predicate decides readability (a Chunk carries the properties
+    // it needs, written together with its FileRef's), so the FileRef is matched per posting
+    // only when a filter tests it. Otherwise it is matched, and every predicate checked
+    // again, for the pool alone: a common term has tens of thousands of postings, and a
+    // traversal per posting was half the lane's time at 100k chunks. Postings are grouped
+    // by node id, and the text is read only for the pool, for the same reason.
+    let file_stage = if filters.needs_file() {
+        format!(
+            " MATCH (node)-[:PART_OF]->(f:FileRef) WHERE {}{folder_clause}",
+            file_predicate.text
+        )
+    } else {
+        folder_clause
+    };
+    // Every access predicate comes before the first WITH that drops `node`: FalkorDB 4.16
+    // evaluates a list predicate (`any(p IN $list WHERE x.path ...)`) over a variable bound
+    // after a WITH as false, which would silently hide readable chunks. The re-check after
+    // the WITH is over a node matched anew there, and only ever removes rows.
     let cypher = format!(
         "UNWIND range(0, size($terms) - 1) AS i \
          CALL db.idx.fulltext.queryNodes('Chunk', $terms[i]) YIELD node, score \
-         WHERE {node} \
-         MATCH (node)-[:PART_OF]->(f:FileRef) WHERE {file}{folder_clause} \
+         WHERE {node}{file_stage}\
          {relation} \
-         WITH node, sum($idf[i]) AS weight, sum(score) AS total \
-         RETURN node.chunkKey, node.fileId, node.text, node.contextHeader \
-         ORDER BY weight DESC, total DESC, node.chunkKey \
-         LIMIT $pool",
+         WITH id(node) AS candidate, sum($idf[i]) AS weight, sum(score) AS total \
+         ORDER BY weight DESC, total DESC, candidate \
+         LIMIT $pool \
+         MATCH (node:Chunk)-[:PART_OF]->(f:FileRef) \
+         WHERE id(node) = candidate AND {node} AND {file} \
+         RETURN node.chunkKey, node.fileId, node.text, node.contextHeader",
         node = node_predicate.text,
         file = file_predicate.text,
     );

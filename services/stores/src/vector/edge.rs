@@ -5,10 +5,16 @@
 //! replay its WAL on load, and its `flush` panics when it meets a concurrent writer.
 //! One process holds one shard per directory (a second `open` shares it), because two
 //! shards on the same files would overwrite each other.
+//!
+//! qdrant-edge has no background optimizer either: without one, every point stays in a plain
+//! (brute-force) segment and deletes are never vacuumed. Each shard runs
+//! [`optimize_in_background`]: once after it opens, then after writes settle (no write for
+//! [`OptimizeSchedule::idle`]) or after [`OptimizeSchedule::every_points`] written points.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, LazyLock, Mutex, PoisonError, Weak};
+use std::time::{Duration, Instant};
 
 use kg_proto::v1::AccessFilter;
 use qdrant_edge::{
@@ -59,6 +65,44 @@ struct Shard {
     writes: Mutex<()>,
     dir: PathBuf,
     dimension: usize,
+    /// Writes not yet optimized, for [`optimize_in_background`].
+    pending: Mutex<Pending>,
+    /// Wakes the background optimizer: after a write, and when the shard is dropped.
+    wake: Arc<tokio::sync::Notify>,
+}
+
+impl Drop for Shard {
+    fn drop(&mut self) {
+        // Lets the background optimizer see the shard is gone and end.
+        self.wake.notify_one();
+    }
+}
+
+/// When the background optimizer runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct OptimizeSchedule {
+    /// Quiet time after the last write: an ingest writes file by file, and an HNSW build
+    /// holds the write lock, so it waits for the writes to settle.
+    pub(crate) idle: Duration,
+    /// Points written since the last run that start one even while writes go on, so a
+    /// long ingest is searched through HNSW long before it ends.
+    pub(crate) every_points: usize,
+}
+
+impl OptimizeSchedule {
+    pub(crate) const DEFAULT: OptimizeSchedule = OptimizeSchedule {
+        idle: Duration::from_secs(5),
+        every_points: 50_000,
+    };
+}
+
+/// Writes since the last optimizer run.
+#[derive(Debug, Default)]
+struct Pending {
+    points: usize,
+    last_write: Option<Instant>,
+    /// Optimizer runs so far (a test reads it).
+    runs: u64,
 }
 
 /// The embedded vector index. Cheap to clone; clones share the shard.
@@ -78,8 +122,22 @@ impl EdgeIndex {
         if dimension == 0 {
             return Err(VectorError::invalid("dimension", "must be at least 1"));
         }
-        let dir = dir.into();
-        let inner = blocking(move || open_shard(&dir, dimension)).await?;
+        Self::open_scheduled(dir.into(), dimension, OptimizeSchedule::DEFAULT).await
+    }
+
+    pub(crate) async fn open_scheduled(
+        dir: PathBuf,
+        dimension: usize,
+        schedule: OptimizeSchedule,
+    ) -> Result<Self, VectorError> {
+        let (inner, opened) = blocking(move || open_shard(&dir, dimension)).await?;
+        if opened {
+            tokio::spawn(optimize_in_background(
+                Arc::downgrade(&inner),
+                Arc::clone(&inner.wake),
+                schedule,
+            ));
+        }
         let index = EdgeIndex { inner };
         index.ensure_collection().await?;
         Ok(index)
@@ -125,6 +183,7 @@ impl EdgeIndex {
         if points.is_empty() {
             return Ok(());
         }
+        let written = points.len();
         self.write(move |shard| {
             for batch in points.chunks(UPSERT_BATCH) {
                 let batch = batch.iter().map(to_persisted).collect();
@@ -136,7 +195,9 @@ impl EdgeIndex {
             }
             Ok(())
         })
-        .await
+        .await?;
+        self.wrote(written);
+        Ok(())
     }
 
     /// Deletes every point of a file.
@@ -149,7 +210,9 @@ impl EdgeIndex {
                 ))
                 .map_err(engine)
         })
-        .await
+        .await?;
+        self.wrote(1);
+        Ok(())
     }
 
     /// Sets the enabled and hidden flags on every point of a file.
@@ -176,7 +239,9 @@ impl EdgeIndex {
                 )))
                 .map_err(engine)
         })
-        .await
+        .await?;
+        self.wrote(1);
+        Ok(())
     }
 
     /// The `limit` nearest points that `access` and `scope` admit, best first.
@@ -271,10 +336,24 @@ impl EdgeIndex {
     }
 
     /// Runs the shard optimizers (merge small segments, build HNSW, vacuum deletes)
-    /// until none has work. qdrant-edge has no background optimizer: the indexer calls
-    /// this after large batches. Returns whether anything changed.
+    /// until none has work, now. The background optimizer does this after writes settle;
+    /// this is for callers that need it done before they go on. Returns whether anything
+    /// changed.
     pub async fn optimize(&self) -> Result<bool, VectorError> {
         self.write(|shard| shard.optimize().map_err(engine)).await
+    }
+
+    /// Records `points` written for the background optimizer and wakes it.
+    fn wrote(&self, points: usize) {
+        let mut pending = self
+            .inner
+            .pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        pending.points = pending.points.saturating_add(points.max(1));
+        pending.last_write = Some(Instant::now());
+        drop(pending);
+        self.inner.wake.notify_one();
     }
 
     /// Runs a write on the blocking pool under the write lock, then flushes it to disk.
@@ -304,7 +383,90 @@ where
         .map_err(|e| VectorError::internal(format!("vector index task failed: {e}")))?
 }
 
-fn open_shard(dir: &Path, dimension: usize) -> Result<Arc<Shard>, VectorError> {
+/// The background optimizer of one shard: runs once when the shard has been open and quiet
+/// for the idle time (a shard written by an earlier process may never have been optimized),
+/// then whenever writes settle. Ends
+/// when the shard is dropped; holds it only while it runs.
+async fn optimize_in_background(
+    shard: Weak<Shard>,
+    wake: Arc<tokio::sync::Notify>,
+    schedule: OptimizeSchedule,
+) {
+    let mut due = true;
+    loop {
+        if !due {
+            wake.notified().await;
+        }
+        due = false;
+        // Wait for the writes to settle, or for enough of them.
+        loop {
+            let Some(strong) = shard.upgrade() else {
+                return;
+            };
+            let (points, quiet_for) = {
+                let pending = strong
+                    .pending
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                let quiet_for = pending.last_write.map_or(schedule.idle, |at| at.elapsed());
+                (pending.points, quiet_for)
+            };
+            drop(strong);
+            if points >= schedule.every_points || quiet_for >= schedule.idle {
+                break;
+            }
+            tokio::time::sleep(schedule.idle.saturating_sub(quiet_for)).await;
+        }
+        let Some(strong) = shard.upgrade() else {
+            return;
+        };
+        let points = {
+            let mut pending = strong
+                .pending
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            std::mem::take(&mut pending.points)
+        };
+        let started = Instant::now();
+        let run = tokio::task::spawn_blocking(move || {
+            let _guard = strong.writes.lock().unwrap_or_else(PoisonError::into_inner);
+            let changed = strong.shard.optimize();
+            if matches!(changed, Ok(true)) {
+                strong.shard.flush();
+            }
+            let info = strong.shard.info();
+            strong
+                .pending
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .runs += 1;
+            (changed, info)
+        })
+        .await;
+        let seconds = started.elapsed().as_secs_f64();
+        match run {
+            Ok((Ok(true), info)) => tracing::info!(
+                seconds,
+                points_since_last = points,
+                segments = info.segments_count,
+                points = info.points_count,
+                indexed_vectors = info.indexed_vectors_count,
+                "vector index optimized"
+            ),
+            Ok((Ok(false), _)) => {
+                tracing::debug!(seconds, "vector index optimizer: nothing to do")
+            }
+            // The next write retries; searches keep working on the unoptimized segments.
+            Ok((Err(err), _)) => {
+                tracing::warn!(error = %err, "vector index optimizer failed")
+            }
+            Err(err) => tracing::warn!(error = %err, "vector index optimizer task failed"),
+        }
+    }
+}
+
+/// The shard of `dir`, and whether this call opened it (rather than sharing one already open).
+fn open_shard(dir: &Path, dimension: usize) -> Result<(Arc<Shard>, bool), VectorError> {
     std::fs::create_dir_all(dir)
         .map_err(|e| engine(format!("cannot create {}: {e}", dir.display())))?;
     let dir = dir
@@ -314,7 +476,7 @@ fn open_shard(dir: &Path, dimension: usize) -> Result<Arc<Shard>, VectorError> {
     open.retain(|_, shard| shard.strong_count() > 0);
     if let Some(shard) = open.get(&dir).and_then(Weak::upgrade) {
         check_dimension(shard.dimension, dimension)?;
-        return Ok(shard);
+        return Ok((shard, false));
     }
     let shard = if dir.join(EDGE_CONFIG_FILE).exists() {
         let shard = EdgeShard::load(&dir, None).map_err(engine)?;
@@ -363,9 +525,16 @@ fn open_shard(dir: &Path, dimension: usize) -> Result<Arc<Shard>, VectorError> {
         writes: Mutex::new(()),
         dir: dir.clone(),
         dimension,
+        // Opening counts as a write: the first run waits for the quiet time too, so a
+        // process that opens a shard for a moment never starts one.
+        pending: Mutex::new(Pending {
+            last_write: Some(Instant::now()),
+            ..Pending::default()
+        }),
+        wake: Arc::new(tokio::sync::Notify::new()),
     });
     open.insert(dir, Arc::downgrade(&shard));
-    Ok(shard)
+    Ok((shard, true))
 }
 
 fn check_dimension(existing: usize, wanted: usize) -> Result<(), VectorError> {
@@ -435,5 +604,79 @@ mod tests {
         let index = EdgeIndex::open(dir.path(), 3).await.unwrap();
         assert_eq!(indexed(&index), want);
         assert!(!indexed(&index).contains(&schema::ANCHORED_PATH.to_owned()));
+    }
+
+    /// A shard written and left alone ends up optimized: HNSW over its vectors (here with
+    /// a 1 KB threshold, so a few hundred small vectors qualify), without any call.
+    #[tokio::test]
+    async fn background_optimizer_indexes_settled_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let schedule = OptimizeSchedule {
+            idle: Duration::from_millis(200),
+            every_points: usize::MAX,
+        };
+        let index = EdgeIndex::open_scheduled(dir.path().to_path_buf(), 8, schedule)
+            .await
+            .unwrap();
+        index
+            .inner
+            .shard
+            .set_optimizers_config(qdrant_edge::EdgeOptimizersConfig {
+                indexing_threshold: Some(1),
+                ..Default::default()
+            })
+            .unwrap();
+        let points: Vec<VectorPoint> = (0..600)
+            .map(|i| VectorPoint {
+                namespace: "alpha".into(),
+                kind: super::super::PointKind::Chunk,
+                chunk_key: format!("c{i}"),
+                file_id: format!("f{}", i / 10),
+                path: format!("docs/{}.md", i / 10),
+                enabled: true,
+                hidden: false,
+                collections: Vec::new(),
+                document_date: None,
+                vector: (0..8)
+                    .map(|d| ((i * 7 + d * 13) % 17) as f32 + 1.0)
+                    .collect(),
+            })
+            .collect();
+        let probe = points[123].vector.clone();
+        index.upsert(points).await.unwrap();
+        assert_eq!(index.inner.shard.info().indexed_vectors_count, 0);
+
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while index.inner.shard.info().indexed_vectors_count < 600 {
+            assert!(
+                Instant::now() < deadline,
+                "never optimized: {:?}",
+                index.inner.shard.info()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let runs = index.inner.pending.lock().unwrap().runs;
+        assert!(runs >= 1, "{runs}");
+        assert_eq!(index.inner.pending.lock().unwrap().points, 0);
+
+        let access = AccessFilter {
+            namespace: "alpha".into(),
+            allow_prefixes: vec![String::new()],
+            enabled_only: true,
+            visible_only: true,
+            ..Default::default()
+        };
+        let hits = index
+            .search(&access, &super::super::Scope::chunks(), probe, 1)
+            .await
+            .unwrap();
+        assert_eq!(hits.len(), 1);
+        assert!(hits[0].score > 0.999, "{:?}", hits[0]);
+
+        // The optimizer holds the shard only while it runs: dropping the index ends it.
+        let weak = Arc::downgrade(&index.inner);
+        drop(index);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(weak.upgrade().is_none());
     }
 }

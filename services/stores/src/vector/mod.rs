@@ -423,9 +423,9 @@ impl VectorIndex {
         self.search(access, &scope, vector, limit).await.map(Some)
     }
 
-    /// Compacts and indexes after large writes. The embedded shard has no background
-    /// optimizer, so the indexer calls this after a batch of files; a Qdrant server
-    /// optimizes by itself. Returns whether anything changed.
+    /// Compacts and indexes now. The embedded shard also does this by itself once writes
+    /// settle (see [`EdgeIndex`]), and a Qdrant server optimizes on its own; this is for
+    /// callers that need it done before they go on. Returns whether anything changed.
     pub async fn optimize(&self) -> Result<bool, VectorError> {
         match self {
             VectorIndex::Edge(i) => i.optimize().await,
