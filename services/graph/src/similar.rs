@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 
 use kg_proto::v1::{AccessFilter, ChunkPackage, ListCounts, SimilarFile};
-use kg_stores::vector::{Scope as VectorScope, VectorHit, VectorIndex, similar_scope};
+use kg_stores::vector::{Scope as VectorScope, VectorHit, VectorIndex};
 use serde_json::Value;
 
 use crate::error::{GraphError, Result};
@@ -39,24 +39,59 @@ async fn nearest_files(
     file_id: String,
     limit: usize,
 ) -> Result<Option<(u64, Vec<VectorHit>)>> {
-    let access = enabled(&access);
-    let everything = VectorScope::files();
-    // One more than asked tells whether the list is clipped without counting.
-    let Some(mut hits) = index
-        .similar_files(&access, &everything, &access.namespace, &file_id, limit + 1)
-        .await?
-    else {
+    let Some((clipped, hits)) = nearest_clipped(&index, &access, &file_id, limit).await? else {
         return Ok(None);
     };
-    let total = if hits.len() > limit {
-        hits.truncate(limit);
-        index
-            .count(&access, &similar_scope(&everything, &file_id))
-            .await?
+    let total = if clipped {
+        rankable_files(&index, &access).await?
     } else {
         hits.len() as u64
     };
     Ok(Some((total, hits)))
+}
+
+/// The `limit` nearest files as in [`nearest_files`], and whether there were more.
+async fn nearest_clipped(
+    index: &VectorIndex,
+    access: &AccessFilter,
+    file_id: &str,
+    limit: usize,
+) -> Result<Option<(bool, Vec<VectorHit>)>> {
+    let access = enabled(access);
+    // One more than asked tells whether the list is clipped without counting.
+    let Some(mut hits) = index
+        .similar_files(
+            &access,
+            &VectorScope::files(),
+            &access.namespace,
+            file_id,
+            limit + 1,
+        )
+        .await?
+    else {
+        return Ok(None);
+    };
+    let clipped = hits.len() > limit;
+    hits.truncate(limit);
+    Ok(Some((clipped, hits)))
+}
+
+/// How many files a file's similar list ranks: every file point `access` admits (enabled
+/// only) but the file's own, which `access` admits too, or it would have no list. The same
+/// for every file of a caller, so a set of packages counts once.
+async fn rankable_files(index: &VectorIndex, access: &AccessFilter) -> Result<u64> {
+    let admitted = index.count(&enabled(access), &VectorScope::files()).await?;
+    Ok(admitted.saturating_sub(1))
+}
+
+fn similar_list(hits: Vec<VectorHit>) -> Vec<SimilarFile> {
+    hits.into_iter()
+        .map(|h| SimilarFile {
+            file_id: h.file_id,
+            path: h.path,
+            score: f64::from(h.score),
+        })
+        .collect()
 }
 
 impl GraphService {
@@ -82,22 +117,19 @@ impl GraphService {
             let (index, access, file_id) =
                 (index.clone(), scope.access.clone(), file_id.to_owned());
             lookups.spawn(async move {
-                let found = nearest_files(index, access, file_id.clone(), cap).await;
+                let found = nearest_clipped(&index, &access, &file_id, cap).await;
                 (file_id, found)
             });
         }
+        let mut clipped_lists: Vec<(String, Vec<VectorHit>)> = Vec::new();
         while let Some(joined) = lookups.join_next().await {
             match joined {
-                Ok((file_id, Ok(Some((total, hits))))) => {
-                    let list = hits
-                        .into_iter()
-                        .map(|h| SimilarFile {
-                            file_id: h.file_id,
-                            path: h.path,
-                            score: f64::from(h.score),
-                        })
-                        .collect();
-                    out.insert(file_id, (total, list));
+                Ok((file_id, Ok(Some((clipped, hits))))) => {
+                    if clipped {
+                        clipped_lists.push((file_id, hits));
+                    } else {
+                        out.insert(file_id, (hits.len() as u64, similar_list(hits)));
+                    }
                 }
                 Ok((_, Ok(None))) => {}
                 Ok((file_id, Err(err))) => {
@@ -110,6 +142,22 @@ impl GraphService {
                 }
                 Err(err) => {
                     tracing::warn!(error = %err, "similar files lookup task failed");
+                }
+            }
+        }
+        if !clipped_lists.is_empty() {
+            match rankable_files(index, scope.access).await {
+                Ok(total) => {
+                    for (file_id, hits) in clipped_lists {
+                        out.insert(file_id, (total, similar_list(hits)));
+                    }
+                }
+                Err(err) => {
+                    tracing::warn!(
+                        namespace = scope.namespace,
+                        error = %err,
+                        "similar files left empty: the vector index failed"
+                    );
                 }
             }
         }

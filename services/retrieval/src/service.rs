@@ -1,6 +1,6 @@
 //! [`RetrievalService`]: Search and EntitySearch as plain methods over a verified caller.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use kg_common::access::validate_namespace;
 use kg_common::caller::access_for;
@@ -14,7 +14,7 @@ use kg_stores::vector::VectorIndex;
 
 use crate::config::RetrievalConfig;
 use crate::error::{Result, RetrievalError};
-use crate::fusion::{LaneHits, fuse};
+use crate::fusion::{LaneHit, LaneHits, fuse};
 use crate::lanes::{self, Lane, LaneFilters};
 use crate::sparse_lane::SparseLane;
 use crate::vector_lane::VectorLane;
@@ -94,14 +94,128 @@ impl RetrievalService {
         let plan = plan(&request)?;
         let query = request.query.trim();
 
+        let mut grounding = None;
+        let mut vector_widening = None;
+        let runnable =
+            |lane: Lane| lane.is_available() && (lane != Lane::Vector || self.vectors.is_some());
+        // The vector lane spends its time embedding the query in this process while the
+        // graph lanes wait on FalkorDB, so it runs beside them; the graph lanes run in plan
+        // order, graph_expand after the full-text hits it starts from.
+        let vector_run = async {
+            let vectors = self.vectors.as_ref()?;
+            if !plan.lanes.contains(&Lane::Vector) {
+                return None;
+            }
+            let started = Instant::now();
+            let result = vectors
+                .search(
+                    &self.store,
+                    &request.namespace,
+                    access,
+                    query,
+                    &plan.filters,
+                    lanes::LANE_POOL,
+                )
+                .await
+                .map(|(hits, widening)| {
+                    vector_widening = Some(VectorWidening {
+                        pool: u32::try_from(widening.pool).unwrap_or(u32::MAX),
+                        rounds: widening.rounds,
+                        cap_reached: widening.cap_reached,
+                    });
+                    hits
+                });
+            Some((result, started.elapsed()))
+        };
+        let graph_run = async {
+            let mut done: Vec<(Lane, Result<Vec<LaneHit>>, Duration)> = Vec::new();
+            for &lane in &plan.lanes {
+                if lane == Lane::Vector || !runnable(lane) {
+                    continue;
+                }
+                let started = Instant::now();
+                let result = match lane {
+                    Lane::Fulltext => match &self.sparse {
+                        Some(sparse) => {
+                            sparse
+                                .search(
+                                    &self.store,
+                                    &request.namespace,
+                                    access,
+                                    query,
+                                    &plan.filters,
+                                    lanes::LANE_POOL,
+                                )
+                                .await
+                        }
+                        None => {
+                            lanes::fulltext(
+                                &self.store,
+                                &request.namespace,
+                                access,
+                                query,
+                                &plan.filters,
+                            )
+                            .await
+                        }
+                    },
+                    Lane::GraphExpand => {
+                        let fulltext = done.iter().find_map(|(lane, result, _)| match result {
+                            Ok(hits) if *lane == Lane::Fulltext => Some(hits.as_slice()),
+                            _ => None,
+                        });
+                        graph_expand::graph_expand(
+                            &self.store,
+                            &request.namespace,
+                            access,
+                            query,
+                            &plan.filters,
+                            fulltext,
+                        )
+                        .await
+                    }
+                    Lane::CoAnnotation => match co_annotation::co_annotation(
+                        &self.store,
+                        &request.namespace,
+                        access,
+                        query,
+                        &plan.filters,
+                    )
+                    .await
+                    {
+                        Ok((hits, report)) => {
+                            grounding = Some(report);
+                            Ok(hits)
+                        }
+                        Err(err) => {
+                            // Still one grounding entry per namespace: its reason is the trace code.
+                            grounding = Some(Grounding {
+                                namespace: request.namespace.clone(),
+                                reason: err.trace_code().to_owned(),
+                                ..Default::default()
+                            });
+                            Err(err)
+                        }
+                    },
+                    Lane::Vector => continue,
+                };
+                done.push((lane, result, started.elapsed()));
+            }
+            done
+        };
+        let (vector_done, graph_done) = tokio::join!(vector_run, graph_run);
+        let mut finished: Vec<(Lane, Result<Vec<LaneHit>>, Duration)> = graph_done;
+        if let Some((result, took)) = vector_done {
+            finished.push((Lane::Vector, result, took));
+        }
+
+        // Traces and fusion input in plan order, whatever order the lanes finished in.
         let mut traces = Vec::with_capacity(plan.lanes.len());
         let mut ran: Vec<LaneHits> = Vec::new();
         let mut first_failure: Option<RetrievalError> = None;
-        let mut grounding = None;
-        let mut vector_widening = None;
         for &lane in &plan.lanes {
-            let configured = lane != Lane::Vector || self.vectors.is_some();
-            if !lane.is_available() || !configured {
+            if !runnable(lane) {
+                let configured = lane != Lane::Vector || self.vectors.is_some();
                 traces.push(LaneTrace {
                     lane: lane.as_str().to_owned(),
                     ok: false,
@@ -117,91 +231,11 @@ impl RetrievalService {
                 });
                 continue;
             }
-            let started = Instant::now();
-            let result = match lane {
-                Lane::Fulltext => match &self.sparse {
-                    Some(sparse) => {
-                        sparse
-                            .search(
-                                &self.store,
-                                &request.namespace,
-                                access,
-                                query,
-                                &plan.filters,
-                                lanes::LANE_POOL,
-                            )
-                            .await
-                    }
-                    None => {
-                        lanes::fulltext(
-                            &self.store,
-                            &request.namespace,
-                            access,
-                            query,
-                            &plan.filters,
-                        )
-                        .await
-                    }
-                },
-                Lane::GraphExpand => {
-                    let fulltext = ran.iter().find(|l| l.lane == Lane::Fulltext);
-                    graph_expand::graph_expand(
-                        &self.store,
-                        &request.namespace,
-                        access,
-                        query,
-                        &plan.filters,
-                        fulltext.map(|l| l.hits.as_slice()),
-                    )
-                    .await
-                }
-                Lane::CoAnnotation => match co_annotation::co_annotation(
-                    &self.store,
-                    &request.namespace,
-                    access,
-                    query,
-                    &plan.filters,
-                )
-                .await
-                {
-                    Ok((hits, report)) => {
-                        grounding = Some(report);
-                        Ok(hits)
-                    }
-                    Err(err) => {
-                        // Still one grounding entry per namespace: its reason is the trace code.
-                        grounding = Some(Grounding {
-                            namespace: request.namespace.clone(),
-                            reason: err.trace_code().to_owned(),
-                            ..Default::default()
-                        });
-                        Err(err)
-                    }
-                },
-                Lane::Vector => match &self.vectors {
-                    Some(vectors) => vectors
-                        .search(
-                            &self.store,
-                            &request.namespace,
-                            access,
-                            query,
-                            &plan.filters,
-                            lanes::LANE_POOL,
-                        )
-                        .await
-                        .map(|(hits, widening)| {
-                            vector_widening = Some(VectorWidening {
-                                pool: u32::try_from(widening.pool).unwrap_or(u32::MAX),
-                                rounds: widening.rounds,
-                                cap_reached: widening.cap_reached,
-                            });
-                            hits
-                        }),
-                    // `configured` above skips the lane without a vector index.
-                    None => Ok(Vec::new()),
-                },
+            let Some(at) = finished.iter().position(|(l, _, _)| *l == lane) else {
+                continue;
             };
-            let millis = started.elapsed().as_secs_f64() * 1000.0;
+            let (_, result, took) = finished.swap_remove(at);
+            let millis = took.as_secs_f64() * 1000.0;
             match result {
                 Ok(hits) => {
                     traces.push(LaneTrace {

@@ -367,3 +367,56 @@ async fn context_headers_are_searched_and_old_indexes_are_rebuilt() {
         1
     );
 }
+
+/// A term in more than 2% of the readable chunks (and over 1,000 of them) is common: while
+/// enough chunks hold a rarer query term to fill the pool, only those are candidates, however
+/// many common terms another chunk holds. Here, without the cut, the chunks holding all three
+/// common terms (weight 3 x 0.73 against the rare term's 1.83) would fill the pool and the
+/// top hits. When the rare term cannot fill the pool, common terms nominate again.
+#[tokio::test]
+async fn common_terms_nominate_only_when_rare_terms_cannot_fill_the_pool() {
+    let env = start().await;
+    let texts = |n: usize, text: &str| -> Vec<String> {
+        (0..n).map(|i| format!("{text} pad{i}")).collect()
+    };
+    let files = [
+        ("commons", texts(1_200, "cone ctwo cthree")),
+        ("rares", texts(400, "rareword")),
+        ("scarce", texts(5, "scarceword")),
+        ("others", texts(900, "other")),
+    ];
+    for (id, chunks) in &files {
+        let chunks: Vec<&str> = chunks.iter().map(String::as_str).collect();
+        write(
+            &env.store,
+            "ct",
+            id,
+            &format!("{id}.md"),
+            &chunks,
+            DocumentMeta::default(),
+        )
+        .await;
+    }
+    let reader = caller("ct", |_| {});
+    let file_of = |key: &str| key.split('#').next().unwrap_or_default().to_owned();
+
+    let response = fulltext(&env, "ct", "rareword cone ctwo cthree", &reader).await;
+    let got: Vec<String> = response
+        .hits
+        .iter()
+        .map(|h| file_of(&h.chunk_key))
+        .collect();
+    assert!(got.len() >= 8, "{got:?}");
+    assert!(got.iter().all(|f| f == "rares"), "{got:?}");
+
+    // Five chunks cannot fill a pool of 200: the common term's chunks follow them.
+    let response = fulltext(&env, "ct", "scarceword cone", &reader).await;
+    let got: Vec<String> = response
+        .hits
+        .iter()
+        .map(|h| file_of(&h.chunk_key))
+        .collect();
+    assert!(got.len() >= 8, "{got:?}");
+    assert!(got[..5].iter().all(|f| f == "scarce"), "{got:?}");
+    assert!(got[5..].iter().all(|f| f == "commons"), "{got:?}");
+}
