@@ -90,7 +90,8 @@ pub(crate) use crate::filters::LaneFilters;
 /// RediSearch's score is no BM25 (an OR of terms scores by its best term; no tf saturation
 /// or length normalisation), so it only picks the pool: the [`CANDIDATE_POOL`] chunks that
 /// hold the most query terms weighted by idf (BM25 without tf and length), its own score
-/// breaking ties. BM25 then re-scores the pool from the chunks' text.
+/// breaking ties; common terms nominate only beside a rare one ([`COMMON_TERM_SHARE`]).
+/// BM25 then re-scores the pool from the chunks' text, every query term counted.
 pub(crate) async fn fulltext(
     store: &GraphStore,
     namespace: &str,

@@ -398,25 +398,22 @@ async fn common_terms_nominate_only_when_rare_terms_cannot_fill_the_pool() {
         .await;
     }
     let reader = caller("ct", |_| {});
-    let file_of = |key: &str| key.split('#').next().unwrap_or_default().to_owned();
+    // The file of each hit, at least 8 of them.
+    let files_of_hits = |response: SearchResponse| -> Vec<String> {
+        let files: Vec<String> = response
+            .hits
+            .iter()
+            .map(|h| h.chunk_key.split('#').next().unwrap_or_default().to_owned())
+            .collect();
+        assert!(files.len() >= 8, "{files:?}");
+        files
+    };
 
-    let response = fulltext(&env, "ct", "rareword cone ctwo cthree", &reader).await;
-    let got: Vec<String> = response
-        .hits
-        .iter()
-        .map(|h| file_of(&h.chunk_key))
-        .collect();
-    assert!(got.len() >= 8, "{got:?}");
+    let got = files_of_hits(fulltext(&env, "ct", "rareword cone ctwo cthree", &reader).await);
     assert!(got.iter().all(|f| f == "rares"), "{got:?}");
 
     // Five chunks cannot fill a pool of 200: the common term's chunks follow them.
-    let response = fulltext(&env, "ct", "scarceword cone", &reader).await;
-    let got: Vec<String> = response
-        .hits
-        .iter()
-        .map(|h| file_of(&h.chunk_key))
-        .collect();
-    assert!(got.len() >= 8, "{got:?}");
+    let got = files_of_hits(fulltext(&env, "ct", "scarceword cone", &reader).await);
     assert!(got[..5].iter().all(|f| f == "scarce"), "{got:?}");
     assert!(got[5..].iter().all(|f| f == "commons"), "{got:?}");
 }
