@@ -643,8 +643,9 @@ mod tests {
             })
             .collect();
         let probe = points[123].vector.clone();
+        // Upserts alone never build HNSW (without the background task this loop times out);
+        // not asserted right here, since under load the task may already have run.
         index.upsert(points).await.unwrap();
-        assert_eq!(index.inner.shard.info().indexed_vectors_count, 0);
 
         let deadline = Instant::now() + Duration::from_secs(120);
         while index.inner.shard.info().indexed_vectors_count < 600 {
