@@ -118,6 +118,10 @@ struct RunArgs {
     /// Also write the figures as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// After the run, also time all-MiniLM-L6-v2 embedding each query alone in this process
+    /// (the vector lane's first step) under this token cap: the mesh's own embedder config.
+    #[arg(long)]
+    time_embedding: Option<usize>,
 }
 
 #[tokio::main]
@@ -870,7 +874,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
     let wall = started.elapsed().as_secs_f64();
 
-    let report = report(
+    let mut report = report(
         &args,
         &sets,
         &samples,
@@ -879,12 +883,39 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         queries.len(),
         wall,
     );
+    if let Some(max_tokens) = args.time_embedding {
+        let embedding = time_embedding(&queries, max_tokens).await?;
+        println!(
+            "query embedding alone (all-MiniLM-L6-v2, {max_tokens} word pieces, this process): p50 {:.2} / p95 {:.2} / p99 {:.2} ms",
+            embedding.p50, embedding.p95, embedding.p99
+        );
+        report["query_embedding"] = stats_json(embedding);
+    }
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_vec_pretty(&report)?)
             .with_context(|| format!("cannot write {}", path.display()))?;
     }
     println!("{report}");
     Ok(())
+}
+
+/// Each query embedded alone, as the vector lane does it, by the model the mesh runs.
+async fn time_embedding(queries: &[String], max_tokens: usize) -> anyhow::Result<Stats> {
+    use kg_embed::Embedder as _;
+    let model = kg_embed::MiniLm::load(kg_embed::MiniLmOptions {
+        max_tokens,
+        ..kg_embed::MiniLmOptions::default()
+    })
+    .await?;
+    // The first pass allocates and pages the weights in.
+    model.embed(vec!["warm up".to_owned()]).await?;
+    let mut times = Vec::with_capacity(queries.len());
+    for query in queries {
+        let started = Instant::now();
+        model.embed(vec![query.clone()]).await?;
+        times.push(ms(started.elapsed()));
+    }
+    Ok(stats(times))
 }
 
 fn report(

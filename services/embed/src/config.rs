@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::minilm::{MINILM_DIMS, MiniLm, MiniLmOptions};
+use crate::minilm::{MINILM_DIMS, MINILM_MAX_TOKENS, MINILM_MIN_TOKENS, MiniLm, MiniLmOptions};
 use crate::openai::{OpenAiEmbedder, OpenAiOptions};
 use crate::{EmbedError, SharedEmbedder};
 
@@ -44,6 +44,10 @@ pub struct EmbeddingConfig {
     pub dims: Option<usize>,
     /// minilm: the wheel's model.zip; found in the virtualenv when unset.
     pub model_zip: Option<PathBuf>,
+    /// minilm: word pieces embedded per chunk or query (8 to 256, the model's own cap).
+    /// Embedding time grows with it, so a lower cap ingests long chunks faster and embeds
+    /// less of each; chunks indexed under another cap should be reprocessed.
+    pub max_tokens: usize,
     /// Forward passes or requests at once.
     pub concurrency: usize,
     /// openai: seconds before one request times out.
@@ -65,6 +69,7 @@ impl Default for EmbeddingConfig {
             api_key_env: None,
             dims: None,
             model_zip: None,
+            max_tokens: MINILM_MAX_TOKENS,
             concurrency: 1,
             timeout_secs: 60,
             max_retries: 4,
@@ -91,6 +96,12 @@ impl EmbeddingConfig {
         }
         match self.provider {
             Provider::Minilm => {
+                if !(MINILM_MIN_TOKENS..=MINILM_MAX_TOKENS).contains(&self.max_tokens) {
+                    problems.push(format!(
+                        "embedding.max_tokens: expected {MINILM_MIN_TOKENS}..={MINILM_MAX_TOKENS} (all-MiniLM-L6-v2 embeds at most {MINILM_MAX_TOKENS} word pieces), got {}",
+                        self.max_tokens
+                    ));
+                }
                 if let Some(dims) = self.dims
                     && dims != MINILM_DIMS
                 {
@@ -146,6 +157,7 @@ pub async fn build(config: &EmbeddingConfig) -> Result<Option<SharedEmbedder>, E
                 model_zip: config.model_zip.clone(),
                 batch_size: config.batch_size,
                 concurrency: config.concurrency,
+                max_tokens: config.max_tokens,
             })
             .await?;
             Ok(Some(Arc::new(model)))
@@ -188,6 +200,20 @@ mod tests {
             ..Default::default()
         };
         assert!(wrong_dims.problems()[0].contains("384"));
+        for max_tokens in [0, 7, 257] {
+            let bad_cap = EmbeddingConfig {
+                max_tokens,
+                ..Default::default()
+            };
+            let problems = bad_cap.problems();
+            assert_eq!(problems.len(), 1, "{problems:?}");
+            assert!(problems[0].starts_with("embedding.max_tokens: expected 8..=256"));
+        }
+        let low_cap = EmbeddingConfig {
+            max_tokens: 8,
+            ..Default::default()
+        };
+        assert!(low_cap.problems().is_empty());
     }
 
     #[test]

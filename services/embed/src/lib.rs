@@ -21,7 +21,10 @@ pub use config::{EmbeddingConfig, Provider, build};
 pub use error::EmbedError;
 #[cfg(any(test, feature = "test-util"))]
 pub use hashing::HashingEmbedder;
-pub use minilm::{MINILM_DIMS, MINILM_MODEL_ID, MiniLm, MiniLmOptions, find_model_zip};
+pub use minilm::{
+    MINILM_DIMS, MINILM_MAX_TOKENS, MINILM_MIN_TOKENS, MINILM_MODEL_ID, MiniLm, MiniLmOptions,
+    find_model_zip,
+};
 pub use openai::{OpenAiEmbedder, OpenAiOptions, http_client};
 pub use scheduler::{Priority, PriorityGate, QUERY_STREAK, Slot};
 

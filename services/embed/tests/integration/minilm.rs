@@ -96,3 +96,36 @@ async fn batching_padding_and_order_do_not_change_a_vector() {
     assert!(together[1].iter().all(|x| x.is_finite()));
     assert!(m.embed(Vec::new()).await.unwrap().is_empty());
 }
+
+#[tokio::test]
+async fn a_lower_token_cap_embeds_only_the_start_of_a_text() {
+    let capped = MiniLm::load(MiniLmOptions {
+        batch_size: 4,
+        max_tokens: 8,
+        ..MiniLmOptions::default()
+    })
+    .await
+    .unwrap();
+    // Eight pieces: [CLS], six words (one piece each in this vocabulary), [SEP].
+    let start = "the cat sits on the mat";
+    let long = format!("{start} while the dog plays in the garden all afternoon");
+    let v = capped.embed(strings(&[start, &long])).await.unwrap();
+    let sim = cosine(&v[0], &v[1]);
+    assert!(sim > 0.9999, "the cap did not cut the text: cosine {sim}");
+    // The model's own cap sees the whole text, which means something else.
+    let whole = model().embed(strings(&[start, &long])).await.unwrap();
+    assert!(cosine(&whole[0], &whole[1]) < 0.99);
+
+    for max_tokens in [7, 257] {
+        let refused = MiniLm::load(MiniLmOptions {
+            max_tokens,
+            ..MiniLmOptions::default()
+        })
+        .await
+        .unwrap_err();
+        assert!(
+            refused.to_string().contains("max_tokens must be 8..=256"),
+            "{refused}"
+        );
+    }
+}
