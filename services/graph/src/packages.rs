@@ -1,7 +1,7 @@
 //! Chunk packages: a chunk with its text, citation, position and outline context,
-//! assembled from a handful of batched queries that each carry the access predicate, sent in
-//! two rounds (chunks with their mentions and relations, then outline context with similar
-//! files) so a package costs two round trips to the graph, not six.
+//! assembled from a handful of batched queries that each carry the access predicate: the
+//! chunk rows and then their outline context and similar files, while the mentions and
+//! relations run beside them, so a set of packages costs two round trips to the graph, not six.
 
 use std::collections::{HashMap, HashSet};
 
@@ -62,35 +62,39 @@ impl GraphService {
             return Ok(Vec::new());
         }
         // Mentions and relations carry their own access predicate on the chunk, so they need
-        // not wait for the chunk rows; only chunks those rows admit get packages below.
+        // not wait for the chunk rows; only chunks those rows admit get packages below. The
+        // outline context and similar files need only the chunk rows, so they start as soon as
+        // those are back, beside the entity lists.
         let all: Vec<&str> = keys.iter().map(|k| k.as_str()).collect();
-        let (chunks, entities) = tokio::try_join!(
-            self.chunk_rows(scope, &keys),
-            self.entity_lists(scope, &all, caps)
-        )?;
-        let sections: Vec<&str> = {
-            let mut seen = HashSet::new();
-            chunks
-                .values()
-                .filter_map(|c| c.section.as_ref().map(|s| s.outline_key.as_str()))
-                .filter(|k| seen.insert(*k))
-                .collect()
+        let around_chunks = async {
+            let chunks = self.chunk_rows(scope, &keys).await?;
+            let (context, similar) = {
+                let sections: Vec<&str> = {
+                    let mut seen = HashSet::new();
+                    chunks
+                        .values()
+                        .filter_map(|c| c.section.as_ref().map(|s| s.outline_key.as_str()))
+                        .filter(|k| seen.insert(*k))
+                        .collect()
+                };
+                let files: Vec<&str> = keys
+                    .iter()
+                    .filter_map(|k| chunks.get(k.as_str()))
+                    .map(|c| c.file_id.as_str())
+                    .collect();
+                let context = async {
+                    if sections.is_empty() {
+                        Ok(SectionContext::default())
+                    } else {
+                        self.section_context(scope, &sections, caps).await
+                    }
+                };
+                tokio::join!(context, self.similar_lists(scope, &files, caps.similar))
+            };
+            Ok::<_, GraphError>((chunks, context?, similar))
         };
-        let files: Vec<&str> = keys
-            .iter()
-            .filter_map(|k| chunks.get(k.as_str()))
-            .map(|c| c.file_id.as_str())
-            .collect();
-        let context = async {
-            if sections.is_empty() {
-                Ok(SectionContext::default())
-            } else {
-                self.section_context(scope, &sections, caps).await
-            }
-        };
-        let (context, similar) =
-            tokio::join!(context, self.similar_lists(scope, &files, caps.similar));
-        let context = context?;
+        let ((chunks, context, similar), entities) =
+            tokio::try_join!(around_chunks, self.entity_lists(scope, &all, caps))?;
         Ok(keys
             .iter()
             .filter_map(|key| chunks.get(key.as_str()))
