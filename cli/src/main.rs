@@ -195,6 +195,11 @@ struct McpArgs {
 }
 
 fn main() -> ExitCode {
+    // SAFETY: first thing in main; no other thread exists before the runtime below starts.
+    #[allow(unsafe_code)]
+    unsafe {
+        kg_embed::pin_matmul_threads();
+    }
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

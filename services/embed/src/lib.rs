@@ -6,6 +6,7 @@
 //! `/v1/embeddings` endpoint ([`OpenAiEmbedder`]). Both batch, both return
 //! L2-normalised vectors, and both serve a search's query ahead of queued ingest
 //! batches ([`Priority`]). A deterministic hashing embedder exists for tests only.
+//! [`pin_matmul_threads`] fixes candle's matmul thread count once per process.
 
 mod config;
 mod error;
@@ -14,6 +15,7 @@ mod hashing;
 mod minilm;
 mod openai;
 mod scheduler;
+mod threads;
 
 use std::sync::Arc;
 
@@ -27,6 +29,7 @@ pub use minilm::{
 };
 pub use openai::{OpenAiEmbedder, OpenAiOptions, http_client};
 pub use scheduler::{Priority, PriorityGate, QUERY_STREAK, Slot};
+pub use threads::{MATMUL_THREADS_VAR, matmul_threads, pin_matmul_threads};
 
 /// Turns texts into vectors, in order: output `i` is the embedding of input `i`.
 #[async_trait::async_trait]
