@@ -131,12 +131,12 @@ fn main() -> anyhow::Result<()> {
     unsafe {
         kg_embed::pin_matmul_threads();
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
     match Cli::parse().command {
         Command::Corpus(args) => corpus(&args),
-        Command::Run(args) => runtime.block_on(run(args)),
+        Command::Run(args) => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?
+            .block_on(run(args)),
     }
 }
 

@@ -29,7 +29,7 @@ pub use minilm::{
 };
 pub use openai::{OpenAiEmbedder, OpenAiOptions, http_client};
 pub use scheduler::{Priority, PriorityGate, QUERY_STREAK, Slot};
-pub use threads::{MATMUL_THREADS_VAR, matmul_threads, pin_matmul_threads};
+pub use threads::pin_matmul_threads;
 
 /// Turns texts into vectors, in order: output `i` is the embedding of input `i`.
 #[async_trait::async_trait]

@@ -9,20 +9,15 @@
 //! 29.1 / 25.6 ms without it, 20.4 / 21.9 ms with it.
 
 /// The variable candle (and rayon's global pool) read for their thread count.
-pub const MATMUL_THREADS_VAR: &str = "RAYON_NUM_THREADS";
+const MATMUL_THREADS_VAR: &str = "RAYON_NUM_THREADS";
 
 /// candle's own CPU list, which it counts instead of physical cores.
 const CPU_MASK_VAR: &str = "CANDLE_CPU_MASK";
 
-/// The count [`pin_matmul_threads`] sets: physical cores, as candle would pick (never 0).
-pub fn matmul_threads() -> usize {
-    num_cpus::get_physical().max(1)
-}
-
-/// Sets [`MATMUL_THREADS_VAR`] to [`matmul_threads`] unless the operator set it or pinned
-/// candle to CPUs with `CANDLE_CPU_MASK` (then candle counts those). Also sizes rayon's
-/// global pool (the tokenizer's batches) to physical cores. On hybrid CPUs candle would
-/// count only the performance cores: set the variable there to choose.
+/// Sets `RAYON_NUM_THREADS` to the physical core count (candle's own pick) unless the
+/// operator set it or pinned candle to CPUs with `CANDLE_CPU_MASK` (then candle counts
+/// those). Also sizes rayon's global pool (the tokenizer's batches) to physical cores. On
+/// hybrid CPUs candle would count only the performance cores: set the variable there.
 ///
 /// # Safety
 ///
@@ -33,19 +28,7 @@ pub unsafe fn pin_matmul_threads() {
     if std::env::var_os(MATMUL_THREADS_VAR).is_some() || std::env::var_os(CPU_MASK_VAR).is_some() {
         return;
     }
-    let threads = matmul_threads().to_string();
+    let threads = num_cpus::get_physical().max(1).to_string();
     // SAFETY: the caller guarantees this process runs no other thread yet.
     unsafe { std::env::set_var(MATMUL_THREADS_VAR, threads) };
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_pinned_count_is_a_positive_core_count() {
-        let threads = matmul_threads();
-        assert!(threads >= 1);
-        assert!(threads <= num_cpus::get().max(1));
-    }
 }
