@@ -3,9 +3,12 @@
 //!
 //! Owns the auth tables in SQL (SQLite or PostgreSQL) and the ed25519 key that
 //! signs caller contexts. `Authorize` turns a PAT into a signed
-//! [`kg_proto::v1::CallerContext`] on every call (no decision cache), and is the
-//! only RPC served without a caller context. Never reads another service's store.
+//! [`kg_proto::v1::CallerContext`] on every call, and is the only RPC served
+//! without a caller context. It remembers what it resolved per token only while
+//! the store's access epoch is unchanged (see `cache`), so no permission it
+//! remembers outlives a revocation. Never reads another service's store.
 
+mod cache;
 mod error;
 mod grpc;
 mod pat;

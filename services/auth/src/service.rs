@@ -15,10 +15,11 @@ use kg_proto::v1::{
 };
 use subtle::ConstantTimeEq as _;
 
+use crate::cache::{AccessCache, Resolved};
 use crate::error::{AuthError, Result};
 use crate::pat::{self, DeploymentTag, PatHasher};
 use crate::resolve::{admin_filters, intersect, resolve};
-use crate::store::{AuditQuery, AuthStore, PAT_TOUCH_MS};
+use crate::store::{AuditQuery, AuthStore, PAT_TOUCH_MS, PatOwner};
 
 /// Longest accepted display name.
 const MAX_NAME_LEN: usize = 200;
@@ -96,10 +97,20 @@ impl DenyTarget {
 #[derive(Clone)]
 pub struct AuthService {
     store: AuthStore,
+    /// Authorize's resolutions, valid while the access epoch holds.
+    cache: Arc<AccessCache>,
     signer: Arc<ContextSigner>,
     hasher: PatHasher,
     deployment_id: String,
     tag: DeploymentTag,
+}
+
+/// Refuses a revoked or expired token (the same error as any bad token).
+fn check_usable(owner: &PatOwner, now_ms: i64) -> Result<()> {
+    if owner.revoked_at_ms.is_some() || owner.expires_at_ms.is_some_and(|e| e <= now_ms) {
+        return Err(AuthError::InvalidToken);
+    }
+    Ok(())
 }
 
 fn new_id(prefix: &str) -> String {
@@ -125,6 +136,7 @@ impl AuthService {
     ) -> Result<Self> {
         Ok(Self {
             store: AuthStore::open(sql).await?,
+            cache: Arc::new(AccessCache::default()),
             signer: Arc::new(signer),
             hasher: PatHasher::new(pat_key),
             tag: DeploymentTag::of(&deployment_id),
@@ -160,48 +172,58 @@ impl AuthService {
             return Err(AuthError::InvalidToken);
         }
         let hash = self.hasher.hash(token);
-        let owner = self
-            .store
-            .pat_owner(&hash)
-            .await?
-            .ok_or(AuthError::InvalidToken)?;
-        if !bool::from(owner.token_hash.as_bytes().ct_eq(hash.as_bytes())) {
-            return Err(AuthError::InvalidToken);
-        }
-        let now = now_ms();
-        if owner.revoked_at_ms.is_some() || owner.expires_at_ms.is_some_and(|e| e <= now) {
-            return Err(AuthError::InvalidToken);
-        }
-        let principal = &owner.principal;
-        // The checks above are the gate; what follows only reads the principal's access and
-        // roles, so the independent statements run side by side on the pool.
-        let touch = async {
-            let recent = owner
-                .last_used_at_ms
-                .is_some_and(|used| now - used < PAT_TOUCH_MS);
-            if !recent && let Err(err) = self.store.touch_pat(&owner.pat_id, now).await {
-                tracing::warn!(error = %err, "could not record PAT use");
+        // Read first: whatever is resolved after this read is at least as new as the epoch.
+        let epoch = self.store.access_epoch().await?;
+        let resolved = match self.cache.get(epoch, &hash) {
+            Some(resolved) => resolved,
+            None => {
+                let owner = self
+                    .store
+                    .pat_owner(&hash)
+                    .await?
+                    .ok_or(AuthError::InvalidToken)?;
+                if !bool::from(owner.token_hash.as_bytes().ct_eq(hash.as_bytes())) {
+                    return Err(AuthError::InvalidToken);
+                }
+                check_usable(&owner, now_ms())?;
+                let (access, roles) = tokio::try_join!(
+                    self.access_of(&owner.principal),
+                    self.roles_of(&owner.principal)
+                )?;
+                let resolved = Arc::new(Resolved::new(owner, access, roles));
+                self.cache.insert(epoch, hash, Arc::clone(&resolved));
+                resolved
             }
-            Ok(())
         };
-        let (mut access, roles, ()) =
-            tokio::try_join!(self.access_of(principal), self.roles_of(principal), touch)?;
-        if !namespaces.is_empty() {
+        let now = now_ms();
+        // Again on a cache hit: a token can expire between two calls.
+        check_usable(&resolved.owner, now)?;
+        // At most once a minute per token; a failed write loses one "last used" time.
+        if resolved.claim_touch(now, PAT_TOUCH_MS)
+            && let Err(err) = self.store.touch_pat(&resolved.owner.pat_id, now).await
+        {
+            tracing::warn!(error = %err, "could not record PAT use");
+        }
+        let principal = &resolved.owner.principal;
+        let access: Vec<AccessFilter> = if namespaces.is_empty() {
+            resolved.access.values().cloned().collect()
+        } else {
             let mut selected = BTreeMap::new();
             for ns in namespaces {
-                let filter = access
-                    .remove(ns)
+                let filter = resolved
+                    .access
+                    .get(ns)
                     .ok_or_else(|| AuthError::NamespaceDenied(ns.clone()))?;
-                selected.insert(ns.clone(), filter);
+                selected.insert(ns.clone(), filter.clone());
             }
-            access = selected;
-        }
+            selected.into_values().collect()
+        };
         let context = CallerContext {
             principal_id: principal.id.clone(),
             principal_kind: principal.kind,
             on_behalf_of: principal.acts_for.clone(),
-            roles,
-            access: access.into_values().collect(),
+            roles: resolved.roles.clone(),
+            access,
             issued_at_ms: now,
             expires_at_ms: now + CONTEXT_TTL_MS,
             request_id: request_id.to_owned(),

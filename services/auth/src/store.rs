@@ -3,7 +3,7 @@
 use kg_proto::v1::{
     AuditEvent, Deny, Grant, Group, Namespace, Pat, Permission, Principal, PrincipalKind,
 };
-use kg_stores::sql::SqlStore;
+use kg_stores::sql::{SqlBackend, SqlStore};
 use sqlx::any::AnyRow;
 use sqlx::{AssertSqlSafe, Row as _};
 
@@ -164,6 +164,7 @@ pub(crate) struct AuthStore {
 }
 
 /// A PAT joined with its principal, as `Authorize` needs it.
+#[derive(Clone)]
 pub(crate) struct PatOwner {
     pub pat_id: String,
     /// The stored hash, compared in constant time with the computed one.
@@ -175,6 +176,70 @@ pub(crate) struct PatOwner {
     pub principal: Principal,
 }
 
+/// Tables whose every change moves the access epoch.
+const EPOCH_TABLES: &[&str] = &[
+    "kg_namespaces",
+    "kg_principals",
+    "kg_groups",
+    "kg_group_members",
+    "kg_grants",
+    "kg_denies",
+];
+
+/// The PAT columns Authorize depends on; `last_used_at_ms` (rewritten by use) is not one.
+const EPOCH_PAT_COLUMNS: &str = "token_hash, principal_id, expires_at_ms, revoked_at_ms";
+
+/// `pg_advisory_xact_lock` key serialising the trigger DDL ("kgepoch" in ASCII).
+const EPOCH_DDL_LOCK: i64 = 0x006b_6765_706f_6368;
+
+const EPOCH_BUMP: &str = "UPDATE kg_auth_epoch SET epoch = epoch + 1 WHERE id = 1";
+
+fn sqlite_epoch_triggers() -> Vec<String> {
+    let mut statements = Vec::new();
+    for table in EPOCH_TABLES {
+        for op in ["INSERT", "UPDATE", "DELETE"] {
+            statements.push(format!(
+                "CREATE TRIGGER IF NOT EXISTS {table}_epoch_{} AFTER {op} ON {table} \
+                 BEGIN {EPOCH_BUMP}; END",
+                op.to_lowercase()
+            ));
+        }
+    }
+    for (name, event) in [
+        ("insert", "INSERT".to_owned()),
+        ("delete", "DELETE".to_owned()),
+        ("update", format!("UPDATE OF {EPOCH_PAT_COLUMNS}")),
+    ] {
+        statements.push(format!(
+            "CREATE TRIGGER IF NOT EXISTS kg_pats_epoch_{name} AFTER {event} ON kg_pats \
+             BEGIN {EPOCH_BUMP}; END"
+        ));
+    }
+    statements
+}
+
+fn postgres_epoch_triggers() -> Vec<String> {
+    let mut statements = vec![
+        // Replicas starting together would race on the catalog rows otherwise.
+        format!("SELECT pg_advisory_xact_lock({EPOCH_DDL_LOCK})"),
+        format!(
+            "CREATE OR REPLACE FUNCTION kg_auth_epoch_bump() RETURNS trigger LANGUAGE plpgsql AS \
+         $body$ BEGIN {EPOCH_BUMP}; RETURN NULL; END $body$"
+        ),
+    ];
+    for table in EPOCH_TABLES {
+        statements.push(format!(
+            "CREATE OR REPLACE TRIGGER {table}_epoch AFTER INSERT OR UPDATE OR DELETE ON {table} \
+             FOR EACH STATEMENT EXECUTE FUNCTION kg_auth_epoch_bump()"
+        ));
+    }
+    statements.push(format!(
+        "CREATE OR REPLACE TRIGGER kg_pats_epoch AFTER INSERT OR DELETE OR UPDATE OF {EPOCH_PAT_COLUMNS} \
+         ON kg_pats FOR EACH STATEMENT EXECUTE FUNCTION kg_auth_epoch_bump()"
+    ));
+    statements
+}
+
 /// How stale a PAT's `last_used_at_ms` may get before a use rewrites it: hot tokens must not
 /// turn every call into a write.
 pub(crate) const PAT_TOUCH_MS: i64 = 60_000;
@@ -182,7 +247,40 @@ pub(crate) const PAT_TOUCH_MS: i64 = 60_000;
 impl AuthStore {
     pub(crate) async fn open(sql: SqlStore) -> Result<Self> {
         sql.migrate(&MIGRATOR).await?;
-        Ok(Self { sql })
+        let store = Self { sql };
+        store.ensure_epoch_triggers().await?;
+        Ok(store)
+    }
+
+    /// Creates (or replaces) the triggers that move `kg_auth_epoch` forward with every change
+    /// Authorize could see, in the changing statement's own transaction. Triggers rather than
+    /// code in each write: no write path, present or future, and no operator's hand-written
+    /// SQL can change access without the epoch saying so.
+    async fn ensure_epoch_triggers(&self) -> Result<()> {
+        let statements = match self.sql.backend() {
+            SqlBackend::Sqlite => sqlite_epoch_triggers(),
+            SqlBackend::Postgres => postgres_epoch_triggers(),
+        };
+        let mut tx = self.sql.pool().begin().await?;
+        for statement in statements {
+            sqlx::query(AssertSqlSafe(statement))
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// The current access epoch (see migration 1003).
+    pub(crate) async fn access_epoch(&self) -> Result<i64> {
+        let row = sqlx::query("SELECT epoch FROM kg_auth_epoch WHERE id = 1")
+            .fetch_optional(self.sql.pool())
+            .await?;
+        match row {
+            Some(row) => Ok(row.try_get(0)?),
+            // Fail closed: without an epoch nothing can be trusted from memory.
+            None => Err(AuthError::Corrupt("kg_auth_epoch has no row".to_owned())),
+        }
     }
 
     pub(crate) async fn create_namespace(&self, ns: &Namespace) -> Result<()> {

@@ -783,6 +783,92 @@ async fn scenario(sql: SqlStore) {
     }
     assert!(context(&auth, &agent_token).await.access.is_empty());
 
+    // ---- what Authorize remembers never outlives a change, on any replica -------------
+    // A second auth process on the same database: it caches per token, and learns of the
+    // first one's changes (and of hand-written SQL) only through the access epoch.
+    let replica = AuthService::new(
+        sql.clone(),
+        ContextSigner::generate(),
+        PAT_KEY.to_vec(),
+        "dep-1".into(),
+    )
+    .await
+    .unwrap();
+    let kim = auth
+        .create_principal(&admin_ctx, "kim", PrincipalKind::User, "", false)
+        .await
+        .unwrap();
+    auth.put_grant(
+        &admin_ctx,
+        &principal(&kim.id),
+        "handbook",
+        Permission::Read,
+        "",
+    )
+    .await
+    .unwrap();
+    let (kim_token, kim_pat) = auth
+        .create_pat(&admin_ctx, &kim.id, "kim", None)
+        .await
+        .unwrap();
+    let epoch = || async {
+        sqlx::query_scalar::<_, i64>("SELECT epoch FROM kg_auth_epoch WHERE id = 1")
+            .fetch_one(sql.pool())
+            .await
+            .unwrap()
+    };
+    let before = epoch().await;
+    let first = context(&replica, &kim_token).await;
+    assert_eq!(filter(&first, "handbook").allow_prefixes, strings(&[""]));
+    // Recording the use rewrites the PAT's last-used time, which is not access.
+    assert_eq!(epoch().await, before, "a use must not move the epoch");
+    assert!(
+        auth.list_pats(&admin_ctx, &kim.id).await.unwrap()[0]
+            .last_used_at_ms
+            .is_some()
+    );
+    let again = context(&replica, &kim_token).await;
+    assert_eq!(again.access, first.access);
+
+    let deny = auth
+        .put_deny(
+            &admin_ctx,
+            "handbook",
+            &principal(&kim.id),
+            &DenyTarget::Folder("kim-drafts".into()),
+        )
+        .await
+        .unwrap();
+    assert!(epoch().await > before);
+    let drafts_denied = |ctx: &CallerContext| {
+        filter(ctx, "handbook")
+            .deny_prefixes
+            .contains(&"kim-drafts/".to_owned())
+    };
+    assert!(drafts_denied(&context(&replica, &kim_token).await));
+
+    // An operator's own SQL is seen too: the epoch moves with the statement itself.
+    let deleted = sqlx::query("DELETE FROM kg_denies WHERE id = $1")
+        .bind(&deny.id)
+        .execute(sql.pool())
+        .await
+        .unwrap();
+    assert_eq!(deleted.rows_affected(), 1);
+    assert!(!drafts_denied(&context(&replica, &kim_token).await));
+    sqlx::query("DELETE FROM kg_grants WHERE principal_id = $1")
+        .bind(&kim.id)
+        .execute(sql.pool())
+        .await
+        .unwrap();
+    assert!(context(&replica, &kim_token).await.access.is_empty());
+
+    assert!(auth.revoke_pat(&admin_ctx, &kim_pat.id).await.unwrap());
+    let err = replica
+        .authorize(&kim_token, "kg_search", &[], "r")
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Unauthenticated);
+
     // Garbage, unknown and old-format tokens are the same error.
     for bad in [
         "",
