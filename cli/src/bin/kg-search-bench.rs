@@ -31,7 +31,7 @@ use kg_proto::v1::graph_client::GraphClient;
 use kg_proto::v1::retrieval_client::RetrievalClient;
 use kg_proto::v1::{
     AuthorizeRequest, CypherRequest, PackageCaps, PackagesRequest, SearchRequest,
-    SignedCallerContext,
+    SignedCallerContext, SigningKeyRequest,
 };
 use kgmesh::MeshInfo;
 use serde_json::{Value, json};
@@ -337,6 +337,8 @@ struct Direct {
 /// One timed direct call: the Authorize the gateway makes per request, retrieval Search, then
 /// graph Packages for its hits.
 struct DirectSample {
+    /// auth's `SigningKey`: a gRPC round trip that reads nothing (the floor of any hop).
+    round_trip: Duration,
     authorize: Duration,
     search: Duration,
     packages: Duration,
@@ -402,6 +404,16 @@ impl Direct {
         Ok(started.elapsed())
     }
 
+    /// Times auth's `SigningKey`, which answers from memory: one loopback gRPC round trip.
+    async fn time_round_trip(&mut self) -> anyhow::Result<Duration> {
+        let started = Instant::now();
+        self.auth
+            .signing_key(SigningKeyRequest {})
+            .await
+            .context("auth SigningKey failed")?;
+        Ok(started.elapsed())
+    }
+
     fn request<T>(&self, message: T) -> tonic::Request<T> {
         let mut request = tonic::Request::new(message);
         kg_common::caller::attach_caller(&mut request, &self.signed);
@@ -422,6 +434,7 @@ impl Direct {
         lanes: &[String],
         top_k: u32,
     ) -> anyhow::Result<DirectSample> {
+        let round_trip = self.time_round_trip().await?;
         let authorize = self.time_authorize().await?;
         let request = self.request(SearchRequest {
             namespace: self.namespace.clone(),
@@ -460,6 +473,7 @@ impl Direct {
                 .context("graph Packages failed")?;
         }
         Ok(DirectSample {
+            round_trip,
             authorize,
             search,
             packages: started.elapsed(),
@@ -610,6 +624,23 @@ impl Mcp {
             .map_or(0, Vec::len);
         Ok((elapsed, hits))
     }
+
+    /// Timed tools/call kg_namespaces (no backend call), to the answer's last byte.
+    async fn kg_namespaces(&mut self) -> anyhow::Result<Duration> {
+        let started = Instant::now();
+        let (id, body) = self
+            .send(
+                "tools/call",
+                json!({"name": "kg_namespaces", "arguments": {}}),
+            )
+            .await?;
+        let elapsed = started.elapsed();
+        let result = answer_of("tools/call", &body, id)?;
+        if result.get("isError").and_then(Value::as_bool) == Some(true) {
+            bail!("kg_namespaces failed: {}", clip(&result.to_string()));
+        }
+        Ok(elapsed)
+    }
 }
 
 /// The `result` of the JSON-RPC answer with `id` in `body`.
@@ -667,10 +698,14 @@ struct LaneSet {
 /// One query through both paths for one lane set.
 struct Sample {
     lane_set: usize,
+    round_trip: Duration,
     authorize: Duration,
     search: Duration,
     packages: Duration,
     mcp: Duration,
+    /// `kg_namespaces` over MCP right after: the same HTTP, JSON-RPC and Authorize with no
+    /// backend call and a few bytes of answer.
+    mcp_floor: Duration,
     grpc_hits: usize,
     mcp_hits: usize,
     failed_lanes: usize,
@@ -704,18 +739,20 @@ async fn both(
     set: &LaneSet,
     grpc_first: bool,
     top_k: u32,
-) -> anyhow::Result<(DirectSample, (Duration, usize))> {
+) -> anyhow::Result<(DirectSample, (Duration, usize), Duration)> {
     direct.fresh().await?;
     let namespace = direct.namespace.clone();
-    if grpc_first {
+    let (d, m) = if grpc_first {
         let d = direct.search(query, &set.lanes, top_k).await?;
         let m = mcp.kg_search(query, &namespace, &set.lanes, top_k).await?;
-        Ok((d, m))
+        (d, m)
     } else {
         let m = mcp.kg_search(query, &namespace, &set.lanes, top_k).await?;
         let d = direct.search(query, &set.lanes, top_k).await?;
-        Ok((d, m))
-    }
+        (d, m)
+    };
+    let floor = mcp.kg_namespaces().await?;
+    Ok((d, m, floor))
 }
 
 async fn client_loop(
@@ -737,12 +774,14 @@ async fn client_loop(
             let grpc_first = (index + set_index).is_multiple_of(2);
             // A failed call is counted and reported, not timed; the run goes on.
             match both(&mut direct, &mut mcp, query, set, grpc_first, top_k).await {
-                Ok((d, (mcp_time, mcp_hits))) => samples.push(Sample {
+                Ok((d, (mcp_time, mcp_hits), mcp_floor)) => samples.push(Sample {
                     lane_set: set_index,
+                    round_trip: d.round_trip,
                     authorize: d.authorize,
                     search: d.search,
                     packages: d.packages,
                     mcp: mcp_time,
+                    mcp_floor,
                     grpc_hits: d.hits,
                     mcp_hits,
                     failed_lanes: d.failed_lanes,
@@ -965,7 +1004,7 @@ fn report(
         let grpc_hits = mean_hits(|s| s.grpc_hits);
         let mcp_hits = mean_hits(|s| s.mcp_hits);
         let failed_lanes: usize = of_set.iter().map(|s| s.failed_lanes).sum();
-        let rows: [(&str, Stats, Option<f64>); 7] = [
+        let rows: [(&str, Stats, Option<f64>); 9] = [
             (
                 "grpc Search",
                 stats(of_set.iter().map(|s| ms(s.search)).collect()),
@@ -999,6 +1038,16 @@ fn report(
             (
                 "grpc Authorize",
                 stats(of_set.iter().map(|s| ms(s.authorize)).collect()),
+                None,
+            ),
+            (
+                "grpc SigningKey",
+                stats(of_set.iter().map(|s| ms(s.round_trip)).collect()),
+                None,
+            ),
+            (
+                "mcp kg_namespaces",
+                stats(of_set.iter().map(|s| ms(s.mcp_floor)).collect()),
                 None,
             ),
             (
@@ -1064,7 +1113,9 @@ fn report(
          gateway makes it; MCP = tools/call sent to the last byte of its answer (the client's JSON parse \
          is not timed, as the gRPC side's protobuf decode is); overhead mcp-(S+P) = the same query's MCP \
          time minus the search backends (HTTP, JSON-RPC, the Authorize, JSON rendering), mcp-(A+S+P) = \
-         also minus the Authorize."
+         also minus the Authorize; kg_namespaces = a tool call with no backend call and a small answer \
+         (HTTP, JSON-RPC, the Authorize), timed after each kg_search; SigningKey = a gRPC round trip to auth \
+         that reads nothing, the floor of any hop."
     );
     println!(
         "{calls} query x lane-set pairs in {wall:.1} s ({:.1} pairs/s, each pair = one gRPC and one MCP search)",
