@@ -182,18 +182,6 @@ pub struct VectorHit {
     pub score: f32,
 }
 
-/// The scope of a similar-files search: file points only, without the source file.
-pub fn similar_scope(scope: &Scope, file_id: &str) -> Scope {
-    let mut scope = Scope {
-        kind: Some(PointKind::File),
-        ..scope.clone()
-    };
-    if !scope.exclude_file_ids.iter().any(|f| f == file_id) {
-        scope.exclude_file_ids.push(file_id.to_owned());
-    }
-    scope
-}
-
 /// A payload value: the three shapes the schema uses, convertible to either backend.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum FieldValue {
@@ -419,8 +407,18 @@ impl VectorIndex {
         let Some(vector) = self.file_vector(access, file_id).await? else {
             return Ok(None);
         };
-        let scope = similar_scope(scope, file_id);
-        self.search(access, &scope, vector, limit).await.map(Some)
+        // The source file leaves the answer here, not through a `must_not` on its id: the
+        // engine checked that clause on every candidate it walked, and at 100k chunks the check
+        // cost more than the scoring (perf). A file has one file point: one hit more suffices.
+        let scope = Scope {
+            kind: Some(PointKind::File),
+            ..scope.clone()
+        };
+        let asked = limit.saturating_add(1).min(MAX_SEARCH_LIMIT);
+        let mut hits = self.search(access, &scope, vector, asked).await?;
+        hits.retain(|hit| hit.file_id != file_id);
+        hits.truncate(limit);
+        Ok(Some(hits))
     }
 
     /// Compacts and indexes now. The embedded shard also does this by itself once writes
