@@ -164,7 +164,6 @@ pub(crate) struct AuthStore {
 }
 
 /// A PAT joined with its principal, as `Authorize` needs it.
-#[derive(Clone)]
 pub(crate) struct PatOwner {
     pub pat_id: String,
     /// The stored hash, compared in constant time with the computed one.
@@ -229,13 +228,13 @@ fn postgres_epoch_triggers() -> Vec<String> {
     ];
     for table in EPOCH_TABLES {
         statements.push(format!(
-            "CREATE OR REPLACE TRIGGER {table}_epoch AFTER INSERT OR UPDATE OR DELETE ON {table} \
-             FOR EACH STATEMENT EXECUTE FUNCTION kg_auth_epoch_bump()"
+            "CREATE OR REPLACE TRIGGER {table}_epoch AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE \
+             ON {table} FOR EACH STATEMENT EXECUTE FUNCTION kg_auth_epoch_bump()"
         ));
     }
     statements.push(format!(
-        "CREATE OR REPLACE TRIGGER kg_pats_epoch AFTER INSERT OR DELETE OR UPDATE OF {EPOCH_PAT_COLUMNS} \
-         ON kg_pats FOR EACH STATEMENT EXECUTE FUNCTION kg_auth_epoch_bump()"
+        "CREATE OR REPLACE TRIGGER kg_pats_epoch AFTER INSERT OR DELETE OR TRUNCATE OR UPDATE OF \
+         {EPOCH_PAT_COLUMNS} ON kg_pats FOR EACH STATEMENT EXECUTE FUNCTION kg_auth_epoch_bump()"
     ));
     statements
 }
