@@ -10,6 +10,13 @@
 //! (brute-force) segment and deletes are never vacuumed. Each shard runs
 //! [`optimize_in_background`]: once after it opens, then after writes settle (no write for
 //! [`OptimizeSchedule::idle`]) or after [`OptimizeSchedule::every_points`] written points.
+//!
+//! An index is two shards: chunk points in the directory itself, file points in its
+//! [`FILE_SHARD_DIR`] subdirectory. A file search in one shard with both had to filter
+//! `kind = file` out of every point: at 100k chunks and 6.7k files the filtered plain scan
+//! took 1.6 ms p50 per similar-files lookup, HNSW over the file shard alone 0.27 ms (recall
+//! 0.987 against the exact answer). Opening an index moves file points still in the chunk
+//! shard (written before the split) into the file shard.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -28,12 +35,28 @@ use serde_json::{Map, Value};
 
 use super::filter;
 use super::{
-    FieldValue, HIT_FIELDS, Scope, UPSERT_BATCH, VectorError, VectorHit, VectorPoint,
+    FieldValue, HIT_FIELDS, PointKind, Scope, UPSERT_BATCH, VectorError, VectorHit, VectorPoint,
     payload_fields, schema, validate_point, validate_query,
 };
 
 /// The file qdrant-edge writes its configuration to; its presence means "a shard exists".
 const EDGE_CONFIG_FILE: &str = "edge_config.json";
+
+/// The file shard's directory, inside the chunk shard's (qdrant-edge only touches its own
+/// `segments`, `wal` and `temp_segments` there).
+pub const FILE_SHARD_DIR: &str = "file-points";
+
+/// Vectors below which (in KB, about 660 vectors of 384 dimensions) the file shard is
+/// scanned rather than indexed, and its searches scan rather than walk HNSW. The engine's
+/// default of 20 MB would leave every file set up to ~13k files to a filtered scan.
+const FILE_SHARD_THRESHOLD_KB: usize = 1_000;
+
+/// What a shard holds; decides the configuration of a new one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ShardRole {
+    Chunks,
+    Files,
+}
 
 /// Payload fields with an index: the ones filters test (not `anchoredPath`, whose
 /// text match must stay a substring test).
@@ -105,10 +128,11 @@ struct Pending {
     runs: u64,
 }
 
-/// The embedded vector index. Cheap to clone; clones share the shard.
+/// The embedded vector index. Cheap to clone; clones share the shards.
 #[derive(Debug, Clone)]
 pub struct EdgeIndex {
-    inner: Arc<Shard>,
+    chunks: Arc<Shard>,
+    files: Arc<Shard>,
 }
 
 fn engine(err: impl std::fmt::Display) -> VectorError {
@@ -130,88 +154,160 @@ impl EdgeIndex {
         dimension: usize,
         schedule: OptimizeSchedule,
     ) -> Result<Self, VectorError> {
-        let (inner, opened) = blocking(move || open_shard(&dir, dimension)).await?;
-        if opened {
-            tokio::spawn(optimize_in_background(
-                Arc::downgrade(&inner),
-                Arc::clone(&inner.wake),
-                schedule,
-            ));
+        let (chunks, files, opened) = blocking(move || {
+            let (chunks, chunks_opened) = open_shard(&dir, dimension, ShardRole::Chunks)?;
+            let file_dir = chunks.dir.join(FILE_SHARD_DIR);
+            let (files, files_opened) = open_shard(&file_dir, dimension, ShardRole::Files)?;
+            Ok((chunks, files, [chunks_opened, files_opened]))
+        })
+        .await?;
+        for (shard, opened) in [&chunks, &files].into_iter().zip(opened) {
+            if opened {
+                tokio::spawn(optimize_in_background(
+                    Arc::downgrade(shard),
+                    Arc::clone(&shard.wake),
+                    schedule,
+                ));
+            }
         }
-        let index = EdgeIndex { inner };
+        let index = EdgeIndex { chunks, files };
         index.ensure_collection().await?;
+        let moved = index.move_file_points().await?;
+        if moved > 0 {
+            tracing::info!(
+                moved,
+                dir = %index.dir().display(),
+                "vector index: file points moved into their own shard"
+            );
+        }
         Ok(index)
     }
 
     /// Vector dimension.
     pub fn dimension(&self) -> usize {
-        self.inner.dimension
+        self.chunks.dimension
     }
 
-    /// The shard directory.
+    /// The index directory (the chunk shard's).
     pub fn dir(&self) -> &Path {
-        &self.inner.dir
+        &self.chunks.dir
     }
 
-    /// Creates the payload indexes that are missing (the shard itself exists once open).
+    fn shard_of(&self, kind: PointKind) -> &Arc<Shard> {
+        match kind {
+            PointKind::Chunk => &self.chunks,
+            PointKind::File => &self.files,
+        }
+    }
+
+    fn shards(&self) -> [&Arc<Shard>; 2] {
+        [&self.chunks, &self.files]
+    }
+
+    /// Creates the payload indexes that are missing (the shards themselves exist once open).
     pub async fn ensure_collection(&self) -> Result<(), VectorError> {
-        self.write(|shard| {
-            for (field, kind) in INDEXED_FIELDS {
-                let field_type = match kind {
-                    IndexType::Keyword => PayloadSchemaType::Keyword,
-                    IndexType::Bool => PayloadSchemaType::Bool,
-                };
-                shard
-                    .update(UpdateOperation::FieldIndexOperation(
-                        FieldIndexOperations::CreateIndex(CreateIndex {
-                            field_name: filter::json_path(field),
-                            field_schema: Some(PayloadFieldSchema::FieldType(field_type)),
-                        }),
-                    ))
-                    .map_err(engine)?;
-            }
-            Ok(())
-        })
-        .await
+        for shard in self.shards() {
+            write(shard, create_payload_indexes).await?;
+        }
+        Ok(())
     }
 
-    /// Inserts or replaces points, [`UPSERT_BATCH`] per engine call, then flushes.
+    /// Moves file points out of the chunk shard into the file shard, a page at a time: each
+    /// page is written to the file shard before it is deleted from the chunk shard, so an
+    /// interrupted move loses nothing and the next open finishes it. Returns the points moved.
+    async fn move_file_points(&self) -> Result<usize, VectorError> {
+        let (chunks, files) = (Arc::clone(&self.chunks), Arc::clone(&self.files));
+        let moved = blocking(move || {
+            let only_files = filter::to_edge(&filter::kind_clause(PointKind::File));
+            let mut moved = 0;
+            loop {
+                let request = ScrollRequest {
+                    offset: None,
+                    limit: Some(UPSERT_BATCH),
+                    filter: Some(only_files.clone()),
+                    with_payload: Some(WithPayloadInterface::Bool(true)),
+                    with_vector: WithVector::Bool(true),
+                    order_by: None,
+                };
+                let (records, _) = chunks.shard.scroll(request).map_err(engine)?;
+                if records.is_empty() {
+                    return Ok(moved);
+                }
+                let mut ids = Vec::with_capacity(records.len());
+                let mut batch = Vec::with_capacity(records.len());
+                for record in records {
+                    ids.push(record.id);
+                    batch.push(PointStructPersisted {
+                        id: record.id,
+                        vector: VectorStructPersisted::Single(dense_vector(record.vector)?),
+                        payload: record.payload,
+                    });
+                }
+                let count = ids.len();
+                locked_write(&files, |shard| {
+                    shard
+                        .update(UpdateOperation::PointOperation(
+                            PointOperations::UpsertPoints(PointInsertOperations::PointsList(batch)),
+                        ))
+                        .map_err(engine)
+                })?;
+                locked_write(&chunks, |shard| {
+                    shard
+                        .update(UpdateOperation::PointOperation(
+                            PointOperations::DeletePoints { ids },
+                        ))
+                        .map_err(engine)
+                })?;
+                moved += count;
+            }
+        })
+        .await?;
+        if moved > 0 {
+            wrote(&self.files, moved);
+            wrote(&self.chunks, moved);
+        }
+        Ok(moved)
+    }
+
+    /// Inserts or replaces points, [`UPSERT_BATCH`] per engine call, each in its kind's
+    /// shard, then flushes.
     pub async fn upsert(&self, points: Vec<VectorPoint>) -> Result<(), VectorError> {
         for point in &points {
             validate_point(point, self.dimension())?;
         }
-        if points.is_empty() {
-            return Ok(());
-        }
-        let written = points.len();
-        self.write(move |shard| {
-            for batch in points.chunks(UPSERT_BATCH) {
-                let batch = batch.iter().map(to_persisted).collect();
-                shard
-                    .update(UpdateOperation::PointOperation(
-                        PointOperations::UpsertPoints(PointInsertOperations::PointsList(batch)),
-                    ))
-                    .map_err(engine)?;
+        let (file_points, chunk_points): (Vec<_>, Vec<_>) = points
+            .into_iter()
+            .partition(|point| point.kind == PointKind::File);
+        for (kind, points) in [
+            (PointKind::Chunk, chunk_points),
+            (PointKind::File, file_points),
+        ] {
+            if points.is_empty() {
+                continue;
             }
-            Ok(())
-        })
-        .await?;
-        self.wrote(written);
+            let shard = self.shard_of(kind);
+            let written = points.len();
+            write(shard, move |shard| upsert_points(shard, &points)).await?;
+            wrote(shard, written);
+        }
         Ok(())
     }
 
-    /// Deletes every point of a file.
+    /// Deletes every point of a file, in both shards.
     pub async fn delete_file(&self, namespace: &str, file_id: &str) -> Result<(), VectorError> {
         let by_file = filter::to_edge(&filter::file_clause(namespace, file_id));
-        self.write(move |shard| {
-            shard
-                .update(UpdateOperation::PointOperation(
-                    PointOperations::DeletePointsByFilter(by_file),
-                ))
-                .map_err(engine)
-        })
-        .await?;
-        self.wrote(1);
+        for shard in self.shards() {
+            let by_file = by_file.clone();
+            write(shard, move |shard| {
+                shard
+                    .update(UpdateOperation::PointOperation(
+                        PointOperations::DeletePointsByFilter(by_file),
+                    ))
+                    .map_err(engine)
+            })
+            .await?;
+            wrote(shard, 1);
+        }
         Ok(())
     }
 
@@ -227,20 +323,23 @@ impl EdgeIndex {
         let mut flags = Map::new();
         flags.insert(schema::ENABLED.to_owned(), Value::Bool(enabled));
         flags.insert(schema::HIDDEN.to_owned(), Value::Bool(hidden));
-        self.write(move |shard| {
-            shard
-                .update(UpdateOperation::PayloadOperation(PayloadOps::SetPayload(
-                    SetPayloadOp {
-                        payload: Payload(flags),
-                        points: None,
-                        filter: Some(by_file),
-                        key: None,
-                    },
-                )))
-                .map_err(engine)
-        })
-        .await?;
-        self.wrote(1);
+        for shard in self.shards() {
+            let (by_file, flags) = (by_file.clone(), flags.clone());
+            write(shard, move |shard| {
+                shard
+                    .update(UpdateOperation::PayloadOperation(PayloadOps::SetPayload(
+                        SetPayloadOp {
+                            payload: Payload(flags),
+                            points: None,
+                            filter: Some(by_file),
+                            key: None,
+                        },
+                    )))
+                    .map_err(engine)
+            })
+            .await?;
+            wrote(shard, 1);
+        }
         Ok(())
     }
 
@@ -272,8 +371,8 @@ impl EdgeIndex {
                 HIT_FIELDS.iter().map(|f| filter::json_path(f)).collect(),
             ),
         };
-        let inner = Arc::clone(&self.inner);
-        let points = blocking(move || inner.shard.query(request).map_err(engine)).await?;
+        let shard = Arc::clone(self.shard_of(scope.kind()));
+        let points = blocking(move || shard.shard.query(request).map_err(engine)).await?;
         points
             .into_iter()
             .map(|point| {
@@ -298,8 +397,8 @@ impl EdgeIndex {
             filter: Some(filter::to_edge(&filter::scoped_clause(access, scope))),
             exact: true,
         };
-        let inner = Arc::clone(&self.inner);
-        let n = blocking(move || inner.shard.count(request).map_err(engine)).await?;
+        let shard = Arc::clone(self.shard_of(scope.kind()));
+        let n = blocking(move || shard.shard.count(request).map_err(engine)).await?;
         Ok(n as u64)
     }
 
@@ -318,21 +417,12 @@ impl EdgeIndex {
             with_vector: WithVector::Bool(true),
             order_by: None,
         };
-        let inner = Arc::clone(&self.inner);
-        let (records, _) = blocking(move || inner.shard.scroll(request).map_err(engine)).await?;
+        let shard = Arc::clone(&self.files);
+        let (records, _) = blocking(move || shard.shard.scroll(request).map_err(engine)).await?;
         let Some(record) = records.into_iter().next() else {
             return Ok(None);
         };
-        match record.vector {
-            Some(VectorStructInternal::Single(vector)) => Ok(Some(vector)),
-            Some(VectorStructInternal::Named(mut named)) => {
-                match named.remove(DEFAULT_VECTOR_NAME) {
-                    Some(VectorInternal::Dense(vector)) => Ok(Some(vector)),
-                    _ => Err(engine("a file point without a dense vector")),
-                }
-            }
-            _ => Err(engine("a file point without a dense vector")),
-        }
+        dense_vector(record.vector).map(Some)
     }
 
     /// Runs the shard optimizers (merge small segments, build HNSW, vacuum deletes)
@@ -340,36 +430,87 @@ impl EdgeIndex {
     /// this is for callers that need it done before they go on. Returns whether anything
     /// changed.
     pub async fn optimize(&self) -> Result<bool, VectorError> {
-        self.write(|shard| shard.optimize().map_err(engine)).await
+        let mut changed = false;
+        for shard in self.shards() {
+            changed |= write(shard, |shard| shard.optimize().map_err(engine)).await?;
+        }
+        Ok(changed)
     }
+}
 
-    /// Records `points` written for the background optimizer and wakes it.
-    fn wrote(&self, points: usize) {
-        let mut pending = self
-            .inner
-            .pending
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        pending.points = pending.points.saturating_add(points.max(1));
-        pending.last_write = Some(Instant::now());
-        drop(pending);
-        self.inner.wake.notify_one();
+/// Creates the payload indexes of [`INDEXED_FIELDS`] that `shard` lacks (any edge shard:
+/// the sparse index uses it too). The caller holds the shard's write lock.
+pub(crate) fn create_payload_indexes(shard: &EdgeShard) -> Result<(), VectorError> {
+    for (field, kind) in INDEXED_FIELDS {
+        let field_type = match kind {
+            IndexType::Keyword => PayloadSchemaType::Keyword,
+            IndexType::Bool => PayloadSchemaType::Bool,
+        };
+        shard
+            .update(UpdateOperation::FieldIndexOperation(
+                FieldIndexOperations::CreateIndex(CreateIndex {
+                    field_name: filter::json_path(field),
+                    field_schema: Some(PayloadFieldSchema::FieldType(field_type)),
+                }),
+            ))
+            .map_err(engine)?;
     }
+    Ok(())
+}
 
-    /// Runs a write on the blocking pool under the write lock, then flushes it to disk.
-    async fn write<T, F>(&self, op: F) -> Result<T, VectorError>
-    where
-        F: FnOnce(&EdgeShard) -> Result<T, VectorError> + Send + 'static,
-        T: Send + 'static,
-    {
-        let inner = Arc::clone(&self.inner);
-        blocking(move || {
-            let _guard = inner.writes.lock().unwrap_or_else(PoisonError::into_inner);
-            let out = op(&inner.shard)?;
-            inner.shard.flush();
-            Ok(out)
-        })
-        .await
+/// Upserts points into one shard, [`UPSERT_BATCH`] per engine call. The caller holds the
+/// shard's write lock.
+fn upsert_points(shard: &EdgeShard, points: &[VectorPoint]) -> Result<(), VectorError> {
+    for batch in points.chunks(UPSERT_BATCH) {
+        let batch = batch.iter().map(to_persisted).collect();
+        shard
+            .update(UpdateOperation::PointOperation(
+                PointOperations::UpsertPoints(PointInsertOperations::PointsList(batch)),
+            ))
+            .map_err(engine)?;
+    }
+    Ok(())
+}
+
+/// Records `points` written to `shard` for its background optimizer and wakes it.
+fn wrote(shard: &Shard, points: usize) {
+    let mut pending = shard.pending.lock().unwrap_or_else(PoisonError::into_inner);
+    pending.points = pending.points.saturating_add(points.max(1));
+    pending.last_write = Some(Instant::now());
+    drop(pending);
+    shard.wake.notify_one();
+}
+
+/// Runs a write on the blocking pool under the shard's write lock, then flushes it to disk.
+async fn write<T, F>(shard: &Arc<Shard>, op: F) -> Result<T, VectorError>
+where
+    F: FnOnce(&EdgeShard) -> Result<T, VectorError> + Send + 'static,
+    T: Send + 'static,
+{
+    let shard = Arc::clone(shard);
+    blocking(move || locked_write(&shard, op)).await
+}
+
+/// A write under the shard's write lock, then a flush; on the calling (blocking) thread.
+fn locked_write<T>(
+    shard: &Shard,
+    op: impl FnOnce(&EdgeShard) -> Result<T, VectorError>,
+) -> Result<T, VectorError> {
+    let _guard = shard.writes.lock().unwrap_or_else(PoisonError::into_inner);
+    let out = op(&shard.shard)?;
+    shard.shard.flush();
+    Ok(out)
+}
+
+/// The dense vector of a record read back with its vector.
+fn dense_vector(vector: Option<VectorStructInternal>) -> Result<Vec<f32>, VectorError> {
+    match vector {
+        Some(VectorStructInternal::Single(vector)) => Ok(vector),
+        Some(VectorStructInternal::Named(mut named)) => match named.remove(DEFAULT_VECTOR_NAME) {
+            Some(VectorInternal::Dense(vector)) => Ok(vector),
+            _ => Err(engine("a point without a dense vector")),
+        },
+        _ => Err(engine("a point without a dense vector")),
     }
 }
 
@@ -466,7 +607,11 @@ async fn optimize_in_background(
 }
 
 /// The shard of `dir`, and whether this call opened it (rather than sharing one already open).
-fn open_shard(dir: &Path, dimension: usize) -> Result<(Arc<Shard>, bool), VectorError> {
+fn open_shard(
+    dir: &Path,
+    dimension: usize,
+    role: ShardRole,
+) -> Result<(Arc<Shard>, bool), VectorError> {
     std::fs::create_dir_all(dir)
         .map_err(|e| engine(format!("cannot create {}: {e}", dir.display())))?;
     let dir = dir
@@ -502,7 +647,7 @@ fn open_shard(dir: &Path, dimension: usize) -> Result<(Arc<Shard>, bool), Vector
         }
         shard
     } else {
-        let config = EdgeConfig {
+        let mut config = EdgeConfig {
             vectors: HashMap::from([(
                 DEFAULT_VECTOR_NAME.to_owned(),
                 EdgeVectorParams {
@@ -518,6 +663,10 @@ fn open_shard(dir: &Path, dimension: usize) -> Result<(Arc<Shard>, bool), Vector
             )]),
             ..EdgeConfig::default()
         };
+        if role == ShardRole::Files {
+            config.hnsw_config.full_scan_threshold = FILE_SHARD_THRESHOLD_KB;
+            config.optimizers.indexing_threshold = Some(FILE_SHARD_THRESHOLD_KB);
+        }
         EdgeShard::new(&dir, config).map_err(engine)?
     };
     let shard = Arc::new(Shard {
@@ -574,17 +723,107 @@ fn to_persisted(point: &VectorPoint) -> PointStructPersisted {
 mod tests {
     use super::*;
 
+    /// The indexed payload fields, the same in both shards.
     fn indexed(index: &EdgeIndex) -> Vec<String> {
-        let mut keys: Vec<String> = index
-            .inner
+        let keys = |shard: &Shard| {
+            let mut keys: Vec<String> = shard
+                .shard
+                .info()
+                .payload_schema
+                .keys()
+                .map(ToString::to_string)
+                .collect();
+            keys.sort();
+            keys
+        };
+        let chunks = keys(&index.chunks);
+        assert_eq!(chunks, keys(&index.files));
+        chunks
+    }
+
+    fn readable(namespace: &str) -> AccessFilter {
+        AccessFilter {
+            namespace: namespace.into(),
+            allow_prefixes: vec![String::new()],
+            enabled_only: true,
+            visible_only: true,
+            ..Default::default()
+        }
+    }
+
+    fn points_of_kind(shard: &Shard, kind: PointKind) -> usize {
+        shard
             .shard
-            .info()
-            .payload_schema
-            .keys()
-            .map(ToString::to_string)
-            .collect();
-        keys.sort();
-        keys
+            .count(CountRequest {
+                filter: Some(filter::to_edge(&filter::kind_clause(kind))),
+                exact: true,
+            })
+            .unwrap()
+    }
+
+    /// An index written before file points had a shard of their own keeps them with the
+    /// chunks: opening it moves them, and every search and count finds them where they are.
+    #[tokio::test]
+    async fn file_points_left_in_the_chunk_shard_move_on_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let point = |kind: PointKind, i: usize| VectorPoint {
+            namespace: "alpha".into(),
+            kind,
+            chunk_key: format!("c{i}"),
+            file_id: format!("f{i}"),
+            path: format!("docs/{i}.md"),
+            enabled: true,
+            hidden: false,
+            collections: Vec::new(),
+            document_date: None,
+            vector: vec![1.0 + i as f32, (i % 7) as f32, (i % 3) as f32],
+        };
+        let mut old_layout: Vec<VectorPoint> =
+            (0..600).map(|i| point(PointKind::File, i)).collect();
+        old_layout.extend((0..40).map(|i| point(PointKind::Chunk, i)));
+        let index = EdgeIndex::open(dir.path(), 3).await.unwrap();
+        write(&index.chunks, move |shard| {
+            upsert_points(shard, &old_layout)
+        })
+        .await
+        .unwrap();
+        assert_eq!(points_of_kind(&index.chunks, PointKind::File), 600);
+        drop(index);
+
+        let index = EdgeIndex::open(dir.path(), 3).await.unwrap();
+        assert_eq!(points_of_kind(&index.chunks, PointKind::File), 0);
+        assert_eq!(points_of_kind(&index.chunks, PointKind::Chunk), 40);
+        assert_eq!(points_of_kind(&index.files, PointKind::File), 600);
+        assert_eq!(points_of_kind(&index.files, PointKind::Chunk), 0);
+        let access = readable("alpha");
+        assert_eq!(index.count(&access, &Scope::files()).await.unwrap(), 600);
+        assert_eq!(index.count(&access, &Scope::chunks()).await.unwrap(), 40);
+        let own = point(PointKind::File, 17).vector;
+        assert!(index.file_vector(&access, "f17").await.unwrap().is_some());
+        let hits = index
+            .search(&access, &Scope::files(), own, 1)
+            .await
+            .unwrap();
+        assert_eq!(hits[0].file_id, "f17");
+        assert_eq!(hits[0].chunk_key, None);
+        // Nothing is left to move; new file points go straight to the file shard.
+        assert_eq!(index.move_file_points().await.unwrap(), 0);
+        index
+            .upsert(vec![point(PointKind::File, 600)])
+            .await
+            .unwrap();
+        assert_eq!(points_of_kind(&index.files, PointKind::File), 601);
+        assert_eq!(points_of_kind(&index.chunks, PointKind::File), 0);
+        // A file's flags and its deletion reach both shards.
+        index
+            .set_file_flags("alpha", "f3", false, false)
+            .await
+            .unwrap();
+        assert_eq!(index.count(&access, &Scope::files()).await.unwrap(), 600);
+        assert_eq!(index.count(&access, &Scope::chunks()).await.unwrap(), 39);
+        index.delete_file("alpha", "f5").await.unwrap();
+        assert_eq!(points_of_kind(&index.files, PointKind::File), 600);
+        assert_eq!(points_of_kind(&index.chunks, PointKind::Chunk), 39);
     }
 
     #[tokio::test]
@@ -619,7 +858,7 @@ mod tests {
             .await
             .unwrap();
         index
-            .inner
+            .chunks
             .shard
             .set_optimizers_config(qdrant_edge::EdgeOptimizersConfig {
                 indexing_threshold: Some(1),
@@ -650,25 +889,19 @@ mod tests {
         // The run is counted after the optimized segments are swapped in, so the index can be
         // complete a moment before the count moves: wait for both.
         let deadline = Instant::now() + Duration::from_secs(120);
-        while index.inner.shard.info().indexed_vectors_count < 600
-            || index.inner.pending.lock().unwrap().runs == 0
+        while index.chunks.shard.info().indexed_vectors_count < 600
+            || index.chunks.pending.lock().unwrap().runs == 0
         {
             assert!(
                 Instant::now() < deadline,
                 "never optimized: {:?}",
-                index.inner.shard.info()
+                index.chunks.shard.info()
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        assert_eq!(index.inner.pending.lock().unwrap().points, 0);
+        assert_eq!(index.chunks.pending.lock().unwrap().points, 0);
 
-        let access = AccessFilter {
-            namespace: "alpha".into(),
-            allow_prefixes: vec![String::new()],
-            enabled_only: true,
-            visible_only: true,
-            ..Default::default()
-        };
+        let access = readable("alpha");
         let hits = index
             .search(&access, &super::super::Scope::chunks(), probe, 1)
             .await
@@ -677,7 +910,7 @@ mod tests {
         assert!(hits[0].score > 0.999, "{:?}", hits[0]);
 
         // The optimizer holds the shard only while it runs: dropping the index ends it.
-        let weak = Arc::downgrade(&index.inner);
+        let weak = Arc::downgrade(&index.chunks);
         drop(index);
         tokio::time::sleep(Duration::from_millis(50)).await;
         assert!(weak.upgrade().is_none());

@@ -161,6 +161,17 @@ pub(crate) fn file_point_clause(filter: &AccessFilter, file_id: &str) -> Clause 
     clause
 }
 
+/// Every point of one kind, in any namespace (moving points between shards).
+pub(crate) fn kind_clause(kind: super::PointKind) -> Clause {
+    Clause {
+        must: vec![Node::Leaf(Leaf::Keyword(
+            schema::KIND,
+            kind.as_str().to_owned(),
+        ))],
+        ..Default::default()
+    }
+}
+
 /// Every point of one file, of any kind.
 pub(crate) fn file_clause(namespace: &str, file_id: &str) -> Clause {
     Clause {

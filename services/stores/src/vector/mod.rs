@@ -1,11 +1,13 @@
 //! The vector index: Qdrant, embedded or as a server, behind one interface.
 //!
-//! Both backends hold one collection whose tenant field is `namespace`, with the same
-//! payload schema ([`schema`]) and the same filters ([`filter`]):
-//! - [`EdgeIndex`]: `qdrant-edge`, an in-process Qdrant shard in a directory (the default
-//!   for `kgmesh up` and tests). Its API is synchronous; every call runs on tokio's
-//!   blocking pool.
-//! - [`ServerIndex`]: a Qdrant server through `qdrant-client` (production).
+//! Both backends use the tenant field `namespace`, the same payload schema ([`schema`]) and
+//! the same filters ([`filter`]):
+//! - [`EdgeIndex`]: `qdrant-edge`, in-process Qdrant shards in a directory (the default
+//!   for `kgmesh up` and tests): one for chunk points, one for file points, so a
+//!   similar-files search walks an HNSW graph of files alone. Its API is synchronous; every
+//!   call runs on tokio's blocking pool.
+//! - [`ServerIndex`]: a Qdrant server through `qdrant-client` (production), one collection
+//!   for both kinds.
 //!
 //! Points are chunks (`kind = "chunk"`) and whole files (`kind = "file"`, for
 //! `similarFiles`). A point's id is derived from (kind, namespace, key), so re-indexing

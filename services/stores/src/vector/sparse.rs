@@ -38,14 +38,12 @@ use qdrant_client::qdrant::{
     with_payload_selector::SelectorOptions,
 };
 use qdrant_edge::{
-    CountRequest, CreateIndex, EdgeConfig, EdgeShard, EdgeSparseVectorParams, FieldIndexOperations,
-    Modifier, Payload, PayloadFieldSchema, PayloadOps, PayloadSchemaType, PointId,
-    PointInsertOperations, PointOperations, PointStructPersisted, SetPayloadOp, UpdateOperation,
-    VectorPersisted, VectorStructPersisted,
+    CountRequest, EdgeConfig, EdgeShard, EdgeSparseVectorParams, Modifier, Payload, PayloadOps,
+    PointId, PointInsertOperations, PointOperations, PointStructPersisted, SetPayloadOp,
+    UpdateOperation, VectorPersisted, VectorStructPersisted,
 };
 use serde_json::{Map, Value};
 
-use super::edge::{INDEXED_FIELDS, IndexType};
 use super::filter;
 use super::server::{client_error, delete_file_request, field_index_requests, set_flags_request};
 use super::{
@@ -393,25 +391,7 @@ impl EdgeSparse {
         let dir = dir.into();
         let inner = blocking(move || open_sparse_shard(&dir)).await?;
         let index = EdgeSparse { inner };
-        index
-            .write(|shard| {
-                for (field, kind) in INDEXED_FIELDS {
-                    let field_type = match kind {
-                        IndexType::Keyword => PayloadSchemaType::Keyword,
-                        IndexType::Bool => PayloadSchemaType::Bool,
-                    };
-                    shard
-                        .update(UpdateOperation::FieldIndexOperation(
-                            FieldIndexOperations::CreateIndex(CreateIndex {
-                                field_name: filter::json_path(field),
-                                field_schema: Some(PayloadFieldSchema::FieldType(field_type)),
-                            }),
-                        ))
-                        .map_err(engine)?;
-                }
-                Ok(())
-            })
-            .await?;
+        index.write(super::edge::create_payload_indexes).await?;
         Ok(index)
     }
 
