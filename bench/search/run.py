@@ -230,6 +230,11 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=1, help="concurrent clients (1 = sequential)")
     parser.add_argument("--lanes", default="fulltext,vector,graph_expand,co_annotation,fused")
     parser.add_argument("--top-k", type=int, default=8)
+    parser.add_argument(
+        "--mcp-protocol", default="2025-06-18", choices=["2025-06-18", "2026-07-28"],
+        help="MCP revision of the bench's client: 2025-06-18 opens a session; 2026-07-28 sends "
+             "each call on its own, with its version and capabilities in _meta",
+    )
     parser.add_argument("--max-file-bytes", type=int, default=256 * 1024)
     parser.add_argument("--registry", type=Path, default=registry_src())
     parser.add_argument("--cache-dir", type=Path, default=REPO_ROOT / "target" / "bench-search")
@@ -325,7 +330,7 @@ def main() -> int:
             command = [
                 str(bench_bin), "run", "--data-dir", str(mesh.data_dir), "--namespace", NAMESPACE,
                 "--queries", str(queries), "--warmup", str(args.warmup), "--concurrency", str(args.concurrency),
-                "--lanes", args.lanes, "--top-k", str(args.top_k),
+                "--lanes", args.lanes, "--top-k", str(args.top_k), "--mcp-protocol", args.mcp_protocol,
                 "--time-embedding", str(args.embed_max_tokens),
             ]
             if args.json:

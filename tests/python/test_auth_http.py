@@ -109,6 +109,53 @@ def test_revoked_pat_is_401_even_inside_an_open_session(mesh: Mesh, make_princip
     assert_unauthorized(post_mcp(mesh, tools_list, bearer, **session, **version))
 
 
+SESSIONLESS = "2026-07-28"
+
+
+def sessionless_call(mesh: Mesh, tool: str, arguments: dict[str, Any], authorization: str) -> httpx2.Response:
+    """One tools/call as a 2026-07-28 client sends it: no initialize, no session; the
+    version and capabilities ride in the request's _meta, the version, method and tool name
+    in headers (SEP-2243)."""
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": SESSIONLESS,
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }
+    body = {
+        "jsonrpc": "2.0",
+        "id": 7,
+        "method": "tools/call",
+        "params": {"name": tool, "arguments": arguments, "_meta": meta},
+    }
+    headers = {"MCP-Protocol-Version": SESSIONLESS, "Mcp-Method": "tools/call", "Mcp-Name": tool}
+    return post_mcp(mesh, body, authorization, **headers)
+
+
+def test_sessionless_calls_are_authorized_one_by_one(
+    mesh: Mesh, demo: str, make_principal: Callable[..., Principal]
+) -> None:
+    answered = sessionless_call(mesh, "kg_namespaces", {}, f"Bearer {mesh.admin_token}")
+    assert answered.status_code == 200, answered.text[:300]
+    assert "mcp-session-id" not in answered.headers, "a 2026-07-28 call must not open a session"
+    assert answered.headers["content-type"].startswith("application/json"), answered.headers
+    names = [entry["name"] for entry in answered.json()["result"]["structuredContent"]["namespaces"]]
+    assert demo in names, names
+
+    # Each request is authorized on its own: grants and revocations apply to the next one.
+    reader = make_principal("sessionless-reader")
+    bearer = f"Bearer {reader.token}"
+    ungranted = sessionless_call(mesh, "kg_search", {"query": RUNBOOK.query, "namespaces": [demo]}, bearer)
+    assert ungranted.status_code == 200, ungranted.text[:300]
+    assert ungranted.json()["result"].get("isError") is True, ungranted.text[:300]
+    assert RUNBOOK.phrase not in ungranted.text, "an ungranted search leaked the runbook"
+    mesh.grant(reader.id, demo, "read")
+    granted = sessionless_call(mesh, "kg_search", {"query": RUNBOOK.query, "namespaces": [demo]}, bearer)
+    hits = granted.json()["result"]["structuredContent"]["results"]
+    assert any(hit["path"] == RUNBOOK.path for hit in hits), hits
+    mesh.cli("pat", "revoke", reader.pat_id)
+    assert_unauthorized(sessionless_call(mesh, "kg_namespaces", {}, bearer))
+    assert_unauthorized(sessionless_call(mesh, "kg_namespaces", {}, "Bearer kg_pat_" + secrets.token_urlsafe(32)))
+
+
 def test_session_delete_closes_the_session_with_204(mesh: Mesh) -> None:
     bearer = f"Bearer {mesh.admin_token}"
     opened = post_mcp(mesh, INITIALIZE, bearer)

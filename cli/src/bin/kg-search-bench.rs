@@ -51,7 +51,10 @@ const DEFAULT_CAPS: PackageCaps = PackageCaps {
     children: Some(8),
     similar: Some(4),
 };
-const MCP_PROTOCOL_VERSION: &str = "2025-06-18";
+/// The MCP revisions the bench speaks: the session-based one most clients negotiate today,
+/// and the sessionless one (SEP-2567) where every request carries its version in `_meta`.
+const MCP_SESSION_PROTOCOL: &str = "2025-06-18";
+const MCP_STATELESS_PROTOCOL: &str = "2026-07-28";
 
 #[derive(Parser)]
 #[command(
@@ -119,6 +122,10 @@ struct RunArgs {
     /// Also write the figures as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// MCP protocol revision: 2025-06-18 (initialize, then a session) or 2026-07-28 (no
+    /// session; each request names its version and capabilities in `_meta`).
+    #[arg(long, default_value = MCP_SESSION_PROTOCOL, value_parser = [MCP_SESSION_PROTOCOL, MCP_STATELESS_PROTOCOL])]
+    mcp_protocol: String,
     /// After the run, also time all-MiniLM-L6-v2 embedding each query alone in this process
     /// (the vector lane's first step) under this token cap: the mesh's own embedder config.
     #[arg(long)]
@@ -507,33 +514,44 @@ impl Direct {
     }
 }
 
-/// A minimal MCP Streamable HTTP client: one session, JSON-RPC over POST, answers as
-/// JSON or as server-sent events.
+/// A minimal MCP Streamable HTTP client: JSON-RPC over POST, answers as JSON or as
+/// server-sent events; one session under 2025-06-18, none under 2026-07-28.
 struct Mcp {
     http: reqwest::Client,
     url: String,
     token: String,
+    protocol: &'static str,
     session: Option<String>,
     next_id: u64,
 }
 
 impl Mcp {
-    async fn connect(url: &str, token: &str) -> anyhow::Result<Self> {
+    async fn connect(url: &str, token: &str, protocol: &str) -> anyhow::Result<Self> {
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(60))
             .tcp_nodelay(true)
             .build()?;
+        let protocol = match protocol {
+            MCP_SESSION_PROTOCOL => MCP_SESSION_PROTOCOL,
+            MCP_STATELESS_PROTOCOL => MCP_STATELESS_PROTOCOL,
+            other => bail!("unsupported MCP protocol revision {other}"),
+        };
         let mut mcp = Self {
             http,
             url: url.to_owned(),
             token: token.to_owned(),
+            protocol,
             session: None,
             next_id: 1,
         };
+        if mcp.stateless() {
+            // No handshake: the first tools/call is the first request.
+            return Ok(mcp);
+        }
         mcp.call(
             "initialize",
             json!({
-                "protocolVersion": MCP_PROTOCOL_VERSION,
+                "protocolVersion": MCP_SESSION_PROTOCOL,
                 "capabilities": {},
                 "clientInfo": {"name": "kg-search-bench", "version": env!("CARGO_PKG_VERSION")},
             }),
@@ -546,16 +564,29 @@ impl Mcp {
         Ok(mcp)
     }
 
+    fn stateless(&self) -> bool {
+        self.protocol == MCP_STATELESS_PROTOCOL
+    }
+
     async fn post(&mut self, body: &Value) -> anyhow::Result<(reqwest::StatusCode, String)> {
         let mut request = self
             .http
             .post(&self.url)
             .bearer_auth(&self.token)
             .header("accept", "application/json, text/event-stream")
-            .header("mcp-protocol-version", MCP_PROTOCOL_VERSION)
+            .header("mcp-protocol-version", self.protocol)
             .json(body);
         if let Some(session) = &self.session {
             request = request.header("mcp-session-id", session);
+        }
+        if self.stateless() {
+            // SEP-2243: the method, and the tool's name, repeated as headers for routers.
+            if let Some(method) = body.get("method").and_then(Value::as_str) {
+                request = request.header("mcp-method", method);
+            }
+            if let Some(name) = body.pointer("/params/name").and_then(Value::as_str) {
+                request = request.header("mcp-name", name);
+            }
         }
         let response = request.send().await?;
         if let Some(session) = response
@@ -583,7 +614,13 @@ impl Mcp {
     }
 
     /// Sends one JSON-RPC request; returns its id and the whole response body, unparsed.
-    async fn send(&mut self, method: &str, params: Value) -> anyhow::Result<(u64, String)> {
+    async fn send(&mut self, method: &str, mut params: Value) -> anyhow::Result<(u64, String)> {
+        if self.stateless() {
+            params["_meta"] = json!({
+                "io.modelcontextprotocol/protocolVersion": self.protocol,
+                "io.modelcontextprotocol/clientCapabilities": {},
+            });
+        }
         let id = self.next_id;
         self.next_id += 1;
         let (_, body) = self
@@ -865,13 +902,14 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
 
     let mut direct = Direct::connect(&info, &args.token, &args.namespace).await?;
     let chunks = direct.chunk_count().await?;
-    let mut mcp = Mcp::connect(&info.mcp_url, &args.token).await?;
+    let mut mcp = Mcp::connect(&info.mcp_url, &args.token, &args.mcp_protocol).await?;
     println!(
-        "namespace {}: {chunks} chunks; {} distinct queries x {} lane sets, top_k {}, concurrency {concurrency}",
+        "namespace {}: {chunks} chunks; {} distinct queries x {} lane sets, top_k {}, concurrency {concurrency}, MCP {}",
         args.namespace,
         queries.len(),
         sets.len(),
-        args.top_k
+        args.top_k,
+        args.mcp_protocol
     );
 
     // Warm-up: loads the embedder, FalkorDB's and the vector index's pages, both connections.
@@ -905,12 +943,12 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         let (d, m) = if i == 0 {
             (
                 direct.clone(),
-                Mcp::connect(&info.mcp_url, &args.token).await?,
+                Mcp::connect(&info.mcp_url, &args.token, &args.mcp_protocol).await?,
             )
         } else {
             (
                 Direct::connect(&info, &args.token, &args.namespace).await?,
-                Mcp::connect(&info.mcp_url, &args.token).await?,
+                Mcp::connect(&info.mcp_url, &args.token, &args.mcp_protocol).await?,
             )
         };
         clients.spawn(client_loop(
@@ -1130,6 +1168,7 @@ fn report(
         "queries": queries,
         "warmup": args.warmup,
         "concurrency": args.concurrency.max(1),
+        "mcp_protocol": args.mcp_protocol,
         "top_k": args.top_k,
         "wall_seconds": wall,
         "lanes": lanes_json,

@@ -109,6 +109,9 @@ fn mcp_service(state: &GatewayState) -> StreamableHttpService<McpServer, LocalSe
         .with_allowed_hosts(state.config.allowed_hosts.clone())
         .with_allowed_origins(rmcp_origins(&state.config.allowed_origins))
         .enforce_origin_validation()
+        // Sessionless (2026-07-28) calls answer in plain JSON unless the tool streams
+        // notifications first; session clients are unaffected.
+        .with_json_response(true)
         .with_cancellation_token(state.shutdown.child_token());
     StreamableHttpService::new(
         move || Ok(server.clone()),
