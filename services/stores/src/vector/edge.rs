@@ -25,11 +25,12 @@ use std::time::{Duration, Instant};
 
 use kg_proto::v1::AccessFilter;
 use qdrant_edge::{
-    CountRequest, CreateIndex, DEFAULT_VECTOR_NAME, Distance, EdgeConfig, EdgeShard,
-    EdgeVectorParams, FieldIndexOperations, NamedQuery, Payload, PayloadFieldSchema, PayloadOps,
-    PayloadSchemaType, PointId, PointInsertOperations, PointOperations, PointStructPersisted,
-    QueryEnum, QueryRequest, ScoringQuery, ScrollRequest, SetPayloadOp, UpdateOperation,
-    VectorInternal, VectorStructInternal, VectorStructPersisted, WithPayloadInterface, WithVector,
+    ConditionalInsertOperation, CountRequest, CreateIndex, DEFAULT_VECTOR_NAME, Distance,
+    EdgeConfig, EdgeShard, EdgeVectorParams, FieldIndexOperations, Filter, NamedQuery, Payload,
+    PayloadFieldSchema, PayloadOps, PayloadSchemaType, PointId, PointInsertOperations,
+    PointOperations, PointStructPersisted, QueryEnum, QueryRequest, ScoringQuery, ScrollRequest,
+    SetPayloadOp, UpdateMode, UpdateOperation, VectorInternal, VectorStructInternal,
+    VectorStructPersisted, WithPayloadInterface, WithVector,
 };
 use serde_json::{Map, Value};
 
@@ -244,10 +245,17 @@ impl EdgeIndex {
                     });
                 }
                 let count = ids.len();
+                // Insert-only: a point already in the file shard was written there by this
+                // version (or copied by a move that stopped midway), so it is never older.
+                let insert_missing = ConditionalInsertOperation {
+                    points_op: PointInsertOperations::PointsList(batch),
+                    condition: Filter::default(),
+                    update_mode: Some(UpdateMode::InsertOnly),
+                };
                 locked_write(&files, |shard| {
                     shard
                         .update(UpdateOperation::PointOperation(
-                            PointOperations::UpsertPoints(PointInsertOperations::PointsList(batch)),
+                            PointOperations::UpsertPointsConditional(insert_missing),
                         ))
                         .map_err(engine)
                 })?;
@@ -319,25 +327,10 @@ impl EdgeIndex {
         enabled: bool,
         hidden: bool,
     ) -> Result<(), VectorError> {
-        let by_file = filter::to_edge(&filter::file_clause(namespace, file_id));
-        let mut flags = Map::new();
-        flags.insert(schema::ENABLED.to_owned(), Value::Bool(enabled));
-        flags.insert(schema::HIDDEN.to_owned(), Value::Bool(hidden));
+        let set_flags = file_flags_update(namespace, file_id, enabled, hidden);
         for shard in self.shards() {
-            let (by_file, flags) = (by_file.clone(), flags.clone());
-            write(shard, move |shard| {
-                shard
-                    .update(UpdateOperation::PayloadOperation(PayloadOps::SetPayload(
-                        SetPayloadOp {
-                            payload: Payload(flags),
-                            points: None,
-                            filter: Some(by_file),
-                            key: None,
-                        },
-                    )))
-                    .map_err(engine)
-            })
-            .await?;
+            let set_flags = set_flags.clone();
+            write(shard, move |shard| shard.update(set_flags).map_err(engine)).await?;
             wrote(shard, 1);
         }
         Ok(())
@@ -456,6 +449,25 @@ pub(crate) fn create_payload_indexes(shard: &EdgeShard) -> Result<(), VectorErro
             .map_err(engine)?;
     }
     Ok(())
+}
+
+/// The update that sets a file's enabled and hidden flags on every point of it (any edge
+/// shard: the sparse index uses it too).
+pub(crate) fn file_flags_update(
+    namespace: &str,
+    file_id: &str,
+    enabled: bool,
+    hidden: bool,
+) -> UpdateOperation {
+    let mut flags = Map::new();
+    flags.insert(schema::ENABLED.to_owned(), Value::Bool(enabled));
+    flags.insert(schema::HIDDEN.to_owned(), Value::Bool(hidden));
+    UpdateOperation::PayloadOperation(PayloadOps::SetPayload(SetPayloadOp {
+        payload: Payload(flags),
+        points: None,
+        filter: Some(filter::to_edge(&filter::file_clause(namespace, file_id))),
+        key: None,
+    }))
 }
 
 /// Upserts points into one shard, [`UPSERT_BATCH`] per engine call. The caller holds the
@@ -788,6 +800,12 @@ mod tests {
         .await
         .unwrap();
         assert_eq!(points_of_kind(&index.chunks, PointKind::File), 600);
+        // A newer version of one file, already in the file shard, outlives the move.
+        let newer = VectorPoint {
+            vector: vec![0.0, 0.0, 1.0],
+            ..point(PointKind::File, 17)
+        };
+        index.upsert(vec![newer]).await.unwrap();
         drop(index);
 
         let index = EdgeIndex::open(dir.path(), 3).await.unwrap();
@@ -798,13 +816,16 @@ mod tests {
         let access = readable("alpha");
         assert_eq!(index.count(&access, &Scope::files()).await.unwrap(), 600);
         assert_eq!(index.count(&access, &Scope::chunks()).await.unwrap(), 40);
-        let own = point(PointKind::File, 17).vector;
-        assert!(index.file_vector(&access, "f17").await.unwrap().is_some());
+        assert_eq!(
+            index.file_vector(&access, "f17").await.unwrap(),
+            Some(vec![0.0, 0.0, 1.0])
+        );
+        let own = point(PointKind::File, 18).vector;
         let hits = index
             .search(&access, &Scope::files(), own, 1)
             .await
             .unwrap();
-        assert_eq!(hits[0].file_id, "f17");
+        assert_eq!(hits[0].file_id, "f18");
         assert_eq!(hits[0].chunk_key, None);
         // Nothing is left to move; new file points go straight to the file shard.
         assert_eq!(index.move_file_points().await.unwrap(), 0);

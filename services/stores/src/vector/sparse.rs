@@ -38,9 +38,9 @@ use qdrant_client::qdrant::{
     with_payload_selector::SelectorOptions,
 };
 use qdrant_edge::{
-    CountRequest, EdgeConfig, EdgeShard, EdgeSparseVectorParams, Modifier, Payload, PayloadOps,
-    PointId, PointInsertOperations, PointOperations, PointStructPersisted, SetPayloadOp,
-    UpdateOperation, VectorPersisted, VectorStructPersisted,
+    CountRequest, EdgeConfig, EdgeShard, EdgeSparseVectorParams, Modifier, Payload, PointId,
+    PointInsertOperations, PointOperations, PointStructPersisted, UpdateOperation, VectorPersisted,
+    VectorStructPersisted,
 };
 use serde_json::{Map, Value};
 
@@ -48,7 +48,7 @@ use super::filter;
 use super::server::{client_error, delete_file_request, field_index_requests, set_flags_request};
 use super::{
     FieldValue, HIT_FIELDS, MAX_SEARCH_LIMIT, PointKind, Scope, UPSERT_BATCH, VectorError,
-    VectorHit, VectorPoint, payload_fields, schema, validate_point,
+    VectorHit, VectorPoint, payload_fields, validate_point,
 };
 
 /// Name of the sparse vector in the shard or collection.
@@ -432,23 +432,9 @@ impl EdgeSparse {
         enabled: bool,
         hidden: bool,
     ) -> Result<(), VectorError> {
-        let by_file = filter::to_edge(&filter::file_clause(namespace, file_id));
-        let mut flags = Map::new();
-        flags.insert(schema::ENABLED.to_owned(), Value::Bool(enabled));
-        flags.insert(schema::HIDDEN.to_owned(), Value::Bool(hidden));
-        self.write(move |shard| {
-            shard
-                .update(UpdateOperation::PayloadOperation(PayloadOps::SetPayload(
-                    SetPayloadOp {
-                        payload: Payload(flags),
-                        points: None,
-                        filter: Some(by_file),
-                        key: None,
-                    },
-                )))
-                .map_err(engine)
-        })
-        .await
+        let set_flags = super::edge::file_flags_update(namespace, file_id, enabled, hidden);
+        self.write(move |shard| shard.update(set_flags).map_err(engine))
+            .await
     }
 
     /// qdrant-edge 0.6.0 cannot score a sparse vector: `EdgeShard::search` looks up the
@@ -962,7 +948,11 @@ mod tests {
                 chunk.id().to_string()
             ))
         );
-        assert!(first.payload.contains_key(schema::FOLDER_PREFIXES));
+        assert!(
+            first
+                .payload
+                .contains_key(crate::vector::schema::FOLDER_PREFIXES)
+        );
 
         let access = AccessFilter {
             deny_file_ids: vec!["f9".into()],
