@@ -95,7 +95,7 @@ def corpus_sha256(corpus: Path) -> str:
 
 def build_corpus(args: argparse.Namespace, bench_bin: Path) -> tuple[Path, dict]:
     """The corpus for these inputs, built once under target/bench-search/corpora/<inputs key>."""
-    lock = REPO_ROOT / "Cargo.lock"
+    lock = args.lock.resolve()
     inputs = hashlib.sha256(
         f"{CORPUS_VERSION}\0{args.min_chunks}\0{args.max_file_bytes}\0".encode() + lock.read_bytes()
     ).hexdigest()[:16]
@@ -237,6 +237,12 @@ def main() -> int:
     )
     parser.add_argument("--max-file-bytes", type=int, default=256 * 1024)
     parser.add_argument("--registry", type=Path, default=registry_src())
+    parser.add_argument(
+        "--lock", type=Path, default=REPO_ROOT / "Cargo.lock",
+        help="Cargo.lock whose crates make the corpus (default this checkout's). A dependency change "
+        "makes a new corpus and a new ~40 min ingest; `git show <commit>:Cargo.lock > old.lock` and "
+        "`--lock old.lock` times a new build on the cached namespace of an older lock",
+    )
     parser.add_argument("--cache-dir", type=Path, default=REPO_ROOT / "target" / "bench-search")
     parser.add_argument("--rebuild", action="store_true", help="rebuild the corpus and re-ingest")
     parser.add_argument("--debug", action="store_true", help="use target/debug binaries (smoke runs)")

@@ -71,6 +71,9 @@ pub struct RetrievalSection {
     /// Index of the `fulltext` lane: `falkordb` (default) or `qdrant_sparse` (BM25 sparse
     /// vectors in Qdrant, written with or without embeddings).
     pub fulltext_backend: Option<kg_stores::vector::sparse::FulltextBackend>,
+    /// FalkorDB's full-text lane matches and counts query words by their English stem
+    /// (`true`) or as exact tokens (`false`, the default).
+    pub fulltext_stemming: Option<bool>,
 }
 
 /// `[vector]`: embedded qdrant-edge under the data dir unless a server is named.
@@ -249,6 +252,7 @@ pub fn resolve(
             public_base_url: config.public_base_url,
             max_query_file_bytes: config.files.max_query_file_bytes,
             max_upload_bytes: config.max_upload_bytes,
+            fulltext_stemming: config.retrieval.fulltext_stemming.unwrap_or(false),
             approval: crate::mesh::ApprovalOptions {
                 webhook_signing_secret_env: config.approval.webhook_signing_secret_env,
                 four_eyes: config.approval.four_eyes,
@@ -303,6 +307,24 @@ mod tests {
         assert_eq!(
             options.indexer.fulltext_backend,
             kg_stores::vector::sparse::FulltextBackend::Falkordb
+        );
+    }
+
+    #[test]
+    fn fulltext_stemming_is_off_unless_switched_on() {
+        let (options, _) = resolve(None, UpFlags::default()).unwrap();
+        assert!(!options.fulltext_stemming);
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("k.toml");
+        std::fs::write(&file, "[retrieval]\nfulltext_stemming = true\n").unwrap();
+        let (options, _) = resolve(Some(&file), UpFlags::default()).unwrap();
+        assert!(options.fulltext_stemming);
+        std::fs::write(&file, "[retrieval]\nfulltext_stemming = \"no\"\n").unwrap();
+        let err = resolve(Some(&file), UpFlags::default()).unwrap_err();
+        assert!(
+            err.problems.iter().any(|p| p.contains("fulltext_stemming")),
+            "{:?}",
+            err.problems
         );
     }
 

@@ -45,6 +45,8 @@ pub struct MeshOptions {
     pub max_query_file_bytes: Option<u64>,
     /// Override of the admin REST upload limit (default 32 MiB).
     pub max_upload_bytes: Option<usize>,
+    /// Full-text words match by English stem (`[retrieval] fulltext_stemming`, default off).
+    pub fulltext_stemming: bool,
     /// The approval service (`[approval]`).
     pub approval: ApprovalOptions,
     /// Embeddings, vector index and indexer concurrency (`[embedding]`, `[vector]`, `[indexer]`).
@@ -360,7 +362,8 @@ impl Mesh {
         }
         {
             // The vector lane embeds queries with the embedder that wrote the index.
-            let mut service = kg_retrieval::RetrievalService::new(graph.clone());
+            let mut service = kg_retrieval::RetrievalService::new(graph.clone())
+                .with_fulltext_stemming(options.fulltext_stemming);
             if let Some(vectors) = &vectors {
                 service = service.with_vectors(vectors.index.clone(), vectors.embedder.clone())?;
             }

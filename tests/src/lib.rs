@@ -22,6 +22,7 @@ pub async fn start_mesh() -> anyhow::Result<(Mesh, tempfile::TempDir)> {
         public_base_url: None,
         max_query_file_bytes: None,
         max_upload_bytes: None,
+        fulltext_stemming: false,
         approval: Default::default(),
         indexer: Default::default(),
     })

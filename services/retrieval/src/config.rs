@@ -6,4 +6,7 @@
 pub struct RetrievalConfig {
     /// FalkorDB address, `redis://host:port`.
     pub falkordb_url: String,
+    /// Full-text query words match and count by their English stem, or exactly (default).
+    #[serde(default)]
+    pub fulltext_stemming: bool,
 }

@@ -38,6 +38,7 @@ pub(crate) async fn graph_expand(
     query_text: &str,
     filters: &LaneFilters,
     fulltext_hits: Option<&[LaneHit]>,
+    stemming: bool,
 ) -> Result<Vec<LaneHit>> {
     let seeds: Vec<String> = match fulltext_hits {
         Some(hits) => hits
@@ -45,7 +46,7 @@ pub(crate) async fn graph_expand(
             .take(SEED_HITS)
             .map(|h| h.chunk_key.clone())
             .collect(),
-        None => lanes::fulltext(store, namespace, access, query_text, filters)
+        None => lanes::fulltext(store, namespace, access, query_text, filters, stemming)
             .await?
             .into_iter()
             .take(SEED_HITS)

@@ -2,7 +2,7 @@
 
 use kg_common::access::cypher_predicate;
 use kg_proto::v1::AccessFilter;
-use kg_stores::graph::{GraphStore, Params, exact_term, fulltext_terms};
+use kg_stores::graph::{GraphStore, Params, fulltext_terms};
 use serde_json::Value;
 
 use crate::bm25;
@@ -98,9 +98,10 @@ pub(crate) async fn fulltext(
     access: &AccessFilter,
     query_text: &str,
     filters: &LaneFilters,
+    stemming: bool,
 ) -> Result<Vec<LaneHit>> {
     // Terms hold only word characters: no RediSearch operator can be smuggled in.
-    let terms = fulltext_terms(query_text);
+    let terms = bm25::query_terms(fulltext_terms(query_text), stemming);
     if terms.is_empty() {
         return Ok(Vec::new());
     }
@@ -229,22 +230,22 @@ struct Nomination {
 }
 
 impl Nomination {
-    fn new(terms: &[String], idf: &[f64], common: &[bool]) -> Self {
-        // Quoted: exact tokens, the matches BM25's tf counts (the index also stems).
+    fn new(terms: &[bm25::Term], idf: &[f64], common: &[bool]) -> Self {
+        // Each term matches what BM25's tf counts: its stem's words, or its exact token.
         let rare: Vec<String> = terms
             .iter()
             .zip(common)
             .filter(|(_, common)| !**common)
-            .map(|(t, _)| exact_term(t))
+            .map(|(t, _)| t.index_query())
             .collect();
         let any_rare = format!("({})", rare.join("|"));
         let mut queries = Vec::with_capacity(terms.len());
         let mut weights = Vec::with_capacity(terms.len());
         for ((term, &weight), &common) in terms.iter().zip(idf).zip(common) {
             queries.push(if common {
-                format!("{any_rare} {}", exact_term(term))
+                format!("{any_rare} {}", term.index_query())
             } else {
-                exact_term(term)
+                term.index_query()
             });
             weights.push(weight);
         }
@@ -307,8 +308,15 @@ mod tests {
         assert_eq!(common_terms(&stats(1_661, &[1_000, 900])), [false, false]);
         assert_eq!(common_terms(&stats(1_661, &[1_001, 9])), [true, false]);
 
-        let terms: Vec<String> = ["tokio", "runtime", "threads"].map(String::from).to_vec();
+        let words = ["tokio", "runtime", "threads"].map(String::from).to_vec();
+        let terms = bm25::query_terms(words.clone(), true);
         let n = Nomination::new(&terms, &[7.0, 2.0, 3.0], &[false, true, false]);
+        assert_eq!(n.queries, ["tokio", "(tokio|threads) runtime", "threads"]);
+        assert_eq!(n.weights, [7.0, 2.0, 3.0]);
+        let all = Nomination::new(&terms, &[7.0, 2.0, 3.0], &[false; 3]);
+        assert_eq!(all.queries, ["tokio", "runtime", "threads"]);
+        let exact = bm25::query_terms(words, false);
+        let n = Nomination::new(&exact, &[7.0, 2.0, 3.0], &[false, true, false]);
         assert_eq!(
             n.queries,
             [
@@ -317,8 +325,5 @@ mod tests {
                 "\"threads\""
             ]
         );
-        assert_eq!(n.weights, [7.0, 2.0, 3.0]);
-        let all = Nomination::new(&terms, &[7.0, 2.0, 3.0], &[false; 3]);
-        assert_eq!(all.queries, ["\"tokio\"", "\"runtime\"", "\"threads\""]);
     }
 }

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 
 use kg_indexer::document::DocumentMeta;
 use kg_proto::v1::SearchResponse;
-use kg_stores::graph::{GraphStore, Params, exact_term};
+use kg_stores::graph::{GraphStore, Params, exact_term, stemmed_term};
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -143,26 +143,23 @@ async fn fulltext_lane_ranks_by_bm25_where_falkordb_scores_disagree() {
 }
 
 #[tokio::test]
-async fn exact_terms_skip_the_index_stemming() {
+async fn inflections_are_one_term_for_candidates_df_and_tf() {
     let env = start().await;
-    write(
-        &env.store,
-        "stem",
-        "a",
-        "a.md",
-        &["running rules"],
-        DocumentMeta::default(),
-    )
-    .await;
-    write(
-        &env.store,
-        "stem",
-        "b",
-        "b.md",
-        &["rule run"],
-        DocumentMeta::default(),
-    )
-    .await;
+    for (id, text) in [
+        ("a", "running rules"),
+        ("b", "rule run"),
+        ("c", "log rotation happens daily"),
+    ] {
+        write(
+            &env.store,
+            "stem",
+            id,
+            &format!("{id}.md"),
+            &[text],
+            DocumentMeta::default(),
+        )
+        .await;
+    }
     let count = |q: String| {
         let store = env.store.clone();
         async move {
@@ -182,14 +179,47 @@ async fn exact_terms_skip_the_index_stemming() {
                 .unwrap()
         }
     };
-    // The index stems: a bare word also finds its inflections ...
-    assert_eq!(count("rule".into()).await, 2);
-    // ... a quoted one only itself, which is what BM25's tf counts.
+    // The index stems: a bare word finds every word with its stem, whichever form is asked
+    // (what the lane nominates with and counts df by) ...
+    assert_eq!(count(stemmed_term("rule")).await, 2);
+    assert_eq!(count(stemmed_term("rules")).await, 2);
+    assert_eq!(count(stemmed_term("rotate")).await, 1);
+    // ... a quoted word only itself.
     assert_eq!(count(exact_term("rule")).await, 1);
-    assert_eq!(count(exact_term("running")).await, 1);
-    let hits = fulltext(&env, "stem", "rule", &caller("stem", |_| {})).await;
-    assert_eq!(ranked(&hits).len(), 1);
-    assert_eq!(hits.hits[0].chunk_key, "b#0");
+    assert_eq!(count(exact_term("rotate")).await, 0);
+
+    // `[retrieval] fulltext_stemming = true`: BM25 counts the same way. Headers `a.md` etc.
+    // are two tokens: lengths 4, 4, 6 (avgdl 14 / 3); `rotating` has df 1 (rotation),
+    // `rules` df 2 (rules, rule).
+    let stems = kg_retrieval::RetrievalService::new(env.store.clone()).with_fulltext_stemming(true);
+    let hits = stems
+        .search_for(
+            &caller("stem", |_| {}),
+            search("stem", "Rotating rules", &["fulltext"]),
+        )
+        .await
+        .unwrap();
+    let (n, avgdl) = (3.0, 14.0 / 3.0);
+    let expected = [
+        ("c#0", term_score(1.0, 1.0, n, 6.0, avgdl)),
+        ("a#0", term_score(1.0, 2.0, n, 4.0, avgdl)),
+        ("b#0", term_score(1.0, 2.0, n, 4.0, avgdl)),
+    ];
+    let got = ranked(&hits);
+    assert_eq!(got.len(), expected.len(), "{got:?}");
+    for ((key, score), (want_key, want)) in got.iter().zip(expected) {
+        assert_eq!(key, want_key, "{got:?}");
+        assert!((score - want).abs() < 1e-9, "{key}: {score} != {want}");
+    }
+
+    // The default: exact tokens for candidates, df and tf alike.
+    let hits = fulltext(&env, "stem", "Rotating rules", &caller("stem", |_| {})).await;
+    let got = ranked(&hits);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].0, "a#0");
+    // `rules` alone (df 1); `rotating` occurs nowhere.
+    let want = term_score(1.0, 1.0, n, 4.0, avgdl);
+    assert!((got[0].1 - want).abs() < 1e-9, "{} != {want}", got[0].1);
 }
 
 #[tokio::test]

@@ -8,8 +8,9 @@
 //! So we never escape: [`fulltext_query`] splits at every non-word character, as the index
 //! does, keeps the words (Unicode letters, digits, `_`) lowercased, drops stop words, and joins
 //! the distinct terms with `|` (OR). The result holds nothing but word characters and `|`.
-//! [`exact_term`] quotes one term: the index stems English words, a quoted word matches
-//! only itself (verified against FalkorDB in kg-retrieval's `tests/integration/bm25.rs`).
+//! The index stems English words: [`stemmed_term`] (a bare word) matches every word with its
+//! stem, [`exact_term`] (quoted) only itself (both verified against FalkorDB in
+//! kg-retrieval's `tests/integration/bm25.rs`).
 //!
 //! `queryNodes` on a label without a full-text index answers with no rows, not an error, so
 //! a search cannot tell a dropped index from "no hits": [`GraphStore::fulltext_index_missing`]
@@ -85,6 +86,16 @@ pub fn exact_term(term: &str) -> String {
         .filter(|c| c.is_alphanumeric() || *c == '_')
         .collect();
     format!("\"{word}\"")
+}
+
+/// The full-text query matching `term` (a [`fulltext_terms`] term) and every word with its
+/// English stem: the bare word, which the index expands to its stem (`rules` also finds
+/// `rule` and `ruling`, `rotation` finds `rotate`). Any other character is dropped, so the
+/// result holds word characters only.
+pub fn stemmed_term(term: &str) -> String {
+    term.chars()
+        .filter(|c| c.is_alphanumeric() || *c == '_')
+        .collect()
 }
 
 impl GraphStore {

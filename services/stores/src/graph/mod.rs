@@ -18,7 +18,9 @@ use serde_json::{Map, Number, Value};
 
 use crate::error::{StoreError, StoreKind};
 
-pub use fulltext::{MAX_TERM_CHARS, MAX_TERMS, exact_term, fulltext_query, fulltext_terms};
+pub use fulltext::{
+    MAX_TERM_CHARS, MAX_TERMS, exact_term, fulltext_query, fulltext_terms, stemmed_term,
+};
 pub use params::{Params, cypher_literal};
 
 /// Prefix of every namespace graph key.
