@@ -89,8 +89,7 @@ const STEM_EXCEPTIONS: [&str; 3] = ["dying", "lying", "tying"];
 pub(crate) struct Term {
     /// The first query word with this stem (lower-case): what the index is asked for.
     pub(crate) word: String,
-    /// The stem tokens are compared by (the word itself when stemming is off); also the
-    /// statistics cache key.
+    /// The stem tokens are compared by (the word itself when stemming is off).
     pub(crate) stem: String,
     /// Whether the term stands for its stem.
     stemmed: bool,
@@ -291,18 +290,9 @@ pub(crate) async fn stats(
     terms: &[Term],
 ) -> Result<Stats> {
     let key = scope_key(store, namespace, node);
-    // A stem and an exact word may be spelled alike (`rule`) and count different chunks.
-    let stems: Vec<String> = terms
-        .iter()
-        .map(|t| {
-            if t.stemmed {
-                format!("~{}", t.stem)
-            } else {
-                t.stem.clone()
-            }
-        })
-        .collect();
-    let (cached_corpus, cached_df) = CACHE.get(&key, &stems);
+    // Keyed by the full-text query df counts: a stemmed `rule` and a quoted one differ.
+    let queries: Vec<String> = terms.iter().map(Term::index_query).collect();
+    let (cached_corpus, cached_df) = CACHE.get(&key, &queries);
     let missing: Vec<usize> = (0..terms.len())
         .filter(|&i| cached_df[i].is_none())
         .collect();
@@ -315,7 +305,7 @@ pub(crate) async fn stats(
                 .map(|c| (c, true)),
         }
     };
-    let missing_terms: Vec<String> = missing.iter().map(|&i| terms[i].index_query()).collect();
+    let missing_terms: Vec<String> = missing.iter().map(|&i| queries[i].clone()).collect();
     let df_query = async {
         if missing_terms.is_empty() {
             Ok(Vec::new())
@@ -329,7 +319,7 @@ pub(crate) async fn stats(
     let mut to_cache = Vec::with_capacity(missing.len());
     for (&i, &count) in missing.iter().zip(&fetched_df) {
         df[i] = count;
-        to_cache.push((stems[i].clone(), count));
+        to_cache.push((queries[i].clone(), count));
     }
     // An empty scope is not remembered: its first ingest must count at once.
     let corpus_to_cache = (corpus_fetched && corpus.docs > 0).then_some(corpus);

@@ -81,11 +81,7 @@ pub fn fulltext_query(user_text: &str) -> Option<String> {
 /// occurrences (BM25 term frequency) needs the same matches for its document frequency.
 /// Any other character is dropped, so the result is always `"` + word characters + `"`.
 pub fn exact_term(term: &str) -> String {
-    let word: String = term
-        .chars()
-        .filter(|c| c.is_alphanumeric() || *c == '_')
-        .collect();
-    format!("\"{word}\"")
+    format!("\"{}\"", stemmed_term(term))
 }
 
 /// The full-text query matching `term` (a [`fulltext_terms`] term) and every word with its
