@@ -2,7 +2,7 @@
 
 use kg_common::access::cypher_predicate;
 use kg_proto::v1::AccessFilter;
-use kg_stores::graph::{GraphStore, Params, fulltext_terms};
+use kg_stores::graph::{GraphStore, Params, Rows, fulltext_terms};
 use serde_json::Value;
 
 use crate::bm25;
@@ -23,7 +23,8 @@ const LANE_TIMEOUT_MS: u64 = 5_000;
 /// tenth chunk of 100k has 10,000), and a chunk holding only common terms rarely makes
 /// the BM25 top hits when enough chunks hold a rare one. On the 100k-chunk bench, 200
 /// queries: the lane's top 8 equal the uncut ones for 98.5%, and its pool query p95 went
-/// from 78 to 37 ms.
+/// from 78 to 37 ms. A query of common terms alone first nominates the chunks holding all
+/// of them ([`Nomination::tiers`]).
 const COMMON_TERM_SHARE: f64 = 0.02;
 /// No term is common below this many chunks, so a small namespace is never cut.
 const COMMON_TERM_FLOOR: u64 = 1_000;
@@ -90,7 +91,8 @@ pub(crate) use crate::filters::LaneFilters;
 /// RediSearch's score is no BM25 (an OR of terms scores by its best term; no tf saturation
 /// or length normalisation), so it only picks the pool: the [`CANDIDATE_POOL`] chunks that
 /// hold the most query terms weighted by idf (BM25 without tf and length), its own score
-/// breaking ties; common terms nominate only beside a rare one ([`COMMON_TERM_SHARE`]).
+/// breaking ties; common terms nominate only beside a rare one or all together, while
+/// those fill the pool ([`COMMON_TERM_SHARE`], [`Nomination::tiers`]).
 /// BM25 then re-scores the pool from the chunks' text, every query term counted.
 pub(crate) async fn fulltext(
     store: &GraphStore,
@@ -159,12 +161,14 @@ pub(crate) async fn fulltext(
                 .await
         }
     };
-    let common = common_terms(&stats);
-    let mut rows = run(Nomination::new(&terms, &idf, &common)).await?;
-    // Too few chunks hold a rare term to fill the pool: the common terms' own postings
-    // nominate too, so the pool is what it would be without the cut.
-    if common.iter().any(|&c| c) && rows.rows.len() < CANDIDATE_POOL {
-        rows = run(Nomination::new(&terms, &idf, &vec![false; terms.len()])).await?;
+    // Each tier nominates more candidates than the one before; the first to fill the pool
+    // is the pool.
+    let mut rows = Rows::default();
+    for nomination in Nomination::tiers(&terms, &idf, &common_terms(&stats)) {
+        rows = run(nomination).await?;
+        if rows.rows.len() >= CANDIDATE_POOL {
+            break;
+        }
     }
     if rows.rows.is_empty() {
         missing_index_check(store, namespace, "Chunk").await?;
@@ -208,21 +212,14 @@ pub(crate) async fn fulltext(
     Ok(hits)
 }
 
-/// Which query terms are common (see [`COMMON_TERM_SHARE`]); none when every term is, since
-/// then there is nothing rarer to nominate.
+/// Which query terms are common (see [`COMMON_TERM_SHARE`]).
 fn common_terms(stats: &bm25::Stats) -> Vec<bool> {
     let cutoff = ((stats.docs as f64 * COMMON_TERM_SHARE) as u64).max(COMMON_TERM_FLOOR);
-    let common: Vec<bool> = stats.df.iter().map(|&df| df > cutoff).collect();
-    if common.iter().all(|&c| c) {
-        vec![false; common.len()]
-    } else {
-        common
-    }
+    stats.df.iter().map(|&df| df > cutoff).collect()
 }
 
-/// The full-text queries that nominate pool candidates, each with the weight a chunk it
-/// matches earns: every rare term alone, and every common term only together with any rare
-/// one, so a nominated chunk's weight still counts every query term it holds.
+/// Full-text queries that nominate pool candidates, each with the weight a chunk it matches
+/// earns, so a nominated chunk's weight is the idf of every query term it holds.
 #[derive(Debug, Clone, PartialEq)]
 struct Nomination {
     queries: Vec<String>,
@@ -230,26 +227,74 @@ struct Nomination {
 }
 
 impl Nomination {
-    fn new(terms: &[bm25::Term], idf: &[f64], common: &[bool]) -> Self {
-        // Each term matches what BM25's tf counts: its stem's words, or its exact token.
+    /// The nominations to try in turn until one fills the pool; each holds every chunk the
+    /// one before held, and the last is every term's postings. Without common terms that is
+    /// the only one. Otherwise, first the rare terms' chunks (common terms only add weight
+    /// there); then also the chunks holding every common term, the heaviest of those without
+    /// a rare one (a query of common terms alone starts here); then every term. A common
+    /// term's postings are tens of thousands of chunks at 100k, and an intersection of them
+    /// is walked by skipping, so a query of words like `new from slice` no longer walks them
+    /// all unless too few chunks hold them together.
+    fn tiers(terms: &[bm25::Term], idf: &[f64], common: &[bool]) -> Vec<Nomination> {
+        let every_term = Nomination {
+            queries: terms.iter().map(bm25::Term::index_query).collect(),
+            weights: idf.to_vec(),
+        };
+        if !common.iter().any(|&c| c) {
+            return vec![every_term];
+        }
         let rare: Vec<String> = terms
             .iter()
             .zip(common)
             .filter(|(_, common)| !**common)
             .map(|(t, _)| t.index_query())
             .collect();
-        let any_rare = format!("({})", rare.join("|"));
-        let mut queries = Vec::with_capacity(terms.len());
-        let mut weights = Vec::with_capacity(terms.len());
-        for ((term, &weight), &common) in terms.iter().zip(idf).zip(common) {
-            queries.push(if common {
-                format!("{any_rare} {}", term.index_query())
-            } else {
-                term.index_query()
-            });
-            weights.push(weight);
+        let commons: Vec<String> = terms
+            .iter()
+            .zip(common)
+            .filter(|(_, common)| **common)
+            .map(|(t, _)| t.index_query())
+            .collect();
+        let mut tiers = Vec::with_capacity(3);
+        let mut rare_first = Nomination {
+            queries: Vec::with_capacity(terms.len() + 1),
+            weights: Vec::with_capacity(terms.len() + 1),
+        };
+        if !rare.is_empty() {
+            let any_rare = format!("({})", rare.join("|"));
+            for ((term, &weight), &common) in terms.iter().zip(idf).zip(common) {
+                rare_first.queries.push(if common {
+                    format!("{any_rare} {}", term.index_query())
+                } else {
+                    term.index_query()
+                });
+                rare_first.weights.push(weight);
+            }
+            tiers.push(rare_first.clone());
         }
-        Self { queries, weights }
+        // One common term's chunks are its whole postings list: the last tier.
+        if commons.len() >= 2 {
+            let mut every_common = rare_first;
+            // Chunks that also hold a rare term already earn these weights above.
+            let without_rare = if rare.is_empty() {
+                String::new()
+            } else {
+                format!(" -({})", rare.join("|"))
+            };
+            every_common
+                .queries
+                .push(format!("{}{without_rare}", commons.join(" ")));
+            every_common.weights.push(
+                idf.iter()
+                    .zip(common)
+                    .filter(|(_, common)| **common)
+                    .map(|(w, _)| w)
+                    .sum(),
+            );
+            tiers.push(every_common);
+        }
+        tiers.push(every_term);
+        tiers
     }
 }
 
@@ -288,7 +333,7 @@ mod tests {
     }
 
     #[test]
-    fn common_terms_nominate_only_beside_a_rare_one() {
+    fn common_terms_are_those_in_over_two_percent_and_a_thousand_chunks() {
         let stats = |docs, df: &[u64]| bm25::Stats {
             docs,
             avgdl: 100.0,
@@ -299,31 +344,82 @@ mod tests {
             common_terms(&stats(100_000, &[2_000, 2_001, 50])),
             [false, true, false]
         );
-        // Every term common: all nominate.
-        assert_eq!(
-            common_terms(&stats(100_000, &[9_000, 5_000])),
-            [false, false]
-        );
+        assert_eq!(common_terms(&stats(100_000, &[9_000, 5_000])), [true, true]);
         // A small namespace: never below the floor.
         assert_eq!(common_terms(&stats(1_661, &[1_000, 900])), [false, false]);
         assert_eq!(common_terms(&stats(1_661, &[1_001, 9])), [true, false]);
+    }
 
-        let words = ["tokio", "runtime", "threads"].map(String::from).to_vec();
-        let terms = bm25::query_terms(words.clone(), true);
-        let n = Nomination::new(&terms, &[7.0, 2.0, 3.0], &[false, true, false]);
-        assert_eq!(n.queries, ["tokio", "(tokio|threads) runtime", "threads"]);
-        assert_eq!(n.weights, [7.0, 2.0, 3.0]);
-        let all = Nomination::new(&terms, &[7.0, 2.0, 3.0], &[false; 3]);
-        assert_eq!(all.queries, ["tokio", "runtime", "threads"]);
-        let exact = bm25::query_terms(words, false);
-        let n = Nomination::new(&exact, &[7.0, 2.0, 3.0], &[false, true, false]);
+    #[test]
+    fn nomination_tiers_widen_from_rare_terms_to_every_common_term_to_all_postings() {
+        let words = |w: &[&str]| w.iter().map(|w| (*w).to_owned()).collect::<Vec<_>>();
+        let tiers = |w: &[&str], stemming, idf: &[f64], common: &[bool]| {
+            let terms = bm25::query_terms(words(w), stemming);
+            Nomination::tiers(&terms, idf, common)
+        };
+        let queries = |t: &Nomination| t.queries.clone();
+
+        // No common term: one tier, every term alone.
+        let t = tiers(&["tokio", "runtime"], true, &[7.0, 2.0], &[false, false]);
+        assert_eq!(t.len(), 1);
+        assert_eq!(queries(&t[0]), ["tokio", "runtime"]);
+        assert_eq!(t[0].weights, [7.0, 2.0]);
+
+        // One common term: beside the rare ones, then its whole postings.
+        let t = tiers(
+            &["tokio", "runtime", "threads"],
+            true,
+            &[7.0, 2.0, 3.0],
+            &[false, true, false],
+        );
+        assert_eq!(t.len(), 2);
         assert_eq!(
-            n.queries,
+            queries(&t[0]),
+            ["tokio", "(tokio|threads) runtime", "threads"]
+        );
+        assert_eq!(t[0].weights, [7.0, 2.0, 3.0]);
+        assert_eq!(queries(&t[1]), ["tokio", "runtime", "threads"]);
+
+        // Two common terms and a rare one: the chunks holding both common terms and no rare
+        // one join the second tier with both weights (those with the rare term have them).
+        let t = tiers(
+            &["tokio", "runtime", "threads"],
+            false,
+            &[7.0, 2.0, 3.0],
+            &[true, false, true],
+        );
+        assert_eq!(t.len(), 3);
+        assert_eq!(
+            queries(&t[0]),
             [
-                "\"tokio\"",
-                "(\"tokio\"|\"threads\") \"runtime\"",
-                "\"threads\""
+                "(\"runtime\") \"tokio\"",
+                "\"runtime\"",
+                "(\"runtime\") \"threads\""
             ]
         );
+        assert_eq!(
+            queries(&t[1]),
+            [
+                "(\"runtime\") \"tokio\"",
+                "\"runtime\"",
+                "(\"runtime\") \"threads\"",
+                "\"tokio\" \"threads\" -(\"runtime\")"
+            ]
+        );
+        assert_eq!(t[1].weights, [7.0, 2.0, 3.0, 10.0]);
+        assert_eq!(queries(&t[2]), ["\"tokio\"", "\"runtime\"", "\"threads\""]);
+
+        // Only common terms: the chunks holding all of them, then every posting.
+        let t = tiers(
+            &["new", "from", "slice"],
+            true,
+            &[1.0, 2.0, 3.0],
+            &[true; 3],
+        );
+        assert_eq!(t.len(), 2);
+        assert_eq!(queries(&t[0]), ["new from slice"]);
+        assert_eq!(t[0].weights, [6.0]);
+        assert_eq!(queries(&t[1]), ["new", "from", "slice"]);
+        assert_eq!(t[1].weights, [1.0, 2.0, 3.0]);
     }
 }

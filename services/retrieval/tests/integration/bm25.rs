@@ -402,18 +402,24 @@ async fn context_headers_are_searched_and_old_indexes_are_rebuilt() {
 /// enough chunks hold a rarer query term to fill the pool, only those are candidates, however
 /// many common terms another chunk holds. Here, without the cut, the chunks holding all three
 /// common terms (weight 3 x 0.73 against the rare term's 1.83) would fill the pool and the
-/// top hits. When the rare term cannot fill the pool, common terms nominate again.
+/// top hits. When the rare term cannot fill the pool, the chunks holding every common term
+/// join it, and when those cannot either, every chunk holding any term. A query of common
+/// terms alone starts with the chunks holding all of them.
 #[tokio::test]
-async fn common_terms_nominate_only_when_rare_terms_cannot_fill_the_pool() {
+async fn common_terms_nominate_only_when_rarer_nominations_cannot_fill_the_pool() {
     let env = start().await;
     let texts = |n: usize, text: &str| -> Vec<String> {
         (0..n).map(|i| format!("{text} pad{i}")).collect()
     };
+    // 3,608 chunks; cone, ctwo, cthree and cfour are common (over 1,000 chunks each),
+    // rareword and scarceword are not.
     let files = [
         ("commons", texts(1_200, "cone ctwo cthree")),
         ("rares", texts(400, "rareword")),
         ("scarce", texts(5, "scarceword")),
         ("others", texts(900, "other")),
+        ("cfours", texts(1_100, "cfour")),
+        ("pairs", texts(3, "cone cfour")),
     ];
     for (id, chunks) in &files {
         let chunks: Vec<&str> = chunks.iter().map(String::as_str).collect();
@@ -428,22 +434,48 @@ async fn common_terms_nominate_only_when_rare_terms_cannot_fill_the_pool() {
         .await;
     }
     let reader = caller("ct", |_| {});
-    // The file of each hit, at least 8 of them.
-    let files_of_hits = |response: SearchResponse| -> Vec<String> {
-        let files: Vec<String> = response
-            .hits
-            .iter()
-            .map(|h| h.chunk_key.split('#').next().unwrap_or_default().to_owned())
-            .collect();
-        assert!(files.len() >= 8, "{files:?}");
-        files
+    // The file of each of the top 12 hits.
+    let files_of_hits = |query: &'static str| {
+        let mut request = search("ct", query, &["fulltext"]);
+        request.top_k = 12;
+        let (service, reader) = (&env.service, &reader);
+        async move {
+            let response = service.search_for(reader, request).await.unwrap();
+            let files: Vec<String> = response
+                .hits
+                .iter()
+                .map(|h| h.chunk_key.split('#').next().unwrap_or_default().to_owned())
+                .collect();
+            assert_eq!(files.len(), 12, "{query}: {files:?}");
+            files
+        }
     };
+    let all_in =
+        |files: &[String], allowed: &[&str]| files.iter().all(|f| allowed.contains(&f.as_str()));
 
-    let got = files_of_hits(fulltext(&env, "ct", "rareword cone ctwo cthree", &reader).await);
-    assert!(got.iter().all(|f| f == "rares"), "{got:?}");
+    let got = files_of_hits("rareword cone ctwo cthree").await;
+    assert!(all_in(&got, &["rares"]), "{got:?}");
 
-    // Five chunks cannot fill a pool of 200: the common term's chunks follow them.
-    let got = files_of_hits(fulltext(&env, "ct", "scarceword cone", &reader).await);
-    assert!(got[..5].iter().all(|f| f == "scarce"), "{got:?}");
-    assert!(got[5..].iter().all(|f| f == "commons"), "{got:?}");
+    // Five chunks cannot fill a pool of 200: the one common term's chunks follow them.
+    let got = files_of_hits("scarceword cone").await;
+    assert!(all_in(&got[..5], &["scarce"]), "{got:?}");
+    assert!(all_in(&got[5..], &["commons", "pairs"]), "{got:?}");
+
+    // Nor can they with two common terms: the chunks holding both fill it.
+    let got = files_of_hits("scarceword cone ctwo").await;
+    assert!(all_in(&got[..5], &["scarce"]), "{got:?}");
+    assert!(all_in(&got[5..], &["commons"]), "{got:?}");
+
+    // Only three chunks hold cone and cfour together: then every chunk with either.
+    let got = files_of_hits("scarceword cone cfour").await;
+    assert!(all_in(&got[..5], &["scarce"]), "{got:?}");
+    assert!(all_in(&got[5..8], &["pairs"]), "{got:?}");
+    assert!(all_in(&got[8..], &["commons", "cfours"]), "{got:?}");
+
+    // Common terms alone: the chunks holding all of them, or, too few, any of them.
+    let got = files_of_hits("cone ctwo").await;
+    assert!(all_in(&got, &["commons"]), "{got:?}");
+    let got = files_of_hits("cone cfour").await;
+    assert!(all_in(&got[..3], &["pairs"]), "{got:?}");
+    assert!(all_in(&got[3..], &["commons", "cfours"]), "{got:?}");
 }
