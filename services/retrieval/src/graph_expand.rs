@@ -57,8 +57,14 @@ pub(crate) async fn graph_expand(
         return Ok(Vec::new());
     }
     let entities = seed_entities(store, namespace, access, &seeds).await?;
-    let degree = degrees(store, namespace, access, &entities).await?;
-    let total = chunk_count(store, namespace).await?.max(1);
+    if entities.is_empty() {
+        return Ok(Vec::new());
+    }
+    let (degree, total) = tokio::try_join!(
+        degrees(store, namespace, access, &entities),
+        chunk_count(store, namespace)
+    )?;
+    let total = total.max(1);
     let weighted: Vec<Value> = entities
         .iter()
         .filter_map(|key| {
