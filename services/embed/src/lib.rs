@@ -14,6 +14,7 @@ mod error;
 mod hashing;
 mod minilm;
 mod openai;
+mod query_encoder;
 mod scheduler;
 mod threads;
 

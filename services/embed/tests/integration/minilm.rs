@@ -129,3 +129,46 @@ async fn a_lower_token_cap_embeds_only_the_start_of_a_text() {
         );
     }
 }
+
+/// A search's single short text runs through the query encoder, not candle: its vector must
+/// be candle's to rounding, at every length it takes (up to 32 word pieces) and past it,
+/// where candle takes over again. The published similarities above hold for it too.
+#[tokio::test]
+async fn a_query_vector_is_the_ingest_vector_of_the_same_text() {
+    let m = model();
+    let words = "how does the indexer split a markdown file into chunks when a heading \
+                 is longer than the token budget and what happens to tables code blocks \
+                 and lists that cross the boundary between two sections of a document";
+    let all: Vec<&str> = words.split_whitespace().collect();
+    let mut texts: Vec<String> = (1..=all.len()).map(|n| all[..n].join(" ")).collect();
+    texts.push(String::new());
+    texts.push("ünïcödé — naïve façade, 東京 and emoji 🚀 in one query".to_owned());
+    texts.push(words.repeat(3));
+    let mut worst = 1.0f32;
+    for text in &texts {
+        let query = m.embed_query(vec![text.clone()]).await.unwrap();
+        let ingest = m.embed(vec![text.clone()]).await.unwrap();
+        let sim = cosine(&query[0], &ingest[0]);
+        worst = worst.min(sim);
+        let max_diff = query[0]
+            .iter()
+            .zip(&ingest[0])
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(
+            sim > 0.99999 && max_diff < 1e-4,
+            "{text:?}: cosine {sim}, largest difference {max_diff}"
+        );
+    }
+    let published = m
+        .embed_query(strings(&["The new movie is awesome"]))
+        .await
+        .unwrap();
+    let paraphrase = m
+        .embed_query(strings(&["The new movie is so great"]))
+        .await
+        .unwrap();
+    let sim = cosine(&published[0], &paraphrase[0]);
+    assert!((sim - 0.8939).abs() < 0.002, "cosine {sim}");
+    assert!(worst > 0.99999);
+}
