@@ -243,18 +243,14 @@ impl Nomination {
         if !common.iter().any(|&c| c) {
             return vec![every_term];
         }
-        let rare: Vec<String> = terms
-            .iter()
-            .zip(common)
-            .filter(|(_, common)| !**common)
-            .map(|(t, _)| t.index_query())
-            .collect();
-        let commons: Vec<String> = terms
-            .iter()
-            .zip(common)
-            .filter(|(_, common)| **common)
-            .map(|(t, _)| t.index_query())
-            .collect();
+        let (mut rare, mut commons) = (Vec::new(), Vec::new());
+        for (term, &common) in terms.iter().zip(common) {
+            if common {
+                commons.push(term.index_query());
+            } else {
+                rare.push(term.index_query());
+            }
+        }
         let mut tiers = Vec::with_capacity(3);
         let mut rare_first = Nomination {
             queries: Vec::with_capacity(terms.len() + 1),
