@@ -1,7 +1,7 @@
 //! What each tool does: validate, check the caller's namespaces, call the
 //! backends with the signed context, shape the JSON result.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use futures::future::join_all;
 use kg_common::ErrorCode;
@@ -169,8 +169,19 @@ struct SearchRound {
     grounding: Vec<Value>,
     /// Vector-lane pool widening per namespace, for trace.vectorWidening.
     vector_widening: Vec<Value>,
-    /// Hit files without character offsets, for trace.missingOffsets.
-    missing_offsets: Vec<Value>,
+}
+
+impl SearchRound {
+    /// The namespaces' hits interleaved by rank (never by raw score) up to `top_k`, each
+    /// with the index of its namespace; the hits move out of the outcomes.
+    fn winners(&mut self, top_k: usize) -> Vec<(usize, SearchHit)> {
+        let lists = self
+            .outcomes
+            .iter_mut()
+            .map(|o| std::mem::take(&mut o.hits))
+            .collect();
+        interleave(lists, top_k)
+    }
 }
 
 /// Folds per-namespace Search answers: a failed namespace soft-fails (empty,
@@ -182,7 +193,6 @@ fn collect_searches(
     let mut lanes = Vec::new();
     let mut grounding = Vec::new();
     let mut vector_widening = Vec::new();
-    let mut missing_offsets = Vec::new();
     let mut outcomes = Vec::new();
     let mut first_error = None;
     for (ns, response) in namespaces.iter().zip(responses) {
@@ -206,12 +216,6 @@ fn collect_searches(
                 if let Some(w) = &response.vector_widening {
                     vector_widening.push(json!({
                         "namespace": ns, "pool": w.pool, "rounds": w.rounds, "capReached": w.cap_reached,
-                    }));
-                }
-                for file in &response.missing_offsets {
-                    missing_offsets.push(json!({
-                        "namespace": ns, "fileId": file.file_id, "chunkKeys": file.chunk_keys,
-                        "path": kg_common::sanitize::sanitize_text(&file.path, 1024),
                     }));
                 }
                 outcomes.push(NamespaceOutcome {
@@ -241,7 +245,6 @@ fn collect_searches(
             lanes,
             grounding,
             vector_widening,
-            missing_offsets,
         }),
     }
 }
@@ -259,7 +262,6 @@ fn assemble(
         lanes,
         grounding,
         vector_widening,
-        missing_offsets,
     } = round;
     let mut packages: Vec<HashMap<String, ChunkPackage>> = Vec::with_capacity(outcomes.len());
     for (outcome, result) in outcomes.iter_mut().zip(package_lists) {
@@ -273,12 +275,29 @@ fn assemble(
         }
     }
     // Keep the interleaved order; a chunk that became unreadable meanwhile drops out.
+    let mut without_offsets: BTreeMap<(usize, String, String), Vec<String>> = BTreeMap::new();
     let mut results: Vec<ChunkPackage> = winners
         .iter()
         .filter_map(|(index, hit)| {
             let mut package = packages.get_mut(*index)?.remove(&hit.chunk_key)?;
             package.score = Some(hit.display_score);
+            if lacks_offsets(&package) {
+                without_offsets
+                    .entry((*index, package.path.clone(), package.file_id.clone()))
+                    .or_default()
+                    .push(package.chunk_key.clone());
+            }
             Some(package)
+        })
+        .collect();
+    // Per namespace, files in path order, chunks in result order.
+    let missing_offsets: Vec<Value> = without_offsets
+        .into_iter()
+        .filter_map(|((index, path, file_id), chunk_keys)| {
+            Some(json!({
+                "namespace": outcomes.get(index)?.namespace, "fileId": file_id, "chunkKeys": chunk_keys,
+                "path": kg_common::sanitize::sanitize_text(&path, 1024),
+            }))
         })
         .collect();
     let budget = token_budget.map(|b| apply_token_budget(&mut results, b));
@@ -317,6 +336,16 @@ fn assemble(
     })
 }
 
+/// A package whose chunk has no character offsets: written by an indexer from before
+/// offsets existed, so its citation cannot point into the text until the file is
+/// reprocessed (trace.missingOffsets).
+fn lacks_offsets(package: &ChunkPackage) -> bool {
+    package
+        .position
+        .as_ref()
+        .is_none_or(|p| p.char_start.is_none() || p.char_end.is_none())
+}
+
 async fn search(
     state: &GatewayState,
     caller: &Caller,
@@ -342,12 +371,7 @@ async fn search(
         }
     });
     let mut round = collect_searches(&namespaces, join_all(calls).await)?;
-    let lists: Vec<Vec<SearchHit>> = round
-        .outcomes
-        .iter_mut()
-        .map(|o| std::mem::take(&mut o.hits))
-        .collect();
-    let winners = interleave(lists, args.top_k as usize);
+    let winners = round.winners(args.top_k as usize);
 
     // Packages per namespace, in parallel, for that namespace's winners.
     let mut keys_by_ns: Vec<Vec<String>> = vec![Vec::new(); round.outcomes.len()];
@@ -492,6 +516,8 @@ mod tests {
                 }),
                 position: Some(kg_proto::v1::Position {
                     token_count: 10,
+                    char_start: Some(0),
+                    char_end: Some(10),
                     ..Default::default()
                 }),
                 ..Default::default()
@@ -539,12 +565,7 @@ mod tests {
         )
         .unwrap();
         let mut round = round;
-        let lists = round
-            .outcomes
-            .iter_mut()
-            .map(|o| std::mem::take(&mut o.hits))
-            .collect();
-        let winners = interleave(lists, 4);
+        let winners = round.winners(4);
         let result = assemble(
             round,
             &winners,
@@ -594,27 +615,66 @@ mod tests {
     }
 
     #[test]
-    fn missing_offsets_land_in_the_trace_per_namespace() {
-        let mut old = response(Vec::new(), 0);
-        old.missing_offsets = vec![kg_proto::v1::MissingOffsets {
-            file_id: "f1".into(),
-            path: "legacy/notes.md".into(),
-            chunk_keys: vec!["f1#0".into()],
-        }];
-        let round = collect_searches(
-            &["a".to_owned(), "b".to_owned()],
-            vec![Ok(response(Vec::new(), 0)), Ok(old)],
+    fn missing_offsets_come_from_the_returned_packages_per_namespace() {
+        let namespaces = vec!["a".to_owned(), "b".to_owned()];
+        let mut round = collect_searches(
+            &namespaces,
+            vec![
+                Ok(response(vec![hit("a1", 0.9)], 1)),
+                Ok(response(
+                    vec![
+                        hit("f1#2", 0.8),
+                        hit("g1#0", 0.7),
+                        hit("f1#0", 0.6),
+                        hit("b9", 0.5),
+                    ],
+                    4,
+                )),
+            ],
         )
         .unwrap();
-        let result = assemble(round, &[], vec![Ok(Vec::new()), Ok(Vec::new())], None);
+        let winners = round.winners(4);
+        let legacy = |key: &str, file: &str, path: &str| {
+            let mut package = packages(&[key]).remove(0);
+            package.file_id = file.into();
+            package.path = path.into();
+            if let Some(position) = package.position.as_mut() {
+                position.char_start = None;
+                position.char_end = None;
+            }
+            package
+        };
+        let b_packages = vec![
+            legacy("f1#2", "f1", "legacy/notes.md"),
+            legacy("g1#0", "g1", "archive/a.md"),
+            legacy("f1#0", "f1", "legacy/notes.md"),
+            packages(&["b9"]).remove(0),
+        ];
+        let result = assemble(
+            round,
+            &winners,
+            vec![Ok(packages(&["a1"])), Ok(b_packages)],
+            None,
+        );
+        // b9 has offsets and interleaving cut it: neither is reported. Files in path
+        // order, chunks in result order.
         assert_eq!(
             result["trace"]["missingOffsets"],
-            json!([{"namespace": "b", "fileId": "f1", "path": "legacy/notes.md", "chunkKeys": ["f1#0"]}])
+            json!([
+                {"namespace": "b", "fileId": "g1", "path": "archive/a.md", "chunkKeys": ["g1#0"]},
+                {"namespace": "b", "fileId": "f1", "path": "legacy/notes.md", "chunkKeys": ["f1#2", "f1#0"]}
+            ])
         );
         conforms("kg_search", &result);
         // Nothing to report: the key is absent.
-        let round = collect_searches(&["a".to_owned()], vec![Ok(response(Vec::new(), 0))]).unwrap();
-        let result = assemble(round, &[], vec![Ok(Vec::new())], None);
+        let round = collect_searches(
+            &["a".to_owned()],
+            vec![Ok(response(vec![hit("a1", 0.9)], 1))],
+        )
+        .unwrap();
+        let winners = vec![(0, hit("a1", 0.9))];
+        let result = assemble(round, &winners, vec![Ok(packages(&["a1"]))], None);
+        assert_eq!(keys(&result), ["a1"]);
         assert!(result["trace"].get("missingOffsets").is_none());
     }
 
@@ -629,12 +689,7 @@ mod tests {
             ],
         )
         .unwrap();
-        let lists = round
-            .outcomes
-            .iter_mut()
-            .map(|o| std::mem::take(&mut o.hits))
-            .collect();
-        let winners = interleave(lists, 8);
+        let winners = round.winners(8);
         let result = assemble(
             round,
             &winners,
@@ -774,12 +829,7 @@ mod tests {
             ],
         )
         .unwrap();
-        let lists = round
-            .outcomes
-            .iter_mut()
-            .map(|o| std::mem::take(&mut o.hits))
-            .collect();
-        let winners = interleave(lists, 8);
+        let winners = round.winners(8);
         let result = assemble(
             round,
             &winners,

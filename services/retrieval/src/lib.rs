@@ -19,7 +19,6 @@ mod fusion;
 mod graph_expand;
 mod grpc;
 mod lanes;
-mod offsets;
 pub mod roles;
 mod service;
 mod sparse_lane;

@@ -18,7 +18,7 @@ use crate::fusion::{LaneHit, LaneHits, fuse};
 use crate::lanes::{self, Lane, LaneFilters};
 use crate::sparse_lane::SparseLane;
 use crate::vector_lane::VectorLane;
-use crate::{co_annotation, entity_search, graph_expand, offsets};
+use crate::{co_annotation, entity_search, graph_expand};
 
 /// Default and hard maximum of hits per search.
 const TOP_K: (u32, u32) = (8, 32);
@@ -294,15 +294,6 @@ impl RetrievalService {
         }
         let total_candidates = fused.len() as u64;
         fused.truncate(plan.top_k);
-        let returned: Vec<String> = fused.iter().map(|h| h.chunk_key.clone()).collect();
-        // A report, not an answer: when the lookup fails the hits still return.
-        let missing_offsets =
-            offsets::missing_offsets(&self.store, &request.namespace, access, &returned)
-                .await
-                .unwrap_or_else(|err| {
-                    tracing::warn!(namespace = %request.namespace, error = %err, "missing-offsets lookup failed");
-                    Vec::new()
-                });
         Ok(SearchResponse {
             namespace: request.namespace,
             hits: fused
@@ -319,7 +310,6 @@ impl RetrievalService {
             total_candidates,
             vector_widening,
             grounding,
-            missing_offsets,
         })
     }
 
