@@ -493,15 +493,18 @@ async def _plain_errors(client: Client) -> AsyncIterator[Client]:
 
 
 @asynccontextmanager
-async def mcp_http(url: str, token: str | None, *, mode: str = "legacy") -> AsyncIterator[Client]:
+async def mcp_http(
+    url: str, token: str | None, *, mode: str = "legacy", event_hooks: dict[str, list[Any]] | None = None
+) -> AsyncIterator[Client]:
     """The SDK client over Streamable HTTP, sending `Authorization: Bearer <token>` on every request.
 
     `mode="legacy"` is the initialize handshake every MCP client of today performs;
     the default `auto` mode (a `server/discover` probe first) is tested separately.
+    `event_hooks` go to the underlying httpx client (e.g. to look at response headers).
     """
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     timeout = httpx2.Timeout(30.0, read=MCP_READ_TIMEOUT_S)
-    async with httpx2.AsyncClient(headers=headers, timeout=timeout) as http:
+    async with httpx2.AsyncClient(headers=headers, timeout=timeout, event_hooks=event_hooks) as http:
         transport = streamable_http_client(url, http_client=http)
         async with _plain_errors(Client(transport, mode=mode, read_timeout_seconds=MCP_READ_TIMEOUT_S)) as client:
             yield client

@@ -3,6 +3,9 @@ ingested into `demo`; tools/list, kg_search -> kg_open -> offsets -> kg_outline.
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import pytest
 
 from kgmesh_support import (
@@ -39,6 +42,30 @@ async def test_default_sdk_mode_connects(mesh: Mesh) -> None:
     async with mcp_http(mesh.mcp_url, mesh.admin_token, mode="auto") as client:
         listed = await client.list_tools()
         assert set(CORE_TOOLS) <= {tool.name for tool in listed.tools}
+
+
+async def test_session_tool_calls_are_answered_as_json(mesh: Mesh, demo: str) -> None:
+    # In a session, rmcp answers through the session's worker as SSE; the gateway answers a
+    # built-in tool call on the request's own task as one JSON body instead (both are valid
+    # Streamable HTTP answers). The SDK must read both the same way.
+    answers: list[tuple[str, str]] = []
+
+    async def note(response: Any) -> None:
+        if response.request.method == "POST":
+            body = json.loads(response.request.content or b"{}")
+            answers.append((body.get("method", ""), response.headers.get("content-type", "")))
+
+    async with mcp_http(mesh.mcp_url, mesh.admin_token, event_hooks={"response": [note]}) as client:
+        first = await call_ok(client, "kg_namespaces", {})
+        found = await call_ok(client, "kg_search", {"query": "rollback", "namespaces": [demo], "topK": 2})
+        again = await call_ok(client, "kg_namespaces", {})
+        await client.list_tools()
+    assert first == again and demo in [entry["name"] for entry in first["namespaces"]]
+    assert found["results"], found
+    calls = [media for method, media in answers if method == "tools/call"]
+    assert calls and all(media.startswith("application/json") for media in calls), answers
+    listed = [media for method, media in answers if method == "tools/list"]
+    assert listed and listed[0].startswith("text/event-stream"), answers
 
 
 async def test_namespaces_lists_demo(mesh: Mesh, demo: str) -> None:

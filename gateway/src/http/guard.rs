@@ -9,7 +9,7 @@ use kg_common::ErrorCode;
 
 use crate::config::GatewayConfig;
 use crate::error::ClientError;
-use crate::state::GatewayState;
+use crate::state::{Caller, GatewayState, SpeculativeCaller};
 
 /// Prefix every kgmesh PAT carries.
 pub(crate) const PAT_PREFIX: &str = "kg_pat_";
@@ -19,6 +19,9 @@ pub(crate) const PAT_PREFIX: &str = "kg_pat_";
 pub(crate) struct BearerGuard {
     pub(crate) state: GatewayState,
     pub(crate) tool: &'static str,
+    /// Whether requests may run ahead of auth's answer on the caller auth returned for the
+    /// same token last time ([`SpeculativeCaller`]); only `/mcp`, whose handlers know how.
+    pub(crate) run_ahead: bool,
 }
 
 /// Rejects disallowed hosts and origins, then authorizes the bearer token and
@@ -51,6 +54,12 @@ pub(crate) async fn require_bearer(
     let token = token.to_owned();
     // The token goes to auth only: nothing downstream (rmcp, handlers, logs) sees it.
     request.headers_mut().remove(header::AUTHORIZATION);
+    let recent = &guard.state.recent_callers;
+    if guard.run_ahead
+        && let Some(ahead) = recent.get(&token)
+    {
+        return run_ahead(&guard, token, ahead, request, next).await;
+    }
     match guard.state.authorize(&token, guard.tool).await {
         Ok(caller) => {
             tracing::debug!(
@@ -58,13 +67,58 @@ pub(crate) async fn require_bearer(
                 request_id = caller.request_id(),
                 "authorized"
             );
+            if guard.run_ahead {
+                recent.remember(&token, &caller);
+            }
             request.extensions_mut().insert(caller);
             next.run(request).await
         }
-        Err(err) if err.code == ErrorCode::Unauthenticated => {
-            unauthorized(config, request.headers(), true, &err.message)
+        Err(err) => refused(&guard, &token, request.headers(), &err),
+    }
+}
+
+/// Serves `request` while auth resolves `token` again: the handlers get a
+/// [`SpeculativeCaller`] and auth's answer as soon as it arrives, and no response leaves
+/// before that answer allows it.
+async fn run_ahead(
+    guard: &BearerGuard,
+    token: String,
+    ahead: Caller,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let headers = request.headers().clone();
+    let (speculative, verdict) = SpeculativeCaller::new(ahead);
+    request.extensions_mut().insert(speculative);
+    let authorize = async {
+        let answer = guard.state.authorize(&token, guard.tool).await;
+        verdict.send(answer.clone());
+        answer
+    };
+    // Handlers that need the caller wait for the answer, so on a refusal they finish at
+    // once and their response is dropped here.
+    let (answer, response) = tokio::join!(authorize, next.run(request));
+    match answer {
+        Ok(caller) => {
+            tracing::debug!(
+                principal = caller.principal_id(),
+                request_id = caller.request_id(),
+                "authorized"
+            );
+            guard.state.recent_callers.remember(&token, &caller);
+            response
         }
-        Err(err) => error_response(&err),
+        Err(err) => refused(guard, &token, &headers, &err),
+    }
+}
+
+/// The response when auth did not authorize `token`; a token it rejected is forgotten.
+fn refused(guard: &BearerGuard, token: &str, headers: &HeaderMap, err: &ClientError) -> Response {
+    if err.code == ErrorCode::Unauthenticated {
+        guard.state.recent_callers.forget(token);
+        unauthorized(&guard.state.config, headers, true, &err.message)
+    } else {
+        error_response(err)
     }
 }
 

@@ -6,6 +6,7 @@ mod approvals;
 mod dto;
 pub(crate) mod guard;
 mod knowledge_graph;
+mod session_calls;
 mod versions;
 
 use std::sync::Arc;
@@ -26,16 +27,27 @@ use crate::error::ClientError;
 use crate::mcp::{McpServer, ToolRegistry};
 use crate::state::GatewayState;
 use guard::{BearerGuard, require_bearer};
+use session_calls::{SessionCalls, answer_session_tool_calls};
 
 /// Builds the whole HTTP application.
 pub fn router(state: GatewayState) -> Router {
+    let server = McpServer::for_http(state.clone(), ToolRegistry::builtin());
+    let sessions = Arc::new(LocalSessionManager::default());
     let mcp = Router::new()
-        .route_service("/mcp", mcp_service(&state))
+        .route_service(
+            "/mcp",
+            mcp_service(&state, server.clone(), sessions.clone()),
+        )
+        .route_layer(from_fn_with_state(
+            SessionCalls::new(server, sessions),
+            answer_session_tool_calls,
+        ))
         .route_layer(from_fn(closed_session_is_no_content))
         .route_layer(from_fn_with_state(
             BearerGuard {
                 state: state.clone(),
                 tool: "mcp",
+                run_ahead: true,
             },
             require_bearer,
         ));
@@ -43,6 +55,7 @@ pub fn router(state: GatewayState) -> Router {
         BearerGuard {
             state: state.clone(),
             tool: "admin",
+            run_ahead: false,
         },
         require_bearer,
     ));
@@ -50,6 +63,7 @@ pub fn router(state: GatewayState) -> Router {
         BearerGuard {
             state: state.clone(),
             tool: "admin",
+            run_ahead: false,
         },
         require_bearer,
     ));
@@ -57,6 +71,7 @@ pub fn router(state: GatewayState) -> Router {
         BearerGuard {
             state: state.clone(),
             tool: "admin",
+            run_ahead: false,
         },
         require_bearer,
     ));
@@ -64,6 +79,7 @@ pub fn router(state: GatewayState) -> Router {
         BearerGuard {
             state: state.clone(),
             tool: "get_knowledge_graph",
+            run_ahead: false,
         },
         require_bearer,
     ));
@@ -102,9 +118,11 @@ async fn closed_session_is_no_content(request: Request, next: Next) -> Response 
 
 /// rmcp's Streamable HTTP service with our host and origin policy. Its own
 /// checks repeat ours (defence in depth); ours run first, before auth.
-fn mcp_service(state: &GatewayState) -> StreamableHttpService<McpServer, LocalSessionManager> {
-    let registry = ToolRegistry::builtin();
-    let server = McpServer::for_http(state.clone(), registry);
+fn mcp_service(
+    state: &GatewayState,
+    server: McpServer,
+    sessions: Arc<LocalSessionManager>,
+) -> StreamableHttpService<McpServer, LocalSessionManager> {
     let config = StreamableHttpServerConfig::default()
         .with_allowed_hosts(state.config.allowed_hosts.clone())
         .with_allowed_origins(rmcp_origins(&state.config.allowed_origins))
@@ -113,11 +131,7 @@ fn mcp_service(state: &GatewayState) -> StreamableHttpService<McpServer, LocalSe
         // notifications first; session clients are unaffected.
         .with_json_response(true)
         .with_cancellation_token(state.shutdown.child_token());
-    StreamableHttpService::new(
-        move || Ok(server.clone()),
-        Arc::new(LocalSessionManager::default()),
-        config,
-    )
+    StreamableHttpService::new(move || Ok(server.clone()), sessions, config)
 }
 
 /// Our origin entries in rmcp's syntax: explicit ports, so rmcp's deprecated

@@ -32,7 +32,7 @@ pub(crate) use registry::ToolRegistry;
 
 use crate::audit::Transport;
 use crate::error::ClientError;
-use crate::state::{Caller, GatewayState};
+use crate::state::{Caller, GatewayState, SpeculativeCaller};
 
 const INSTRUCTIONS: &str = "kgmesh knowledge graph. Start with kg_namespaces to see what you may read, kg_search to find chunks \
 that answer a question, kg_open to read a chunk, section, entity's mentions or file by key, and kg_outline for a file's table of contents. \
@@ -118,22 +118,122 @@ impl McpServer {
         tool: &str,
         context: &RequestContext<RoleServer>,
     ) -> Result<Caller, ClientError> {
+        self.caller_of(tool, request_parts(context)).await
+    }
+
+    /// The caller of a request whose HTTP parts (when it came over HTTP) are `parts`.
+    async fn caller_of(
+        &self,
+        tool: &str,
+        parts: Option<&http::request::Parts>,
+    ) -> Result<Caller, ClientError> {
         match &self.credentials {
-            Credentials::Http => context
-                .extensions
-                .get::<http::request::Parts>()
-                .and_then(|parts| parts.extensions.get::<Caller>())
-                .cloned()
-                // Fail closed: no authorized caller means no access at all.
-                .ok_or_else(|| {
-                    ClientError::new(
+            Credentials::Http => {
+                if let Some(caller) = parts.and_then(|p| p.extensions.get::<Caller>()) {
+                    return Ok(caller.clone());
+                }
+                match parts.and_then(|p| p.extensions.get::<SpeculativeCaller>()) {
+                    Some(speculative) => speculative.confirmed().await,
+                    // Fail closed: no authorized caller means no access at all.
+                    None => Err(ClientError::new(
                         ErrorCode::Unauthenticated,
                         "no authorized caller: send a valid bearer token",
-                    )
-                }),
+                    )),
+                }
+            }
             Credentials::Token(token) => self.state.authorize(token, tool).await,
         }
     }
+
+    /// Whether `name` is one of the built-in tools (not a generated one).
+    pub(crate) fn is_builtin(&self, name: &str) -> bool {
+        self.registry.get(name).is_some()
+    }
+
+    /// Runs built-in tool `request.name` to its result: the caller authorized (or refused),
+    /// the tool run, the result capped, the call metered, logged and audited. The request
+    /// comes back when no built-in tool has that name.
+    pub(crate) async fn call_builtin(
+        &self,
+        request: CallToolRequestParams,
+        parts: Option<&http::request::Parts>,
+    ) -> Result<CallToolResult, CallToolRequestParams> {
+        let Some(entry) = self.registry.get(&request.name) else {
+            return Err(request);
+        };
+        let tool = entry.tool.name.to_string();
+        let started = Instant::now();
+        let at_ms = kg_common::caller::now_ms();
+        let args = request.arguments.unwrap_or_default();
+        // A call without an authorized caller is refused before it is a tool
+        // call: there is no one to audit it for.
+        let (caller, outcome) = self.run_builtin(entry, &args, parts).await;
+        let (result, failure) = finish(outcome.result);
+        let summary = CallSummary {
+            tool,
+            failure,
+            latency: started.elapsed(),
+            result_bytes: result_bytes(&result),
+        };
+        summary.log(caller.as_ref().map_or("", Caller::principal_id));
+        if let Some(caller) = &caller {
+            self.state.audit.record(
+                caller,
+                summary.audit_event(at_ms, outcome.namespaces, self.transport()),
+            );
+        }
+        Ok(result)
+    }
+
+    /// Runs a built-in tool for an authorized caller, and the caller it ran for.
+    ///
+    /// A read-only tool may run ahead of auth's answer: its backend work starts on the
+    /// caller auth returned last time, and its result is kept only when the fresh caller
+    /// grants exactly the same access; otherwise the tool runs again under the fresh
+    /// caller, and a refusal is the answer. Anything else waits for the answer.
+    async fn run_builtin(
+        &self,
+        entry: &registry::ToolEntry,
+        args: &serde_json::Map<String, serde_json::Value>,
+        parts: Option<&http::request::Parts>,
+    ) -> (Option<Caller>, tools::Outcome) {
+        let (tool, kind) = (entry.tool.name.as_ref(), entry.kind);
+        let refused = |err| tools::Outcome {
+            result: Err(err),
+            namespaces: Vec::new(),
+        };
+        let read_only = entry
+            .tool
+            .annotations
+            .as_ref()
+            .and_then(|a| a.read_only_hint)
+            == Some(true);
+        let speculative = parts.and_then(|p| p.extensions.get::<SpeculativeCaller>());
+        if read_only && let Some(speculative) = speculative {
+            let ahead = tools::run(&self.state, &speculative.ahead, kind, args).await;
+            return match speculative.confirmed().await {
+                Ok(fresh) if fresh.same_access(&speculative.ahead) => (Some(fresh), ahead),
+                Ok(fresh) => {
+                    tracing::debug!(tool, "access changed since the last call: run again");
+                    let outcome = tools::run(&self.state, &fresh, kind, args).await;
+                    (Some(fresh), outcome)
+                }
+                Err(err) => (None, refused(err)),
+            };
+        }
+        match self.caller_of(tool, parts).await {
+            Ok(caller) => {
+                let outcome = tools::run(&self.state, &caller, kind, args).await;
+                (Some(caller), outcome)
+            }
+            Err(err) => (None, refused(err)),
+        }
+    }
+}
+
+/// The HTTP request parts rmcp puts on a request that came over HTTP.
+fn request_parts(context: &RequestContext<RoleServer>) -> Option<&http::request::Parts> {
+    context.extensions.get::<http::request::Parts>()
 }
 
 /// The tool result for a failure: `isError` with `{code, message, retryable}`.
@@ -179,52 +279,20 @@ impl ServerHandler for McpServer {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
-        let Some(entry) = self.registry.get(&request.name) else {
-            if let Some(result) = self.call_generated(&request, &context).await {
-                return Ok(CallToolResponse::Complete(result));
-            }
-            return Err(McpError::invalid_params(
-                format!(
-                    "unknown tool `{}`: call tools/list for the tools this server offers",
-                    request.name
-                ),
-                None,
-            ));
+        let request = match self.call_builtin(request, request_parts(&context)).await {
+            Ok(result) => return Ok(CallToolResponse::Complete(result)),
+            Err(request) => request,
         };
-        let tool = entry.tool.name.to_string();
-        let started = Instant::now();
-        let at_ms = kg_common::caller::now_ms();
-        let args = request.arguments.unwrap_or_default();
-        // A call without an authorized caller is refused before it is a tool
-        // call: there is no one to audit it for.
-        let (caller, outcome) = match self.caller(&tool, &context).await {
-            Ok(caller) => {
-                let outcome = tools::run(&self.state, &caller, entry.kind, &args).await;
-                (Some(caller), outcome)
-            }
-            Err(err) => (
-                None,
-                tools::Outcome {
-                    result: Err(err),
-                    namespaces: Vec::new(),
-                },
-            ),
-        };
-        let (result, failure) = finish(outcome.result);
-        let summary = CallSummary {
-            tool,
-            failure,
-            latency: started.elapsed(),
-            result_bytes: result_bytes(&result),
-        };
-        summary.log(caller.as_ref().map_or("", Caller::principal_id));
-        if let Some(caller) = &caller {
-            self.state.audit.record(
-                caller,
-                summary.audit_event(at_ms, outcome.namespaces, self.transport()),
-            );
+        if let Some(result) = self.call_generated(&request, &context).await {
+            return Ok(CallToolResponse::Complete(result));
         }
-        Ok(CallToolResponse::Complete(result))
+        Err(McpError::invalid_params(
+            format!(
+                "unknown tool `{}`: call tools/list for the tools this server offers",
+                request.name
+            ),
+            None,
+        ))
     }
 }
 

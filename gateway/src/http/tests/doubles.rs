@@ -4,7 +4,7 @@
 //! tests can assert exactly what the gateway forwarded; RecordAudit stores the
 //! event under the principal of the verified context, as the real auth does.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -32,6 +32,15 @@ pub(crate) struct Recorded {
     pub(crate) requests: Mutex<Vec<String>>,
     /// Every RecordAudit event, principal taken from the verified context.
     pub(crate) audits: Mutex<Vec<AuditEvent>>,
+    /// Namespaces `GOOD` may read besides `demo` (a grant made between calls).
+    pub(crate) extra_namespaces: Mutex<Vec<String>>,
+    /// `GOOD` is refused from now on (revoked between calls).
+    pub(crate) good_revoked: AtomicBool,
+    /// Authorize answers only once a QueryFile arrived after it started (or 5 s passed),
+    /// and notes in `backend_before_answer` whether one did.
+    pub(crate) hold_authorize: AtomicBool,
+    pub(crate) backend_before_answer: AtomicBool,
+    pub(crate) query_file_calls: AtomicUsize,
 }
 
 impl Recorded {
@@ -95,9 +104,24 @@ fn group(id: &str, members: Vec<String>) -> Group {
 impl Auth for TestAuth {
     async fn authorize(&self, request: tonic::Request<AuthorizeRequest>) -> Res<AuthorizeResponse> {
         self.recorded.authorize_calls.fetch_add(1, Ordering::SeqCst);
+        if self.recorded.hold_authorize.load(Ordering::SeqCst) {
+            let before = self.recorded.query_file_calls.load(Ordering::SeqCst);
+            let mut seen = false;
+            for _ in 0..500 {
+                if self.recorded.query_file_calls.load(Ordering::SeqCst) > before {
+                    seen = true;
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            self.recorded
+                .backend_before_answer
+                .store(seen, Ordering::SeqCst);
+        }
         let r = request.into_inner();
+        let good_revoked = self.recorded.good_revoked.load(Ordering::SeqCst);
         let (principal_id, kind, on_behalf_of) = match r.token.as_str() {
-            GOOD => ("usr_test", PrincipalKind::User, ""),
+            GOOD if !good_revoked => ("usr_test", PrincipalKind::User, ""),
             AGENT => ("agt_test", PrincipalKind::Agent, "usr_test"),
             _ => {
                 return Err(status_with_code(
@@ -107,17 +131,31 @@ impl Auth for TestAuth {
             }
         };
         let now = now_ms();
+        let mut namespaces = vec!["demo".to_owned()];
+        if r.token == GOOD {
+            namespaces.extend(
+                self.recorded
+                    .extra_namespaces
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .cloned(),
+            );
+        }
         let context = CallerContext {
             principal_id: principal_id.into(),
             principal_kind: kind as i32,
             on_behalf_of: on_behalf_of.into(),
-            access: vec![AccessFilter {
-                namespace: "demo".into(),
-                allow_prefixes: vec![String::new()],
-                enabled_only: true,
-                permission: Permission::Read as i32,
-                ..Default::default()
-            }],
+            access: namespaces
+                .into_iter()
+                .map(|namespace| AccessFilter {
+                    namespace,
+                    allow_prefixes: vec![String::new()],
+                    enabled_only: true,
+                    permission: Permission::Read as i32,
+                    ..Default::default()
+                })
+                .collect(),
             issued_at_ms: now,
             expires_at_ms: now + CONTEXT_TTL_MS,
             request_id: r.request_id,
@@ -366,8 +404,22 @@ impl Files for TestFiles {
     async fn find_files(&self, _: tonic::Request<FindFilesRequest>) -> Res<FindFilesResponse> {
         unimplemented()
     }
-    async fn query_file(&self, _: tonic::Request<QueryFileRequest>) -> Res<QueryFileResponse> {
-        unimplemented()
+    async fn query_file(
+        &self,
+        request: tonic::Request<QueryFileRequest>,
+    ) -> Res<QueryFileResponse> {
+        self.recorded.note(&request)?;
+        self.recorded
+            .query_file_calls
+            .fetch_add(1, Ordering::SeqCst);
+        let r = request.into_inner();
+        let Some(query_file_request::Selector::Path(path)) = r.selector else {
+            return Err(status_with_code(ErrorCode::NotFound, "file not found"));
+        };
+        Ok(Response::new(QueryFileResponse {
+            file: Some(file(&r.namespace, &path)),
+            ..Default::default()
+        }))
     }
     async fn set_file_flags(&self, request: tonic::Request<SetFileFlagsRequest>) -> Res<FileInfo> {
         self.recorded.note(&request)?;

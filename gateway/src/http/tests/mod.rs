@@ -89,7 +89,11 @@ fn mcp_post(token: &str, session: Option<&str>, body: Value) -> Request<Body> {
             .header("mcp-session-id", id)
             .header("mcp-protocol-version", "2025-06-18");
     }
-    builder.body(Body::from(body.to_string())).unwrap()
+    let body = body.to_string();
+    builder
+        .header(header::CONTENT_LENGTH, body.len())
+        .body(Body::from(body))
+        .unwrap()
 }
 
 #[tokio::test]
@@ -424,6 +428,220 @@ async fn mcp_session_lists_and_calls_tools() {
     // Neither argument text (query, fileId) nor the token is in any event.
     let dump = format!("{audits:?}");
     assert!(!dump.contains("canary") && !dump.contains(GOOD), "{dump}");
+}
+
+/// Opens an MCP session for `GOOD` and returns its id.
+async fn open_session(app: &axum::Router) -> String {
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "0"}}});
+    let response = app
+        .clone()
+        .oneshot(mcp_post(GOOD, None, init))
+        .await
+        .unwrap();
+    let session = response.headers()["mcp-session-id"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+    let response = app
+        .clone()
+        .oneshot(mcp_post(GOOD, Some(&session), initialized))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::ACCEPTED);
+    session
+}
+
+/// A tool call in `session`: its HTTP status and JSON-RPC messages.
+async fn call_in(
+    app: &axum::Router,
+    session: &str,
+    id: u64,
+    tool: &str,
+    arguments: Value,
+) -> (StatusCode, Vec<Value>) {
+    let call = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call",
+        "params": {"name": tool, "arguments": arguments}});
+    let response = app
+        .clone()
+        .oneshot(mcp_post(GOOD, Some(session), call))
+        .await
+        .unwrap();
+    let status = response.status();
+    (status, rpc_messages(response).await)
+}
+
+#[tokio::test]
+async fn a_tool_call_runs_beside_auth_and_waits_for_its_answer() {
+    let auth = start_auth().await;
+    let app = app(full_config(&auth).await);
+    let session = open_session(&app).await;
+    let file_args = json!({"namespace": "demo", "path": "notes/a.md"});
+
+    // Auth has answered for this token before: the next call's backend request reaches
+    // files while auth is still deciding (the double holds Authorize until it does).
+    let (status, _) = call_in(&app, &session, 2, "kg_file", file_args.clone()).await;
+    assert_eq!(status, StatusCode::OK);
+    auth.recorded.hold_authorize.store(true, Ordering::SeqCst);
+    let (status, messages) = call_in(&app, &session, 3, "kg_file", file_args.clone()).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        auth.recorded.backend_before_answer.load(Ordering::SeqCst),
+        "the backend call waited for Authorize"
+    );
+    assert_eq!(
+        messages[0]["result"]["structuredContent"]["file"]["path"], "notes/a.md",
+        "{messages:?}"
+    );
+    auth.recorded.hold_authorize.store(false, Ordering::SeqCst);
+
+    // A grant made between calls applies to the next call: the answer computed on the
+    // earlier access is dropped and the tool runs again.
+    let (_, messages) = call_in(&app, &session, 4, "kg_namespaces", json!({})).await;
+    assert_eq!(
+        messages[0]["result"]["structuredContent"],
+        json!({"namespaces": [{"name": "demo", "permission": "read"}]})
+    );
+    auth.recorded
+        .extra_namespaces
+        .lock()
+        .unwrap()
+        .push("docs".into());
+    let (_, messages) = call_in(&app, &session, 5, "kg_namespaces", json!({})).await;
+    assert_eq!(
+        messages[0]["result"]["structuredContent"],
+        json!({"namespaces": [
+            {"name": "demo", "permission": "read"},
+            {"name": "docs", "permission": "read"}
+        ]}),
+        "{messages:?}"
+    );
+
+    // A revocation between calls: the call that ran ahead is answered 401, and without
+    // its result; the next one does not run ahead.
+    auth.recorded.good_revoked.store(true, Ordering::SeqCst);
+    let before = auth.recorded.query_file_calls.load(Ordering::SeqCst);
+    let (status, messages) = call_in(&app, &session, 6, "kg_file", file_args.clone()).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert!(
+        !format!("{messages:?}").contains("notes/a.md"),
+        "{messages:?}"
+    );
+    assert_eq!(
+        auth.recorded.query_file_calls.load(Ordering::SeqCst),
+        before + 1
+    );
+    let (status, _) = call_in(&app, &session, 7, "kg_file", file_args).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        auth.recorded.query_file_calls.load(Ordering::SeqCst),
+        before + 1,
+        "a refused token ran ahead again"
+    );
+
+    // Audit: one event per tool call that auth allowed, each with its own request id.
+    let audits = auth.recorded.wait_audits(4).await;
+    let ids: std::collections::HashSet<&str> =
+        audits.iter().map(|e| e.request_id.as_str()).collect();
+    assert_eq!(ids.len(), audits.len(), "{audits:?}");
+}
+
+#[tokio::test]
+async fn session_tool_calls_are_answered_as_json_on_the_request_task() {
+    let auth = start_auth().await;
+    let app = app(config(&auth.addr).await);
+    let session = open_session(&app).await;
+    let content_type = |r: &axum::response::Response| {
+        r.headers()[header::CONTENT_TYPE]
+            .to_str()
+            .unwrap()
+            .to_owned()
+    };
+    let call = |id: u64, meta: Option<Value>| {
+        let mut params = json!({"name": "kg_namespaces", "arguments": {}});
+        if let Some(meta) = meta {
+            params["_meta"] = meta;
+        }
+        json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params})
+    };
+    let expected = json!({"namespaces": [{"name": "demo", "permission": "read"}]});
+
+    // rmcp saw the session a moment ago (`notifications/initialized`), so its tool calls
+    // are answered here, as JSON.
+    for (id, media) in [(2, "application/json"), (3, "application/json")] {
+        let response = app
+            .clone()
+            .oneshot(mcp_post(GOOD, Some(&session), call(id, None)))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+        assert_eq!(content_type(&response), media);
+        let messages = rpc_messages(response).await;
+        assert_eq!(messages.len(), 1, "{messages:?}");
+        assert_eq!(messages[0]["id"], id);
+        assert_eq!(messages[0]["result"]["structuredContent"], expected);
+        assert_eq!(messages[0]["result"]["isError"], false);
+        // The wire shape of the session's revision: no `resultType`.
+        assert!(
+            messages[0]["result"].get("resultType").is_none(),
+            "{messages:?}"
+        );
+    }
+
+    // A progress token is rmcp's business: it answers, over SSE.
+    let response = app
+        .clone()
+        .oneshot(mcp_post(
+            GOOD,
+            Some(&session),
+            call(4, Some(json!({"progressToken": "p1"}))),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(content_type(&response), "text/event-stream");
+    assert_eq!(
+        rpc_messages(response).await[0]["result"]["structuredContent"],
+        expected
+    );
+
+    // A standard header that contradicts the body is left to rmcp (which, in a session
+    // of this revision, ignores it).
+    let mut request = mcp_post(GOOD, Some(&session), call(5, None));
+    request
+        .headers_mut()
+        .insert("mcp-name", "kg_search".parse().unwrap());
+    let response = app.clone().oneshot(request).await.unwrap();
+    assert_eq!(content_type(&response), "text/event-stream");
+
+    // An unknown session is rmcp's 404, and an unknown tool its JSON-RPC error.
+    let response = app
+        .clone()
+        .oneshot(mcp_post(GOOD, Some("no-such-session"), call(6, None)))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    let unknown = json!({"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+        "params": {"name": "kg_nope", "arguments": {}}});
+    let response = app
+        .clone()
+        .oneshot(mcp_post(GOOD, Some(&session), unknown))
+        .await
+        .unwrap();
+    assert!(
+        rpc_messages(response).await[0]["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("kg_nope")
+    );
+
+    // Every tool call answered, wherever, was audited once.
+    let audits = auth.recorded.wait_audits(4).await;
+    assert!(
+        audits
+            .iter()
+            .all(|e| e.tool == "kg_namespaces" && e.outcome == "ok")
+    );
 }
 
 #[tokio::test]
