@@ -74,6 +74,9 @@ pub struct RetrievalSection {
     /// FalkorDB's full-text lane matches and counts query words by their English stem
     /// (`true`) or as exact tokens (`false`, the default).
     pub fulltext_stemming: Option<bool>,
+    /// Share (0..=1) of the query's idf weight a full-text hit must match to be fused beside
+    /// vector hits (default 0.5; 0 fuses every full-text hit).
+    pub fusion_fulltext_min_match: Option<f64>,
 }
 
 /// `[vector]`: embedded qdrant-edge under the data dir unless a server is named.
@@ -224,6 +227,13 @@ pub fn resolve(
     {
         problems.push(format!("indexer.concurrency: expected 1..=64, got {n}"));
     }
+    if let Some(share) = config.retrieval.fusion_fulltext_min_match
+        && !(0.0..=1.0).contains(&share)
+    {
+        problems.push(format!(
+            "retrieval.fusion_fulltext_min_match: expected a share from 0 to 1, got {share}"
+        ));
+    }
     problems.extend(config.indexer.llm.problems());
     let mut telemetry = config.telemetry;
     telemetry.log_json |= flags.log_json;
@@ -253,6 +263,10 @@ pub fn resolve(
             max_query_file_bytes: config.files.max_query_file_bytes,
             max_upload_bytes: config.max_upload_bytes,
             fulltext_stemming: config.retrieval.fulltext_stemming.unwrap_or(false),
+            fusion_fulltext_min_match: config
+                .retrieval
+                .fusion_fulltext_min_match
+                .unwrap_or(kg_retrieval::DEFAULT_FUSION_FULLTEXT_MIN_MATCH),
             approval: crate::mesh::ApprovalOptions {
                 webhook_signing_secret_env: config.approval.webhook_signing_secret_env,
                 four_eyes: config.approval.four_eyes,
@@ -319,6 +333,16 @@ mod tests {
         std::fs::write(&file, "[retrieval]\nfulltext_stemming = true\n").unwrap();
         let (options, _) = resolve(Some(&file), UpFlags::default()).unwrap();
         assert!(options.fulltext_stemming);
+        assert!((options.fusion_fulltext_min_match - 0.5).abs() < 1e-9);
+        std::fs::write(&file, "[retrieval]\nfusion_fulltext_min_match = 0\n").unwrap();
+        let (options, _) = resolve(Some(&file), UpFlags::default()).unwrap();
+        assert!(options.fusion_fulltext_min_match.abs() < 1e-9);
+        std::fs::write(&file, "[retrieval]\nfusion_fulltext_min_match = 1.5\n").unwrap();
+        let err = resolve(Some(&file), UpFlags::default()).unwrap_err();
+        assert!(
+            format!("{err:?}").contains("fusion_fulltext_min_match: expected a share from 0 to 1"),
+            "{err:?}"
+        );
         std::fs::write(&file, "[retrieval]\nfulltext_stemming = \"no\"\n").unwrap();
         let err = resolve(Some(&file), UpFlags::default()).unwrap_err();
         assert!(

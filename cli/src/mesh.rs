@@ -47,6 +47,9 @@ pub struct MeshOptions {
     pub max_upload_bytes: Option<usize>,
     /// Full-text words match by English stem (`[retrieval] fulltext_stemming`, default off).
     pub fulltext_stemming: bool,
+    /// Share of the query's idf weight a full-text hit must match to be fused beside vector
+    /// hits (`[retrieval] fusion_fulltext_min_match`, default 0.5).
+    pub fusion_fulltext_min_match: f64,
     /// The approval service (`[approval]`).
     pub approval: ApprovalOptions,
     /// Embeddings, vector index and indexer concurrency (`[embedding]`, `[vector]`, `[indexer]`).
@@ -363,7 +366,8 @@ impl Mesh {
         {
             // The vector lane embeds queries with the embedder that wrote the index.
             let mut service = kg_retrieval::RetrievalService::new(graph.clone())
-                .with_fulltext_stemming(options.fulltext_stemming);
+                .with_fulltext_stemming(options.fulltext_stemming)
+                .with_fusion_fulltext_min_match(options.fusion_fulltext_min_match);
             if let Some(vectors) = &vectors {
                 service = service.with_vectors(vectors.index.clone(), vectors.embedder.clone())?;
             }

@@ -173,6 +173,22 @@ pub(crate) fn term_frequencies(text: &str, terms: &[Term]) -> (Vec<u32>, u32) {
     (tf, len)
 }
 
+/// The share of the query's idf weight held by the terms a chunk contains at all (`tf > 0`),
+/// 0..=1: how much of the query the chunk matches, whatever the counts and its length.
+pub(crate) fn match_share(tf: &[u32], idf: &[f64]) -> f64 {
+    let total: f64 = idf.iter().sum();
+    if total <= 0.0 {
+        return 0.0;
+    }
+    let matched: f64 = tf
+        .iter()
+        .zip(idf)
+        .filter(|(tf, _)| **tf > 0)
+        .map(|(_, idf)| idf)
+        .sum();
+    (matched / total).clamp(0.0, 1.0)
+}
+
 /// The BM25 score of a chunk of `dl` tokens with term frequencies `tf` (per query term).
 pub(crate) fn score(tf: &[u32], idf: &[f64], dl: f64, avgdl: f64) -> f64 {
     let norm = if avgdl > 0.0 {
@@ -440,6 +456,16 @@ async fn document_frequencies(
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn match_share_is_the_held_share_of_the_query_weight() {
+        let idf = [3.0, 1.0, 0.0];
+        assert!((match_share(&[2, 0, 5], &idf) - 0.75).abs() < 1e-12);
+        assert!((match_share(&[0, 7, 0], &idf) - 0.25).abs() < 1e-12);
+        assert!((match_share(&[1, 1, 1], &idf) - 1.0).abs() < 1e-12);
+        assert_eq!(match_share(&[0, 0, 0], &idf), 0.0);
+        assert_eq!(match_share(&[1], &[0.0]), 0.0);
+    }
 
     fn terms(words: &[&str]) -> Vec<String> {
         words.iter().map(|w| (*w).to_owned()).collect()

@@ -1,7 +1,7 @@
 //! [`RetrievalConfig`]: what the retrieval service needs to start.
 
 /// Configuration of the retrieval service.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RetrievalConfig {
     /// FalkorDB address, `redis://host:port`.
@@ -9,4 +9,8 @@ pub struct RetrievalConfig {
     /// Full-text query words match and count by their English stem, or exactly (default).
     #[serde(default)]
     pub fulltext_stemming: bool,
+    /// Share (0..=1) of the query's idf weight a full-text hit must match to be fused beside
+    /// vector hits; default [`crate::service::DEFAULT_FUSION_FULLTEXT_MIN_MATCH`], 0 fuses all.
+    #[serde(default)]
+    pub fusion_fulltext_min_match: Option<f64>,
 }

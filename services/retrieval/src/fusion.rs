@@ -18,6 +18,9 @@ pub(crate) struct LaneHit {
     pub(crate) file_id: String,
     /// The lane's own score (e.g. the full-text score); only reported, never fused.
     pub(crate) raw_score: f64,
+    /// Full-text lane: the share of the query's idf weight this chunk matches
+    /// ([`crate::bm25::match_share`]); `None` from other lanes.
+    pub(crate) match_share: Option<f64>,
 }
 
 /// The ranked candidates of one lane that ran, with its weight.
@@ -117,6 +120,7 @@ mod tests {
                     chunk_key: (*k).to_owned(),
                     file_id: format!("file-{k}"),
                     raw_score: 10.0 - i as f64,
+                    match_share: None,
                 })
                 .collect(),
         }

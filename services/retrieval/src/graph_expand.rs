@@ -173,6 +173,7 @@ pub(crate) fn hit(row: &[Value], lane: &str) -> Result<LaneHit> {
             chunk_key: key.to_owned(),
             file_id: file_id.to_owned(),
             raw_score: score,
+            match_share: None,
         }),
         _ => Err(RetrievalError::UnexpectedReply(format!(
             "{lane} row {row:?}"

@@ -200,6 +200,7 @@ pub(crate) async fn fulltext(
                 chunk_key: key.to_owned(),
                 file_id: file_id.to_owned(),
                 raw_score: bm25::score(&tf, &idf, f64::from(dl), stats.avgdl),
+                match_share: Some(bm25::match_share(&tf, &idf)),
             })
         })
         .collect::<Result<Vec<_>>>()?;

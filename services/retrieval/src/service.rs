@@ -41,7 +41,15 @@ pub struct RetrievalService {
     /// Whether FalkorDB's full-text lane matches and counts a query word by its English stem
     /// or as the exact token (`[retrieval] fulltext_stemming`, default off).
     fulltext_stemming: bool,
+    /// When the vector lane found something, a full-text hit takes part in fusion only when
+    /// it matches at least this share of the query's idf weight (see
+    /// [`RetrievalService::with_fusion_fulltext_min_match`]).
+    fusion_fulltext_min_match: f64,
 }
+
+/// Default of `[retrieval] fusion_fulltext_min_match`: a full-text hit fused beside vector
+/// hits must hold at least half of the query's idf weight.
+pub const DEFAULT_FUSION_FULLTEXT_MIN_MATCH: f64 = 0.5;
 
 /// A validated search request.
 #[derive(Debug)]
@@ -62,6 +70,7 @@ impl RetrievalService {
             vectors: None,
             sparse: None,
             fulltext_stemming: false,
+            fusion_fulltext_min_match: DEFAULT_FUSION_FULLTEXT_MIN_MATCH,
         }
     }
 
@@ -88,10 +97,34 @@ impl RetrievalService {
         self
     }
 
+    /// In a search where the vector lane found something, a FalkorDB full-text hit takes part
+    /// in fusion only when the query terms it holds carry at least `share` (0..=1) of the
+    /// query's idf weight; `0` fuses every full-text hit. The full-text lane's own list, and
+    /// graph_expand's seeds, are unchanged; only fusion's input is.
+    ///
+    /// Rank fusion cannot tell a full-text hit that matches the question from one that shares
+    /// a word or two with it: on a paraphrased question the lexical list is mostly the latter,
+    /// and each of them still outranks good vector hits. Requiring half of the query's weight
+    /// (Elasticsearch's `minimum_should_match`, by idf instead of by term count) keeps the
+    /// lexical evidence where it is evidence. Measured on docs-qa in the README.
+    pub fn with_fusion_fulltext_min_match(mut self, share: f64) -> Self {
+        self.fusion_fulltext_min_match = if share.is_finite() {
+            share.clamp(0.0, 1.0)
+        } else {
+            DEFAULT_FUSION_FULLTEXT_MIN_MATCH
+        };
+        self
+    }
+
     /// Connects to the FalkorDB named in `config`.
     pub async fn connect(config: &RetrievalConfig) -> Result<Self> {
         Ok(Self::new(GraphStore::connect(&config.falkordb_url).await?)
-            .with_fulltext_stemming(config.fulltext_stemming))
+            .with_fulltext_stemming(config.fulltext_stemming)
+            .with_fusion_fulltext_min_match(
+                config
+                    .fusion_fulltext_min_match
+                    .unwrap_or(DEFAULT_FUSION_FULLTEXT_MIN_MATCH),
+            ))
     }
 
     /// Runs the requested lanes (default fulltext, vector, graph_expand) and fuses them with
@@ -288,6 +321,7 @@ impl RetrievalService {
             return Err(err);
         }
 
+        hold_weak_fulltext_hits(&mut ran, self.fusion_fulltext_min_match);
         let mut fused = fuse(&ran, plan.rrf_k);
         if let Some(min) = plan.min_score {
             fused.retain(|h| h.display >= min);
@@ -322,6 +356,21 @@ impl RetrievalService {
         request: EntitySearchRequest,
     ) -> Result<EntitySearchResponse> {
         entity_search::entity_search(&self.store, self.vectors.as_ref(), caller, request).await
+    }
+}
+
+/// Drops the full-text hits matching less than `min` of the query's idf weight when the
+/// vector lane found something (see [`RetrievalService::with_fusion_fulltext_min_match`]).
+fn hold_weak_fulltext_hits(ran: &mut [LaneHits], min: f64) {
+    let vector_found = ran
+        .iter()
+        .any(|lane| lane.lane == Lane::Vector && !lane.hits.is_empty());
+    if min <= 0.0 || !vector_found {
+        return;
+    }
+    for lane in ran.iter_mut().filter(|lane| lane.lane == Lane::Fulltext) {
+        lane.hits
+            .retain(|hit| hit.match_share.is_none_or(|share| share >= min));
     }
 }
 
@@ -421,6 +470,57 @@ mod tests {
     use std::collections::HashMap;
 
     use super::*;
+
+    fn hits(lane: Lane, shares: &[Option<f64>]) -> LaneHits {
+        LaneHits {
+            lane,
+            weight: 1.0,
+            hits: shares
+                .iter()
+                .enumerate()
+                .map(|(i, share)| crate::fusion::LaneHit {
+                    chunk_key: format!("{}-{i}", lane.as_str()),
+                    file_id: format!("file-{i}"),
+                    raw_score: 1.0,
+                    match_share: *share,
+                })
+                .collect(),
+        }
+    }
+
+    fn keys(ran: &[LaneHits], lane: Lane) -> Vec<String> {
+        ran.iter()
+            .filter(|l| l.lane == lane)
+            .flat_map(|l| l.hits.iter().map(|h| h.chunk_key.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn weak_fulltext_hits_are_fused_only_without_vector_hits() {
+        let fulltext = hits(Lane::Fulltext, &[Some(0.9), Some(0.49), Some(0.5), None]);
+        // Beside vector hits: only the ones holding half the query's weight (and hits
+        // that carry no share, e.g. from the sparse backend) take part.
+        let mut ran = vec![fulltext.clone(), hits(Lane::Vector, &[None, None])];
+        hold_weak_fulltext_hits(&mut ran, 0.5);
+        assert_eq!(
+            keys(&ran, Lane::Fulltext),
+            ["fulltext-0", "fulltext-2", "fulltext-3"]
+        );
+        assert_eq!(keys(&ran, Lane::Vector).len(), 2);
+        // No vector hits (lane off, empty, or failed): the lexical lane is the only text
+        // evidence and keeps every hit; a share of 0 turns the rule off.
+        for (mut ran, min) in [
+            (vec![fulltext.clone(), hits(Lane::Vector, &[])], 0.5),
+            (
+                vec![fulltext.clone(), hits(Lane::GraphExpand, &[None])],
+                0.5,
+            ),
+            (vec![fulltext.clone(), hits(Lane::Vector, &[None])], 0.0),
+        ] {
+            hold_weak_fulltext_hits(&mut ran, min);
+            assert_eq!(keys(&ran, Lane::Fulltext).len(), 4);
+        }
+    }
 
     fn request() -> SearchRequest {
         SearchRequest {

@@ -67,6 +67,7 @@ impl SparseLane {
                         chunk_key,
                         file_id: hit.file_id,
                         raw_score: f64::from(hit.score),
+                        match_share: None,
                     })
                 })
                 .collect();

@@ -193,6 +193,7 @@ impl VectorLane {
                         chunk_key,
                         file_id: hit.file_id,
                         raw_score: f64::from(hit.score),
+                        match_share: None,
                     })
                 })
                 .collect();
