@@ -1,0 +1,136 @@
+#!/usr/bin/env python3
+"""Offline replay of kg_search's fusion over a `make bench-quality --dump-runs` file.
+
+`run.py --dump-runs runs.json` writes each lane's ranked chunks per query (the fulltext lane
+alone keeps every hit). This script fuses the fulltext and vector lists again with RRF (k 60,
+weights 1), as the retrieval service does, and scores each variant with run.py's own scoring:
+
+- every full-text hit fused (the old fusion);
+- only full-text hits whose query terms carry at least a share of the query's idf weight
+  (`[retrieval] fusion_fulltext_min_match`), for a sweep of shares;
+- a two-fold check: the share picked on odd-numbered questions, scored on even-numbered ones,
+  and the reverse, so a margin is not only a threshold fitted to the questions it is scored on.
+
+The replay uses each lane's top 32 (what the dump holds) and idf from the dataset's own
+chunking (its bm25_baseline.py) with the lane's stop words, so it approximates the service
+(every-hit fusion 0.814 here against 0.824 in the real run); the sweep's shape is the point.
+
+    .venv/bin/python bench/quality/fusion_replay.py runs.json [--dataset DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import re
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import run as quality  # noqa: E402
+
+RRF_K = 60
+SHARES = [round(0.30 + 0.05 * i, 2) for i in range(9)]
+# The full-text lane's stop words (services/stores/src/graph/fulltext.rs) are not query terms.
+STOP_WORDS_FILE = Path(__file__).resolve().parents[2] / "services" / "stores" / "src" / "graph" / "fulltext.rs"
+
+
+def stop_words() -> set[str]:
+    source = STOP_WORDS_FILE.read_text(encoding="utf-8")
+    block = re.search(r"STOP_WORDS[^=]*=\s*&\[(.*?)\];", source, re.S)
+    return set(re.findall(r'"([^"]+)"', block.group(1))) if block else set()
+
+
+def tokens(text: str) -> list[str]:
+    return re.findall(r"[\w]+", text.lower())
+
+
+def rrf(lists: list[list[list[str]]]) -> list[list[str]]:
+    fused: dict[tuple[str, str], float] = {}
+    first: dict[tuple[str, str], int] = {}
+    for ranked in lists:
+        seen: set[tuple[str, str]] = set()
+        rank = 0
+        for corpus_id, text in ranked:
+            key = (corpus_id, text)
+            if key in seen:
+                continue
+            seen.add(key)
+            rank += 1
+            fused[key] = fused.get(key, 0.0) + 1.0 / (RRF_K + rank)
+            first.setdefault(key, rank)
+    order = sorted(fused, key=lambda key: (-fused[key], first[key]))
+    return [list(key) for key in order[: quality.TOP_K]]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("dump", type=Path, help="the --dump-runs file of a bench-quality run")
+    parser.add_argument("--dataset", type=Path, default=quality.DEFAULT_DATASET)
+    args = parser.parse_args()
+    dump = json.loads(args.dump.read_text())
+    fulltext = next(name for name in dump if name.startswith("kgmesh fulltext"))
+    vector = next(name for name in dump if name.startswith("kgmesh vector"))
+    dataset = quality.load_dataset(args.dataset.resolve(), Path(tempfile.mkdtemp()))
+
+    spec = importlib.util.spec_from_file_location("bm25_baseline", dataset.root / "bm25_baseline.py")
+    if spec is None or spec.loader is None:
+        sys.exit("the dataset has no bm25_baseline.py to chunk it with")
+    baseline = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(baseline)
+    chunks = [set(baseline.tokenize(piece)) for text in baseline.load_corpus().values() for piece in baseline.chunk(text)]
+    df = Counter(term for chunk in chunks for term in chunk)
+    n = len(chunks)
+    stops = stop_words()
+
+    def idf(term: str) -> float:
+        return math.log(1 + (n - df[term] + 0.5) / (df[term] + 0.5))
+
+    query_terms = {q["_id"]: set(tokens(q["text"])) - stops for q in dataset.queries}
+
+    def share(query_id: str, text: str) -> float:
+        terms = query_terms[query_id]
+        total = sum(idf(t) for t in terms)
+        return sum(idf(t) for t in terms & set(tokens(text))) / total if total else 0.0
+
+    ids = [q["_id"] for q in dataset.queries]
+
+    def fused(min_share: float) -> dict[str, list[list[str]]]:
+        return {
+            q: rrf([[hit for hit in dump[fulltext][q] if share(q, hit[1]) >= min_share], dump[vector][q]])
+            for q in ids
+        }
+
+    def ndcg(run: dict[str, list[list[str]]], queries: list[str]) -> float:
+        return sum(
+            quality.ndcg(quality.file_ranking(quality.Ranked([tuple(c) for c in run[q]])), dataset.qrels[q], quality.NDCG_K)
+            for q in queries
+        ) / len(queries)
+
+    every = fused(0.0)
+    by_share = {s: fused(s) for s in SHARES}
+    print(f"nDCG@{quality.NDCG_K} over {len(ids)} questions (replay of each lane's top {quality.TOP_K})")
+    print(f"  fulltext alone              {ndcg(dump[fulltext], ids):.3f}")
+    print(f"  vector alone                {ndcg(dump[vector], ids):.3f}")
+    print(f"  every full-text hit fused   {ndcg(every, ids):.3f}")
+    for s in SHARES:
+        print(f"  fused, match share >= {s:.2f}  {ndcg(by_share[s], ids):.3f}")
+    folds = [ids[0::2], ids[1::2]]
+    for i, held_out in enumerate(folds):
+        picked_on = folds[1 - i]
+        best = max(SHARES, key=lambda s: ndcg(by_share[s], picked_on))
+        print(
+            f"  two-fold {i + 1}: share {best:.2f} picked on the other half; held-out half: fused "
+            f"{ndcg(by_share[best], held_out):.3f}, every hit fused {ndcg(every, held_out):.3f}, "
+            f"vector {ndcg(dump[vector], held_out):.3f}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
