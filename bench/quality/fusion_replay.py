@@ -9,7 +9,9 @@ weights 1), as the retrieval service does, and scores each variant with run.py's
 - only full-text hits whose query terms carry at least a share of the query's idf weight
   (`[retrieval] fusion_fulltext_min_match`), for a sweep of shares;
 - a two-fold check: the share picked on odd-numbered questions, scored on even-numbered ones,
-  and the reverse, so a margin is not only a threshold fitted to the questions it is scored on.
+  and the reverse, so a margin is not only a threshold fitted to the questions it is scored on;
+- the real runs' fused list against the vector lane's, question by question: wins, ties,
+  losses, and a paired randomization test of the nDCG difference (two-sided).
 
 The replay uses each lane's top 32 (what the dump holds) and idf from the dataset's own
 chunking (its bm25_baseline.py) with the lane's stop words, so it approximates the service
@@ -24,6 +26,7 @@ import argparse
 import importlib.util
 import json
 import math
+import random
 import re
 import sys
 import tempfile
@@ -35,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import run as quality  # noqa: E402
 
 RRF_K = 60
+RANDOMIZATIONS = 20_000
 SHARES = [round(0.30 + 0.05 * i, 2) for i in range(9)]
 # The full-text lane's stop words (services/stores/src/graph/fulltext.rs) are not query terms.
 STOP_WORDS_FILE = Path(__file__).resolve().parents[2] / "services" / "stores" / "src" / "graph" / "fulltext.rs"
@@ -128,6 +132,22 @@ def main() -> int:
             f"  two-fold {i + 1}: share {best:.2f} picked on the other half; held-out half: fused "
             f"{ndcg(by_share[best], held_out):.3f}, every hit fused {ndcg(every, held_out):.3f}, "
             f"vector {ndcg(dump[vector], held_out):.3f}"
+        )
+    real_fused = next((name for name in dump if name.startswith("kgmesh fused")), None)
+    if real_fused is not None:
+        diffs = [ndcg(dump[real_fused], [q]) - ndcg(dump[vector], [q]) for q in ids]
+        observed = sum(diffs) / len(diffs)
+        rng = random.Random(0)
+        extreme = sum(
+            abs(sum(d if rng.random() < 0.5 else -d for d in diffs) / len(diffs)) >= abs(observed) - 1e-12
+            for _ in range(RANDOMIZATIONS)
+        )
+        wins = sum(d > 1e-9 for d in diffs)
+        losses = sum(d < -1e-9 for d in diffs)
+        print(
+            f"  real runs, fused - vector: {observed:+.3f} nDCG@{quality.NDCG_K}; {wins} questions better, "
+            f"{losses} worse, {len(diffs) - wins - losses} equal; paired randomization p = "
+            f"{(extreme + 1) / (RANDOMIZATIONS + 1):.3f}"
         )
     return 0
 

@@ -1150,10 +1150,11 @@ fn report(
          Packages = graph packages for its hits; Authorize = auth's per-request check of the token, as the \
          gateway makes it; MCP = tools/call sent to the last byte of its answer (the client's JSON parse \
          is not timed, as the gRPC side's protobuf decode is); overhead mcp-(S+P) = the same query's MCP \
-         time minus the search backends (HTTP, JSON-RPC, the Authorize, JSON rendering), mcp-(A+S+P) = \
-         also minus the Authorize; kg_namespaces = a tool call with no backend call and a small answer \
-         (HTTP, JSON-RPC, the Authorize), timed after each kg_search; SigningKey = a gRPC round trip to auth \
-         that reads nothing, the floor of any hop."
+         time minus the search backends (HTTP, JSON-RPC, JSON rendering, and what of the Authorize does \
+         not overlap the backend reads: a read-only call runs beside it once auth knows the token), \
+         mcp-(A+S+P) = also minus a whole Authorize; kg_namespaces = a tool call with no backend call and \
+         a small answer (HTTP, JSON-RPC, the whole Authorize), timed after each kg_search; SigningKey = a \
+         gRPC round trip to auth that reads nothing, the floor of any hop."
     );
     println!(
         "{calls} query x lane-set pairs in {wall:.1} s ({:.1} pairs/s, each pair = one gRPC and one MCP search)",
