@@ -218,7 +218,7 @@ impl McpServer {
                     Some(code) => {
                         let message = value.get("message").cloned().unwrap_or(Value::Null);
                         (
-                            CallToolResult::structured_error(json!({
+                            super::json_error(&json!({
                                 "error": code, "code": code, "message": message, "retryable": false
                             })),
                             Some(error_code(code)),

@@ -238,7 +238,16 @@ fn request_parts(context: &RequestContext<RoleServer>) -> Option<&http::request:
 
 /// The tool result for a failure: `isError` with `{code, message, retryable}`.
 pub(crate) fn error_result(err: &ClientError) -> CallToolResult {
-    CallToolResult::structured_error(err.to_json())
+    json_error(&err.to_json())
+}
+
+/// A failure as a tool result: `isError`, and the error JSON as the text block only. Never as
+/// structuredContent: the MCP TypeScript SDK (1.x, inside most MCP clients) checks any
+/// structuredContent against the tool's outputSchema even when `isError` is set, and an error
+/// never matches a result's schema, so the agent would get a protocol error in place of the
+/// message that says what to change.
+pub(crate) fn json_error(error: &serde_json::Value) -> CallToolResult {
+    CallToolResult::error(vec![rmcp::model::ContentBlock::text(error.to_string())])
 }
 
 impl ServerHandler for McpServer {
@@ -401,7 +410,9 @@ mod tests {
         assert_eq!(failure, Some(ErrorCode::PayloadTooLarge));
         assert_eq!(big.is_error, Some(true));
         assert!(result_bytes(&big) < 1000);
-        let body = big.structured_content.unwrap();
+        assert!(big.structured_content.is_none());
+        let text = big.content[0].as_text().unwrap().text.clone();
+        let body: serde_json::Value = serde_json::from_str(&text).unwrap();
         assert_eq!(body["code"], "PAYLOAD_TOO_LARGE");
         assert_eq!(body["retryable"], false);
 

@@ -359,13 +359,9 @@ async fn mcp_session_lists_and_calls_tools() {
         .unwrap();
     let result = &rpc_messages(response).await[0]["result"];
     assert_eq!(result["isError"], true);
-    assert_eq!(result["structuredContent"]["code"], "invalid_argument");
-    assert!(
-        result["structuredContent"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("32")
-    );
+    let error = tool_error(result);
+    assert_eq!(error["code"], "invalid_argument");
+    assert!(error["message"].as_str().unwrap().contains("32"));
 
     // An unreadable namespace is an explicit permission error.
     let call = json!({"jsonrpc": "2.0", "id": 5, "method": "tools/call", "params": {"name": "kg_outline", "arguments": {"namespace": "secret", "fileId": "canary-file"}}});
@@ -375,7 +371,7 @@ async fn mcp_session_lists_and_calls_tools() {
         .await
         .unwrap();
     let result = &rpc_messages(response).await[0]["result"];
-    assert_eq!(result["structuredContent"]["code"], "permission_denied");
+    assert_eq!(tool_error(result)["code"], "permission_denied");
 
     // Unknown tool: a protocol error, not a tool result.
     let call = json!({"jsonrpc": "2.0", "id": 6, "method": "tools/call", "params": {"name": "kg_nope", "arguments": {}}});
@@ -798,10 +794,7 @@ async fn stdio_authorizes_the_token_on_every_tool_call() {
 
     let (_, result) = stdio_session(REVOKED, &auth).await;
     assert_eq!(result["result"]["isError"], true);
-    assert_eq!(
-        result["result"]["structuredContent"]["code"],
-        "unauthenticated"
-    );
+    assert_eq!(tool_error(&result["result"])["code"], "unauthenticated");
     assert_eq!(auth.authorize_calls.load(Ordering::SeqCst), 2);
 
     // Only the authorized call is audited, as a stdio call with its result size.
@@ -818,6 +811,15 @@ async fn stdio_authorizes_the_token_on_every_tool_call() {
         ("kg_namespaces", "ok", "stdio")
     );
     assert_eq!(audits[0].result_bytes, text);
+}
+
+/// The `{code, message, retryable}` of an error tool result, read from its text block; an
+/// error carries no structuredContent (MCP TypeScript SDK 1.x clients check it against the
+/// tool's outputSchema even on errors).
+fn tool_error(result: &Value) -> Value {
+    assert_eq!(result["isError"], true, "{result}");
+    assert!(result.get("structuredContent").is_none(), "{result}");
+    serde_json::from_str(result["content"][0]["text"].as_str().unwrap()).unwrap()
 }
 
 /// Bytes of the text content of a tools/call response.
