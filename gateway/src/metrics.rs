@@ -1,4 +1,5 @@
-//! The gateway's own metrics (audit delivery), exposed on `/metrics` after the
+//! The gateway's own metrics (audit delivery, tool calls run ahead of auth's answer, session
+//! tool calls answered without rmcp's session worker), exposed on `/metrics` after the
 //! process-wide families of `kg_common::metrics`.
 
 use std::sync::OnceLock;
@@ -7,13 +8,21 @@ use prometheus_client::encoding::text::{encode_eof, encode_registry};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::registry::Registry;
 
-/// Counters of the audit pipeline.
+/// Counters of the gateway's own paths.
 pub(crate) struct GatewayMetrics {
     registry: Registry,
     /// Audit events dropped because the queue to auth was full.
     pub(crate) audit_dropped: Counter,
     /// Audit events auth refused or could not be reached for.
     pub(crate) audit_failed: Counter,
+    /// Tool calls run ahead of auth's answer whose result was released (same access).
+    pub(crate) run_ahead_released: Counter,
+    /// Tool calls run ahead whose access had changed, so they ran again.
+    pub(crate) run_ahead_rerun: Counter,
+    /// Tool calls run ahead that auth then refused (their result never left).
+    pub(crate) run_ahead_refused: Counter,
+    /// Session tool calls answered on the HTTP task, not through rmcp's session worker.
+    pub(crate) session_calls_direct: Counter,
 }
 
 /// The process-wide gateway metrics.
@@ -23,6 +32,10 @@ pub(crate) fn gateway_metrics() -> &'static GatewayMetrics {
         let mut registry = Registry::with_prefix("kgmesh");
         let audit_dropped = Counter::default();
         let audit_failed = Counter::default();
+        let run_ahead_released = Counter::default();
+        let run_ahead_rerun = Counter::default();
+        let run_ahead_refused = Counter::default();
+        let session_calls_direct = Counter::default();
         registry.register(
             "audit_dropped",
             "audit events dropped because the audit queue was full",
@@ -33,10 +46,34 @@ pub(crate) fn gateway_metrics() -> &'static GatewayMetrics {
             "audit events auth refused or could not be reached for",
             audit_failed.clone(),
         );
+        registry.register(
+            "tool_calls_run_ahead_released",
+            "tool calls started beside Authorize whose result was released: auth returned the same access",
+            run_ahead_released.clone(),
+        );
+        registry.register(
+            "tool_calls_run_ahead_rerun",
+            "tool calls started beside Authorize that ran again: auth returned changed access",
+            run_ahead_rerun.clone(),
+        );
+        registry.register(
+            "tool_calls_run_ahead_refused",
+            "tool calls started beside Authorize that auth refused; no result left the gateway",
+            run_ahead_refused.clone(),
+        );
+        registry.register(
+            "session_tool_calls_direct",
+            "session tool calls answered as JSON on the HTTP task instead of through rmcp's session worker",
+            session_calls_direct.clone(),
+        );
         GatewayMetrics {
             registry,
             audit_dropped,
             audit_failed,
+            run_ahead_released,
+            run_ahead_rerun,
+            run_ahead_refused,
+            session_calls_direct,
         }
     })
 }
@@ -64,6 +101,14 @@ mod tests {
         let text = encode_text();
         assert!(text.contains("kgmesh_audit_dropped_total"), "{text}");
         assert!(text.contains("kgmesh_audit_failed_total"), "{text}");
+        for family in [
+            "kgmesh_tool_calls_run_ahead_released_total",
+            "kgmesh_tool_calls_run_ahead_rerun_total",
+            "kgmesh_tool_calls_run_ahead_refused_total",
+            "kgmesh_session_tool_calls_direct_total",
+        ] {
+            assert!(text.contains(family), "{family}: {text}");
+        }
         assert!(text.ends_with("# EOF\n"));
         assert_eq!(text.matches("# EOF").count(), 1);
     }

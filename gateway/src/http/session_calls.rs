@@ -129,6 +129,7 @@ pub(crate) async fn answer_session_tool_calls(
             .run(Request::from_parts(parts, Body::from(bytes)))
             .await;
     }
+    crate::metrics::gateway_metrics().session_calls_direct.inc();
     let call = match calls.server.call_builtin(call, Some(&parts)).await {
         Ok(result) => result,
         // Checked by `builtin_tool_call`; the registry does not change while serving.

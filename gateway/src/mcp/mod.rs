@@ -211,14 +211,22 @@ impl McpServer {
         let speculative = parts.and_then(|p| p.extensions.get::<SpeculativeCaller>());
         if read_only && let Some(speculative) = speculative {
             let ahead = tools::run(&self.state, &speculative.ahead, kind, args).await;
+            let metrics = crate::metrics::gateway_metrics();
             return match speculative.confirmed().await {
-                Ok(fresh) if fresh.same_access(&speculative.ahead) => (Some(fresh), ahead),
+                Ok(fresh) if fresh.same_access(&speculative.ahead) => {
+                    metrics.run_ahead_released.inc();
+                    (Some(fresh), ahead)
+                }
                 Ok(fresh) => {
+                    metrics.run_ahead_rerun.inc();
                     tracing::debug!(tool, "access changed since the last call: run again");
                     let outcome = tools::run(&self.state, &fresh, kind, args).await;
                     (Some(fresh), outcome)
                 }
-                Err(err) => (None, refused(err)),
+                Err(err) => {
+                    metrics.run_ahead_refused.inc();
+                    (None, refused(err))
+                }
             };
         }
         match self.caller_of(tool, parts).await {

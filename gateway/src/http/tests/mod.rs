@@ -475,6 +475,12 @@ async fn a_tool_call_runs_beside_auth_and_waits_for_its_answer() {
     let session = open_session(&app).await;
     let file_args = json!({"namespace": "demo", "path": "notes/a.md"});
 
+    let metrics = crate::metrics::gateway_metrics();
+    let (released, rerun, refused) = (
+        metrics.run_ahead_released.get(),
+        metrics.run_ahead_rerun.get(),
+        metrics.run_ahead_refused.get(),
+    );
     // Auth has answered for this token before: the next call's backend request reaches
     // files while auth is still deciding (the double holds Authorize until it does).
     let (status, _) = call_in(&app, &session, 2, "kg_file", file_args.clone()).await;
@@ -536,6 +542,11 @@ async fn a_tool_call_runs_beside_auth_and_waits_for_its_answer() {
         "a refused token ran ahead again"
     );
 
+    // Counted for operators (other tests in this process may add to the counters).
+    assert!(metrics.run_ahead_released.get() > released);
+    assert!(metrics.run_ahead_rerun.get() > rerun);
+    assert!(metrics.run_ahead_refused.get() > refused);
+
     // Audit: one event per tool call that auth allowed, each with its own request id.
     let audits = auth.recorded.wait_audits(4).await;
     let ids: std::collections::HashSet<&str> =
@@ -563,6 +574,7 @@ async fn session_tool_calls_are_answered_as_json_on_the_request_task() {
     };
     let expected = json!({"namespaces": [{"name": "demo", "permission": "read"}]});
 
+    let direct = crate::metrics::gateway_metrics().session_calls_direct.get();
     // rmcp saw the session a moment ago (`notifications/initialized`), so its tool calls
     // are answered here, as JSON.
     for (id, media) in [(2, "application/json"), (3, "application/json")] {
@@ -584,6 +596,8 @@ async fn session_tool_calls_are_answered_as_json_on_the_request_task() {
             "{messages:?}"
         );
     }
+
+    assert!(crate::metrics::gateway_metrics().session_calls_direct.get() >= direct + 2);
 
     // A progress token is rmcp's business: it answers, over SSE.
     let response = app
