@@ -268,19 +268,7 @@ async fn auth_outage_is_503_and_retryable() {
 async fn mcp_session_lists_and_calls_tools() {
     let auth = start_auth().await;
     let app = app(config(&auth.addr).await);
-    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "0"}}});
-    let response = app
-        .clone()
-        .oneshot(mcp_post(GOOD, None, init))
-        .await
-        .unwrap();
-    assert_eq!(response.status(), StatusCode::OK);
-    let session = response.headers()["mcp-session-id"]
-        .to_str()
-        .unwrap()
-        .to_owned();
-    let messages = rpc_messages(response).await;
+    let (session, messages) = initialize(&app).await;
     assert_eq!(messages[0]["result"]["serverInfo"]["name"], "kgmesh");
     assert!(messages[0]["result"]["capabilities"]["tools"].is_object());
 
@@ -426,8 +414,8 @@ async fn mcp_session_lists_and_calls_tools() {
     assert!(!dump.contains("canary") && !dump.contains(GOOD), "{dump}");
 }
 
-/// Opens an MCP session for `GOOD` and returns its id.
-async fn open_session(app: &axum::Router) -> String {
+/// Sends `initialize` for `GOOD`: the new session's id and the answer's messages.
+async fn initialize(app: &axum::Router) -> (String, Vec<Value>) {
     let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
         "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "0"}}});
     let response = app
@@ -435,10 +423,17 @@ async fn open_session(app: &axum::Router) -> String {
         .oneshot(mcp_post(GOOD, None, init))
         .await
         .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
     let session = response.headers()["mcp-session-id"]
         .to_str()
         .unwrap()
         .to_owned();
+    (session, rpc_messages(response).await)
+}
+
+/// Opens an MCP session for `GOOD` (initialize, then initialized) and returns its id.
+async fn open_session(app: &axum::Router) -> String {
+    let (session, _) = initialize(app).await;
     let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
     let response = app
         .clone()
