@@ -60,6 +60,14 @@ bench-quality: deps
 	$(CARGO) build --release --bin kgmesh
 	$(PYTHON) bench/quality/run.py $(BENCH_ARGS)
 
+# The same harness on bench/quality/npm-docs-qa: 60 judged questions over the npm CLI docs (83
+# files from the Node.js wheel that `make deps` installs), written without kgmesh's results and
+# not used to tune it. Not part of `make test`.
+.PHONY: bench-quality-npm
+bench-quality-npm: deps
+	$(CARGO) build --release --bin kgmesh
+	$(PYTHON) bench/quality/run.py --dataset bench/quality/npm-docs-qa $(BENCH_ARGS)
+
 # Ingest throughput: end-to-end chunks/s and peak RSS of `kgmesh up` for >= 2,000 chunks
 # (copies of ../shared/bench/docs-qa/docs), next to all-MiniLM-L6-v2 alone on the same
 # chunk texts; providers minilm and none. Not part of `make test`.

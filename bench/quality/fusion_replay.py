@@ -23,7 +23,6 @@ chunking (its bm25_baseline.py) with the lane's stop words, so it approximates t
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import random
@@ -82,11 +81,9 @@ def main() -> int:
     vector = next(name for name in dump if name.startswith("kgmesh vector"))
     dataset = quality.load_dataset(args.dataset.resolve(), Path(tempfile.mkdtemp()))
 
-    spec = importlib.util.spec_from_file_location("bm25_baseline", dataset.root / "bm25_baseline.py")
-    if spec is None or spec.loader is None:
-        sys.exit("the dataset has no bm25_baseline.py to chunk it with")
-    baseline = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(baseline)
+    baseline = quality.baseline_module(dataset)
+    if baseline is None:
+        sys.exit("no bm25_baseline.py to chunk the dataset with")
     chunks = [set(baseline.tokenize(piece)) for text in baseline.load_corpus().values() for piece in baseline.chunk(text)]
     df = Counter(term for chunk in chunks for term in chunk)
     n = len(chunks)

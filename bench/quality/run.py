@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """`make bench-quality`: retrieval quality of kg_search on a BEIR-format dataset.
 
-1. Loads a BEIR-format dataset: the corpus as `corpus.jsonl` ({_id, title?, text}) or as a folder
-   of files (`docs/`, corpus-id = path relative to it), `queries.jsonl` ({_id, text, metadata?}),
+1. Loads a BEIR-format dataset: the corpus as `corpus.jsonl` ({_id, title?, text}), as a folder
+   of files (`docs/`, corpus-id = path relative to it), or as `corpus-source.json` naming a folder
+   of an installed Python package and the SHA-256 of its files (bench/quality/npm-docs-qa: the
+   npm CLI docs that `make deps` installs, so the corpus is not copied into this repository),
+   `queries.jsonl` ({_id, text, metadata?}),
    qrels (`qrels.tsv`, or `qrels/test.tsv`), and optionally `answers.jsonl` ({_id, path, phrase})
    for chunk-level scoring. Default: ../shared/bench/docs-qa (the Prometheus documentation).
 2. Starts `kgmesh up` in a temp dir and ingests the corpus into one namespace with `kgmesh ingest`.
@@ -10,7 +13,8 @@
    alone and once fused with the default lanes, topK 32.
 4. Scores every run with the same code, and also scores the plain BM25 baseline that ships with
    docs-qa (its own chunking and ranking, imported from the dataset's bm25_baseline.py when present),
-   so the figures stand side by side:
+   so the figures stand side by side (a dataset without its own bm25_baseline.py gets docs-qa's,
+   run over its corpus):
    - file level (qrels): files ranked by their best chunk; nDCG@10 and recall@8 with binary gains;
    - chunk level (answers): a chunk is a hit when it comes from the gold path and contains the gold
      phrase once whitespace is normalised; hit@8 and MRR@8.
@@ -25,6 +29,7 @@ Not part of `make test`.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib.util
 import json
 import math
@@ -70,6 +75,9 @@ class Dataset:
     queries: list[dict[str, Any]]
     qrels: dict[str, set[str]]
     answers: dict[str, dict[str, str]]
+    # Whether a corpus-id is the file's path under corpus_dir (docs/, corpus-source.json) rather
+    # than a corpus.jsonl id written out as `<id>.md`.
+    ids_are_paths: bool = True
 
 
 def load_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -92,15 +100,52 @@ def load_qrels(root: Path) -> dict[str, set[str]]:
     raise BenchError(f"{root} has no qrels.tsv or qrels/test.tsv")
 
 
+def corpus_digest(folder: Path, suffix: str) -> tuple[int, str]:
+    """How many `suffix` files `folder` holds, and the SHA-256 over their relative paths and bytes
+    in path order: the same digest means the same corpus, byte for byte."""
+    digest = hashlib.sha256()
+    files = sorted(p for p in folder.rglob(f"*{suffix}") if p.is_file())
+    for path in files:
+        digest.update(path.relative_to(folder).as_posix().encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return len(files), digest.hexdigest()
+
+
+def package_corpus(root: Path, source_file: Path) -> Path:
+    """The folder a `corpus-source.json` names inside an installed Python package, checked
+    against the digest the questions were written for."""
+    source = json.loads(source_file.read_text(encoding="utf-8"))
+    spec = importlib.util.find_spec(source["python_package"])
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    if not locations:
+        raise BenchError(
+            f"{root}: Python package `{source['python_package']}` is not installed; "
+            f"run `make deps` ({source.get('installed_by', 'see the dataset README')})"
+        )
+    folder = Path(locations[0]) / source["path"]
+    if not folder.is_dir():
+        raise BenchError(f"{root}: {folder} does not exist; the installed package is not the expected version")
+    files, digest = corpus_digest(folder, source.get("suffix", ".md"))
+    if (files, digest) != (source["files"], source["sha256"]):
+        raise BenchError(
+            f"{root}: {folder} holds {files} files with digest {digest}, not the {source['files']} "
+            f"files with digest {source['sha256']} the questions were written for"
+        )
+    return folder
+
+
 def materialise_corpus(root: Path, work: Path) -> Path:
-    """A folder of files to ingest: the dataset's docs/ as is, or corpus.jsonl written out as one
-    Markdown file per document named by its id (the corpus-id is then `<id>.md`)."""
+    """A folder of files to ingest: the dataset's docs/ as is, the package folder its
+    corpus-source.json names, or corpus.jsonl written out as one Markdown file per document named
+    by its id (the corpus-id is then `<id>.md`)."""
     docs = root / "docs"
     if docs.is_dir():
         return docs
+    if (root / "corpus-source.json").is_file():
+        return package_corpus(root, root / "corpus-source.json")
     corpus = root / "corpus.jsonl"
     if not corpus.is_file():
-        raise BenchError(f"{root} has neither docs/ nor corpus.jsonl")
+        raise BenchError(f"{root} has none of docs/, corpus-source.json or corpus.jsonl")
     out = work / "corpus"
     for doc in load_jsonl(corpus):
         target = out / f"{doc['_id']}.md"
@@ -110,9 +155,9 @@ def materialise_corpus(root: Path, work: Path) -> Path:
     return out
 
 
-def corpus_id(path: str, corpus_dir: Path, root: Path) -> str:
-    """The qrels id of an ingested path: docs/ keeps paths; corpus.jsonl files are `<id>.md`."""
-    if corpus_dir == root / "docs":
+def corpus_id(path: str, dataset: Dataset) -> str:
+    """The qrels id of an ingested path: folders keep paths; corpus.jsonl files are `<id>.md`."""
+    if dataset.ids_are_paths:
         return path
     return path[:-3] if path.endswith(".md") else path
 
@@ -125,7 +170,8 @@ def load_dataset(root: Path, work: Path) -> Dataset:
     queries = [q for q in queries if q["_id"] in qrels]
     if not queries:
         raise BenchError("no query has a qrels row")
-    return Dataset(root, materialise_corpus(root, work), queries, qrels, answers)
+    corpus_dir = materialise_corpus(root, work)
+    return Dataset(root, corpus_dir, queries, qrels, answers, ids_are_paths=not corpus_dir.is_relative_to(work))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -208,21 +254,35 @@ def score_runs(dataset: Dataset, runs: dict[str, dict[str, Ranked]]) -> dict[str
 # ---------------------------------------------------------------------------------------------
 
 
-def bm25_run(dataset: Dataset) -> dict[str, Ranked] | None:
-    """The dataset's own BM25 baseline (bm25_baseline.py), ranked by the same harness."""
+def baseline_module(dataset: Dataset) -> Any | None:
+    """The dataset's own bm25_baseline.py, or docs-qa's reading this dataset's corpus."""
     script = dataset.root / "bm25_baseline.py"
-    if not script.is_file():
-        return None
+    borrowed = not script.is_file()
+    if borrowed:
+        script = DEFAULT_DATASET / "bm25_baseline.py"
+        if not script.is_file():
+            return None
     spec = importlib.util.spec_from_file_location("bm25_baseline", script)
     if spec is None or spec.loader is None:
         return None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    if borrowed:
+        # The script reads the Markdown under its DOCS folder when load_corpus runs.
+        module.DOCS = str(dataset.corpus_dir)
+    return module
+
+
+def bm25_run(dataset: Dataset) -> dict[str, Ranked] | None:
+    """The BM25 baseline of [`baseline_module`], ranked by the same harness."""
+    module = baseline_module(dataset)
+    if module is None:
+        return None
     files = module.load_corpus()
     chunks: list[tuple[str, str]] = []
     for path, text in files.items():
         for piece in module.chunk(text):
-            chunks.append((path, piece))
+            chunks.append((corpus_id(path, dataset), piece))
     index = module.BM25([module.tokenize(text) for _, text in chunks])
     run: dict[str, Ranked] = {}
     for query in dataset.queries:
@@ -259,7 +319,7 @@ async def kg_runs(mesh: Mesh, dataset: Dataset, lane_runs: list[LaneRun]) -> Non
                         run.unavailable.add(f"{lane.get('lane')}: {lane.get('errorCode', 'failed')}")
                 run.ranked[query["_id"]] = Ranked(
                     [
-                        (corpus_id(hit["path"], dataset.corpus_dir, dataset.root), hit.get("text", ""))
+                        (corpus_id(hit["path"], dataset), hit.get("text", ""))
                         for hit in data.get("results", [])
                     ]
                 )

@@ -1,0 +1,67 @@
+"""The judged set kept in this repository (bench/quality/npm-docs-qa) still scores what it was
+written for (no binary needed): its corpus is the installed npm docs it names, byte for byte, and
+every answer phrase is verbatim in a file its question counts as relevant. A Node.js wheel bump
+that changes the docs fails here, not as quietly wrong figures in `make bench-quality-npm`."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO_ROOT / "bench" / "quality"))
+
+import run as quality  # noqa: E402
+
+NPM_DOCS_QA = REPO_ROOT / "bench" / "quality" / "npm-docs-qa"
+KINDS = {"paraphrased", "lexical", "exact", "navigational"}
+
+
+def normalised(text: str) -> str:
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def test_npm_docs_qa_corpus_is_the_one_the_questions_were_written_for() -> None:
+    dataset = quality.load_dataset(NPM_DOCS_QA, Path(tempfile.mkdtemp()))
+    source = json.loads((NPM_DOCS_QA / "corpus-source.json").read_text(encoding="utf-8"))
+    assert quality.corpus_digest(dataset.corpus_dir, ".md") == (source["files"], source["sha256"])
+    assert dataset.ids_are_paths, "corpus-ids are paths under the package folder"
+
+
+def test_npm_docs_qa_questions_are_judged_and_their_phrases_verbatim() -> None:
+    dataset = quality.load_dataset(NPM_DOCS_QA, Path(tempfile.mkdtemp()))
+    ids = [query["_id"] for query in dataset.queries]
+    assert len(ids) == len(set(ids)) == 59
+    assert Counter(query["metadata"]["kind"] for query in dataset.queries) == {
+        "paraphrased": 24,
+        "lexical": 20,
+        "exact": 10,
+        "navigational": 5,
+    }
+    assert set(dataset.answers) == set(ids) == set(dataset.qrels)
+    for query in dataset.queries:
+        qid = query["_id"]
+        assert query["metadata"]["kind"] in KINDS, qid
+        relevant = dataset.qrels[qid]
+        assert 1 <= len(relevant) <= 3, f"{qid}: {sorted(relevant)}"
+        assert all((dataset.corpus_dir / path).is_file() for path in relevant), qid
+        answer = dataset.answers[qid]
+        assert answer["path"] in relevant, qid
+        assert 6 <= len(answer["phrase"].split()) <= 15, qid
+        text = (dataset.corpus_dir / answer["path"]).read_text(encoding="utf-8")
+        assert normalised(answer["phrase"]) in normalised(text), f"{qid}: phrase not verbatim in {answer['path']}"
+
+
+def test_a_changed_corpus_is_refused(tmp_path: Path) -> None:
+    source = json.loads((NPM_DOCS_QA / "corpus-source.json").read_text(encoding="utf-8"))
+    for name in ("queries.jsonl", "qrels.tsv", "answers.jsonl"):
+        (tmp_path / name).write_bytes((NPM_DOCS_QA / name).read_bytes())
+    (tmp_path / "corpus-source.json").write_text(json.dumps({**source, "sha256": "0" * 64}), encoding="utf-8")
+    with pytest.raises(quality.BenchError, match="not the 83 files with digest 0000"):
+        quality.load_dataset(tmp_path, tmp_path / "work")
