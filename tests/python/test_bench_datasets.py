@@ -6,7 +6,6 @@ that changes the docs fails here, not as quietly wrong figures in `make bench-qu
 from __future__ import annotations
 
 import json
-import re
 import sys
 import tempfile
 from collections import Counter
@@ -21,10 +20,6 @@ import run as quality  # noqa: E402
 
 NPM_DOCS_QA = REPO_ROOT / "bench" / "quality" / "npm-docs-qa"
 KINDS = {"paraphrased", "lexical", "exact", "navigational"}
-
-
-def normalised(text: str) -> str:
-    return re.sub(r"\s+", " ", text).strip()
 
 
 def test_npm_docs_qa_corpus_is_the_one_the_questions_were_written_for() -> None:
@@ -55,7 +50,8 @@ def test_npm_docs_qa_questions_are_judged_and_their_phrases_verbatim() -> None:
         assert answer["path"] in relevant, qid
         assert 6 <= len(answer["phrase"].split()) <= 15, qid
         text = (dataset.corpus_dir / answer["path"]).read_text(encoding="utf-8")
-        assert normalised(answer["phrase"]) in normalised(text), f"{qid}: phrase not verbatim in {answer['path']}"
+        verbatim = quality.norm_ws(answer["phrase"]) in quality.norm_ws(text)
+        assert verbatim, f"{qid}: phrase not verbatim in {answer['path']}"
 
 
 def test_a_changed_corpus_is_refused(tmp_path: Path) -> None:
