@@ -60,7 +60,7 @@ bench-quality: deps
 	$(CARGO) build --release --bin kgmesh
 	$(PYTHON) bench/quality/run.py $(BENCH_ARGS)
 
-# The same harness on bench/quality/npm-docs-qa: 60 judged questions over the npm CLI docs (83
+# The same harness on bench/quality/npm-docs-qa: 59 judged questions over the npm CLI docs (83
 # files from the Node.js wheel that `make deps` installs), written without kgmesh's results and
 # not used to tune it. Not part of `make test`.
 .PHONY: bench-quality-npm

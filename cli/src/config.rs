@@ -77,6 +77,9 @@ pub struct RetrievalSection {
     /// Share (0..=1) of the query's idf weight a full-text hit must match to be fused beside
     /// vector hits (default 0.5; 0 fuses every full-text hit).
     pub fusion_fulltext_min_match: Option<f64>,
+    /// Chunks whose text is the same fuse as one hit listing the others (default `true`);
+    /// a request's `ranking.collapseDuplicates` overrides it.
+    pub collapse_duplicates: Option<bool>,
 }
 
 /// `[vector]`: embedded qdrant-edge under the data dir unless a server is named.
@@ -267,6 +270,7 @@ pub fn resolve(
                 .retrieval
                 .fusion_fulltext_min_match
                 .unwrap_or(kg_retrieval::DEFAULT_FUSION_FULLTEXT_MIN_MATCH),
+            collapse_duplicates: config.retrieval.collapse_duplicates.unwrap_or(true),
             approval: crate::mesh::ApprovalOptions {
                 webhook_signing_secret_env: config.approval.webhook_signing_secret_env,
                 four_eyes: config.approval.four_eyes,
@@ -337,6 +341,10 @@ mod tests {
         std::fs::write(&file, "[retrieval]\nfusion_fulltext_min_match = 0\n").unwrap();
         let (options, _) = resolve(Some(&file), UpFlags::default()).unwrap();
         assert!(options.fusion_fulltext_min_match.abs() < 1e-9);
+        assert!(options.collapse_duplicates, "on unless configured off");
+        std::fs::write(&file, "[retrieval]\ncollapse_duplicates = false\n").unwrap();
+        let (options, _) = resolve(Some(&file), UpFlags::default()).unwrap();
+        assert!(!options.collapse_duplicates);
         std::fs::write(&file, "[retrieval]\nfusion_fulltext_min_match = 1.5\n").unwrap();
         let err = resolve(Some(&file), UpFlags::default()).unwrap_err();
         assert!(

@@ -4,7 +4,8 @@ official SDK.
 
 A paraphrased question that shares no content word with its answer is found by the vector
 lane alone; a reader whose grant stops at one folder never gets a chunk from another folder
-through it; and a folder filter reports how the candidate pool widened.
+through it; a folder filter reports how the candidate pool widened; and a paragraph pasted into
+four files comes back as one result listing the readable copies.
 """
 
 from __future__ import annotations
@@ -15,13 +16,19 @@ from pathlib import Path
 
 import pytest
 
-from kgmesh_support import EXAMPLES_DIR, Mesh, MeshError, call_ok, kgmesh_bin, mcp_http
+from kgmesh_support import EXAMPLES_DIR, Mesh, MeshError, call_ok, expect_rejected, kgmesh_bin, mcp_http
 
 pytestmark = pytest.mark.anyio
 
 NAMESPACE = "vectors"
 # "bees" and "honey" are in offices.md; none of these words is.
 PARAPHRASE = "When are the insect colonies on the roof inspected?"
+# Pasted under the same heading into four files with different titles and other sections.
+DRILL = (
+    "Twice a year the evacuation drill starts at the third bell. Leave by the nearest stairwell, "
+    "assemble at the bicycle shelter on the north lot, and report to your floor warden by name."
+)
+DRILL_COPIES = ["handbook/security/drill.md", "notices/lisbon.md", "notices/oslo.md", "notices/porto.md"]
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +36,14 @@ def vector_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
     work = tmp_path_factory.mktemp("kgmesh-vectors")
     corpus = work / "corpus"
     shutil.copytree(EXAMPLES_DIR / "handbook", corpus / "handbook")
+    for path in DRILL_COPIES:
+        title = Path(path).stem.capitalize()
+        file = corpus / path
+        file.parent.mkdir(parents=True, exist_ok=True)
+        file.write_text(
+            f"# {title} office notices\n\n## Fire drill\n\n{DRILL}\n\n"
+            f"## Kitchen\n\nThe {title} kitchen closes at four; label what you leave in the fridge.\n"
+        )
     mesh = Mesh(work_dir=work / "mesh", binary=kgmesh_bin())
     try:
         mesh.start()
@@ -120,3 +135,46 @@ async def test_similar_files_come_from_file_vectors_and_respect_access(vector_me
                 client, "kg_hop", {"namespace": NAMESPACE, "fromKey": package["chunkKey"], "kind": "similar"}
             )
             assert all(p["path"].startswith("handbook/security/") for p in hop["packages"]), hop
+
+
+def drill_results(result: dict) -> list[dict]:
+    return [hit for hit in result["results"] if "evacuation drill" in hit["text"]]
+
+
+async def test_copies_of_a_paragraph_fold_into_one_result(vector_mesh: Mesh) -> None:
+    question = {"query": "Where do we assemble during the evacuation drill?", "namespaces": [NAMESPACE]}
+    async with mcp_http(vector_mesh.mcp_url, vector_mesh.admin_token) as client:
+        # Each lane folds the copies on its own (the vector lane by the hash in its payload),
+        # and so does their fusion.
+        for lanes in (["fulltext"], ["vector"], None):
+            args = question | ({"lanes": lanes} if lanes else {})
+            result = await call_ok(client, "kg_search", args)
+            drills = drill_results(result)
+            assert len(drills) == 1, (lanes, paths(result))
+            folded = drills[0]["duplicates"]
+            assert folded["count"] == 3, folded
+            listed = sorted([drills[0]["path"]] + [c["path"] for c in folded["copies"]])
+            assert listed == DRILL_COPIES, folded
+            assert all(c["chunkKey"] and c["fileId"] for c in folded["copies"]), folded
+            assert result["trace"]["duplicatesCollapsed"][0]["chunks"] >= 3, result["trace"]
+            # The other results are not copies of one another.
+            assert len({hit["text"] for hit in result["results"]}) == len(result["results"])
+
+        apart = await call_ok(client, "kg_search", question | {"ranking": {"collapseDuplicates": False}})
+        assert sorted(hit["path"] for hit in drill_results(apart)) == DRILL_COPIES, paths(apart)
+        assert all("duplicates" not in hit for hit in apart["results"])
+        assert "duplicatesCollapsed" not in apart["trace"]
+
+        await expect_rejected(
+            client, "kg_search", question | {"ranking": {"collapseDuplicates": "yes"}}, {"invalid_argument"}
+        )
+
+    # A reader of handbook/security/ gets its copy, and is not told where the others are.
+    principal = vector_mesh.create_principal("drill-reader", "user")
+    token, _ = vector_mesh.create_pat(principal, "drill-reader-pat")
+    vector_mesh.grant(principal, NAMESPACE, "read", prefix="handbook/security/")
+    async with mcp_http(vector_mesh.mcp_url, token) as client:
+        result = await call_ok(client, "kg_search", question)
+        drills = drill_results(result)
+        assert [hit["path"] for hit in drills] == ["handbook/security/drill.md"], paths(result)
+        assert "duplicates" not in drills[0], drills[0]["duplicates"]

@@ -24,6 +24,7 @@ pub async fn start_mesh() -> anyhow::Result<(Mesh, tempfile::TempDir)> {
         max_upload_bytes: None,
         fulltext_stemming: false,
         fusion_fulltext_min_match: kg_retrieval::DEFAULT_FUSION_FULLTEXT_MIN_MATCH,
+        collapse_duplicates: true,
         approval: Default::default(),
         indexer: Default::default(),
     })

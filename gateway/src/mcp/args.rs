@@ -160,6 +160,7 @@ struct RawRanking {
     rrf_k: Option<f64>,
     lane_weights: Option<BTreeMap<String, f64>>,
     min_score: Option<f64>,
+    collapse_duplicates: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -292,6 +293,7 @@ fn ranking(raw: RawRanking) -> Result<kg_proto::v1::Ranking, ClientError> {
         rrf_k,
         lane_weights,
         min_score,
+        collapse_duplicates: raw.collapse_duplicates,
     })
 }
 

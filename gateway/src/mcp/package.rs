@@ -13,6 +13,21 @@ fn clean(text: &str) -> Value {
     Value::String(sanitize_text(text, SHORT_FIELD_CAP))
 }
 
+/// A search hit's folded copies (chunks with the same text), when it has any:
+/// `{"count": n, "copies": [{"chunkKey", "fileId", "path"}, ...]}` with at most the first
+/// few copies listed and `count` counting all of them.
+pub(crate) fn duplicates_json(hit: &kg_proto::v1::SearchHit) -> Option<Value> {
+    if hit.duplicate_count == 0 {
+        return None;
+    }
+    let copies: Vec<Value> = hit
+        .duplicates
+        .iter()
+        .map(|c| json!({"chunkKey": clean(&c.chunk_key), "fileId": clean(&c.file_id), "path": clean(&c.path)}))
+        .collect();
+    Some(json!({"count": hit.duplicate_count, "copies": copies}))
+}
+
 /// A JSON number; a non-finite float (which JSON cannot carry) becomes 0.
 pub(crate) fn number(x: f64) -> Value {
     serde_json::Number::from_f64(x).map_or_else(|| json!(0.0), Value::Number)

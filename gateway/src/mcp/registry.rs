@@ -234,7 +234,9 @@ fn search_input() -> Value {
                     "rrfK": {"type": "number", "minimum": 1, "maximum": 1000, "description": "RRF constant k (default 60)."},
                     "laneWeights": {"type": "object", "additionalProperties": {"type": "number", "minimum": 0, "maximum": 100},
                                     "description": "Per-lane multipliers on RRF contributions, by lane name (default 1 each)."},
-                    "minScore": {"type": "number", "minimum": 0, "maximum": 1, "description": "Drop hits below this display score."}
+                    "minScore": {"type": "number", "minimum": 0, "maximum": 1, "description": "Drop hits below this display score."},
+                    "collapseDuplicates": {"type": "boolean",
+                                           "description": "Fold chunks with the same text into one result that lists the others under `duplicates` (default true, or as the deployment sets it)."}
                 },
                 "additionalProperties": false
             },
@@ -394,7 +396,18 @@ pub(crate) fn package_schema() -> Value {
             }}},
             "counts": {"type": "object", "additionalProperties": {"type": "object", "properties": {
                 "total": int, "truncated": {"type": "boolean"}
-            }}}
+            }}},
+            "duplicates": {
+                "type": "object",
+                "description": "Search hits only: other chunks with the same text, folded into this one (ranking.collapseDuplicates). count counts them all; copies lists the first 5, best first.",
+                "properties": {
+                    "count": int,
+                    "copies": {"type": "array", "items": {"type": "object", "properties": {
+                        "chunkKey": string, "fileId": string, "path": string
+                    }, "required": ["chunkKey", "fileId", "path"]}}
+                },
+                "required": ["count", "copies"]
+            }
         },
         "required": ["namespace", "chunkKey", "fileId", "path", "text", "contextHeader", "citation", "position", "outline",
                      "mentions", "relNeighbors", "dates", "similarFiles"]
@@ -432,6 +445,10 @@ fn search_output() -> Value {
                         "namespace": {"type": "string"}, "pool": {"type": "integer"}, "rounds": {"type": "integer"},
                         "capReached": {"type": "boolean"}
                     }, "required": ["namespace", "pool", "rounds", "capReached"]}},
+                    "duplicatesCollapsed": {"type": "array", "description": "Per namespace: chunks folded into a result with the same text, over all candidates.",
+                                            "items": {"type": "object", "properties": {
+                        "namespace": {"type": "string"}, "chunks": {"type": "integer"}
+                    }, "required": ["namespace", "chunks"]}},
                     "missingOffsets": {"type": "array", "items": {"type": "object", "properties": {
                         "namespace": {"type": "string"}, "fileId": {"type": "string"}, "path": {"type": "string"},
                         "chunkKeys": {"type": "array", "items": {"type": "string"}}

@@ -12,7 +12,7 @@ use kg_proto::v1::{
 use serde_json::{Map, Value, json};
 
 use super::args::{self, SearchArgs};
-use super::package::{number, package_json, permission_name, section_json};
+use super::package::{duplicates_json, number, package_json, permission_name, section_json};
 use super::registry::ToolKind;
 use super::search::{apply_token_budget, interleave};
 use crate::error::ClientError;
@@ -169,6 +169,9 @@ struct SearchRound {
     grounding: Vec<Value>,
     /// Vector-lane pool widening per namespace, for trace.vectorWidening.
     vector_widening: Vec<Value>,
+    /// Chunks folded into a hit with the same text, per namespace that folded any, for
+    /// trace.duplicatesCollapsed.
+    duplicates_collapsed: Vec<Value>,
 }
 
 impl SearchRound {
@@ -193,6 +196,7 @@ fn collect_searches(
     let mut lanes = Vec::new();
     let mut grounding = Vec::new();
     let mut vector_widening = Vec::new();
+    let mut duplicates_collapsed = Vec::new();
     let mut outcomes = Vec::new();
     let mut first_error = None;
     for (ns, response) in namespaces.iter().zip(responses) {
@@ -217,6 +221,10 @@ fn collect_searches(
                     vector_widening.push(json!({
                         "namespace": ns, "pool": w.pool, "rounds": w.rounds, "capReached": w.cap_reached,
                     }));
+                }
+                if response.duplicates_collapsed > 0 {
+                    duplicates_collapsed
+                        .push(json!({"namespace": ns, "chunks": response.duplicates_collapsed}));
                 }
                 outcomes.push(NamespaceOutcome {
                     namespace: ns.clone(),
@@ -245,6 +253,7 @@ fn collect_searches(
             lanes,
             grounding,
             vector_widening,
+            duplicates_collapsed,
         }),
     }
 }
@@ -262,6 +271,7 @@ fn assemble(
         lanes,
         grounding,
         vector_widening,
+        duplicates_collapsed,
     } = round;
     let mut packages: Vec<HashMap<String, ChunkPackage>> = Vec::with_capacity(outcomes.len());
     for (outcome, result) in outcomes.iter_mut().zip(package_lists) {
@@ -276,6 +286,7 @@ fn assemble(
     }
     // Keep the interleaved order; a chunk that became unreadable meanwhile drops out.
     let mut without_offsets: BTreeMap<(usize, String, String), Vec<String>> = BTreeMap::new();
+    let mut duplicates: Vec<Option<Value>> = Vec::with_capacity(winners.len());
     let mut results: Vec<ChunkPackage> = winners
         .iter()
         .filter_map(|(index, hit)| {
@@ -287,6 +298,7 @@ fn assemble(
                     .or_default()
                     .push(package.chunk_key.clone());
             }
+            duplicates.push(duplicates_json(hit));
             Some(package)
         })
         .collect();
@@ -319,6 +331,9 @@ fn assemble(
     if !vector_widening.is_empty() {
         trace["vectorWidening"] = json!(vector_widening);
     }
+    if !duplicates_collapsed.is_empty() {
+        trace["duplicatesCollapsed"] = json!(duplicates_collapsed);
+    }
     if !missing_offsets.is_empty() {
         trace["missingOffsets"] = json!(missing_offsets);
     }
@@ -329,7 +344,17 @@ fn assemble(
         .sum();
     let returned = results.len() as u64;
     json!({
-        "results": results.iter().map(package_json).collect::<Vec<_>>(),
+        "results": results
+            .iter()
+            .zip(duplicates)
+            .map(|(package, duplicates)| {
+                let mut result = package_json(package);
+                if let Some(duplicates) = duplicates {
+                    result["duplicates"] = duplicates;
+                }
+                result
+            })
+            .collect::<Vec<_>>(),
         "total": total.max(returned),
         "truncated": total > returned,
         "trace": trace,

@@ -5,6 +5,7 @@
 
 use kg_common::error::{ErrorCode, ErrorExt};
 use kg_embed::{EmbedError, SharedEmbedder, normalized_mean};
+use kg_stores::chunk_text::text_hash;
 use kg_stores::vector::{PointKind, VectorError, VectorIndex, VectorPoint};
 
 use crate::pipeline::IndexedDocument;
@@ -93,28 +94,32 @@ pub async fn write_vectors(
         });
     }
     let file = &doc.file;
-    let point = |kind: PointKind, chunk_key: String, vector: Vec<f32>| VectorPoint {
-        namespace: file.namespace.clone(),
-        kind,
-        chunk_key,
-        file_id: file.file_id.clone(),
-        path: file.path.clone(),
-        enabled: file.enabled,
-        hidden: file.hidden,
-        collections: doc.meta.collections.clone(),
-        document_date: file.document_date.clone(),
-        vector,
-    };
+    let point =
+        |kind: PointKind, chunk_key: String, text_hash: Option<String>, vector| VectorPoint {
+            namespace: file.namespace.clone(),
+            kind,
+            chunk_key,
+            file_id: file.file_id.clone(),
+            path: file.path.clone(),
+            enabled: file.enabled,
+            hidden: file.hidden,
+            collections: doc.meta.collections.clone(),
+            document_date: file.document_date.clone(),
+            vector,
+            text_hash,
+        };
     let mut points: Vec<VectorPoint> = Vec::with_capacity(doc.chunks.len() + 1);
     if let Some(mean) = normalized_mean(&embedded) {
-        points.push(point(PointKind::File, String::new(), mean));
+        points.push(point(PointKind::File, String::new(), None, mean));
     }
-    points.extend(
-        doc.chunks
-            .iter()
-            .zip(embedded)
-            .map(|(chunk, vector)| point(PointKind::Chunk, chunk.chunk_key.clone(), vector)),
-    );
+    points.extend(doc.chunks.iter().zip(embedded).map(|(chunk, vector)| {
+        point(
+            PointKind::Chunk,
+            chunk.chunk_key.clone(),
+            Some(text_hash(&chunk.text)),
+            vector,
+        )
+    }));
     let written = points.len();
     vectors
         .index

@@ -272,7 +272,7 @@ async fn direct(
          MATCH (c)-[:PART_OF]->(f:FileRef) WHERE {file}{clauses} \
          {relation} \
          WITH DISTINCT c \
-         RETURN c.chunkKey, c.fileId, {DIRECT_SCORE} \
+         RETURN c.chunkKey, c.fileId, {DIRECT_SCORE}, c.path, c.textHash \
          ORDER BY c.fileId, c.chunkIndex, c.chunkKey LIMIT $max"
     );
     let rows = store
@@ -307,7 +307,7 @@ async fn bridged(
          MATCH (c)-[:PART_OF]->(f:FileRef) WHERE {file}{clauses} \
          {relation} \
          WITH DISTINCT c \
-         RETURN c.chunkKey, c.fileId, {BRIDGE_SCORE} \
+         RETURN c.chunkKey, c.fileId, {BRIDGE_SCORE}, c.path, c.textHash \
          ORDER BY c.fileId, c.chunkIndex, c.chunkKey LIMIT $max",
         edge = edge.text,
     );

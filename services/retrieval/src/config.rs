@@ -13,4 +13,8 @@ pub struct RetrievalConfig {
     /// vector hits; default [`crate::service::DEFAULT_FUSION_FULLTEXT_MIN_MATCH`], 0 fuses all.
     #[serde(default)]
     pub fusion_fulltext_min_match: Option<f64>,
+    /// Fold chunks with the same text into one hit unless a request says otherwise
+    /// (default on).
+    #[serde(default)]
+    pub collapse_duplicates: Option<bool>,
 }

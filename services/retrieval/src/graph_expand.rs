@@ -40,19 +40,16 @@ pub(crate) async fn graph_expand(
     fulltext_hits: Option<&[LaneHit]>,
     stemming: bool,
 ) -> Result<Vec<LaneHit>> {
-    let seeds: Vec<String> = match fulltext_hits {
-        Some(hits) => hits
-            .iter()
-            .take(SEED_HITS)
-            .map(|h| h.chunk_key.clone())
-            .collect(),
-        None => lanes::fulltext(store, namespace, access, query_text, filters, stemming)
-            .await?
-            .into_iter()
-            .take(SEED_HITS)
-            .map(|h| h.chunk_key)
-            .collect(),
+    let owned;
+    let fulltext_hits = match fulltext_hits {
+        Some(hits) => hits,
+        None => {
+            owned =
+                lanes::fulltext(store, namespace, access, query_text, filters, stemming).await?;
+            owned.as_slice()
+        }
     };
+    let seeds = seed_keys(fulltext_hits);
     if seeds.is_empty() {
         return Ok(Vec::new());
     }
@@ -99,7 +96,7 @@ pub(crate) async fn graph_expand(
          WITH x, collect(DISTINCT c)[0..$cap] AS cs \
          UNWIND cs AS c \
          WITH c, sum(x[1]) AS score \
-         RETURN c.chunkKey, c.fileId, score \
+         RETURN c.chunkKey, c.fileId, score, c.path, c.textHash \
          ORDER BY score DESC, c.chunkKey \
          LIMIT $pool",
         chunk = chunk.text,
@@ -111,6 +108,18 @@ pub(crate) async fn graph_expand(
     rows.rows
         .iter()
         .map(|row| hit(row, "graph_expand"))
+        .collect()
+}
+
+/// The first [`SEED_HITS`] full-text hits with distinct texts: a copy of a seed's text
+/// mentions the same entities, so it would only take the place of a seed that adds some.
+fn seed_keys(fulltext_hits: &[LaneHit]) -> Vec<String> {
+    let mut texts = std::collections::HashSet::new();
+    fulltext_hits
+        .iter()
+        .filter(|h| h.text_hash.as_ref().is_none_or(|t| texts.insert(t)))
+        .take(SEED_HITS)
+        .map(|h| h.chunk_key.clone())
         .collect()
 }
 
@@ -162,7 +171,8 @@ pub(crate) fn strings(values: &[String]) -> Value {
     Value::Array(values.iter().map(|v| Value::from(v.as_str())).collect())
 }
 
-/// A `[chunkKey, fileId, score]` row as a lane hit.
+/// A `[chunkKey, fileId, score, path, textHash]` row as a lane hit (the last two may be
+/// null: a chunk indexed before `textHash` existed).
 pub(crate) fn hit(row: &[Value], lane: &str) -> Result<LaneHit> {
     match (
         row.first().and_then(Value::as_str),
@@ -174,6 +184,12 @@ pub(crate) fn hit(row: &[Value], lane: &str) -> Result<LaneHit> {
             file_id: file_id.to_owned(),
             raw_score: score,
             match_share: None,
+            path: row
+                .get(3)
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned(),
+            text_hash: row.get(4).and_then(Value::as_str).map(str::to_owned),
         }),
         _ => Err(RetrievalError::UnexpectedReply(format!(
             "{lane} row {row:?}"

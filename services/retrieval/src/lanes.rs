@@ -2,6 +2,7 @@
 
 use kg_common::access::cypher_predicate;
 use kg_proto::v1::AccessFilter;
+use kg_stores::chunk_text::text_hash;
 use kg_stores::graph::{GraphStore, Params, Rows, fulltext_terms};
 use serde_json::Value;
 
@@ -93,7 +94,8 @@ pub(crate) use crate::filters::LaneFilters;
 /// hold the most query terms weighted by idf (BM25 without tf and length), its own score
 /// breaking ties; common terms nominate only beside a rare one or all together, while
 /// those fill the pool ([`COMMON_TERM_SHARE`], [`Nomination::tiers`]).
-/// BM25 then re-scores the pool from the chunks' text, every query term counted.
+/// BM25 then re-scores the pool from the chunks' text, every query term counted, and the
+/// lane keeps its [`LANE_POOL`] best distinct texts with their copies.
 pub(crate) async fn fulltext(
     store: &GraphStore,
     namespace: &str,
@@ -146,7 +148,8 @@ pub(crate) async fn fulltext(
          LIMIT $pool \
          MATCH (node:Chunk)-[:PART_OF]->(f:FileRef) \
          WHERE id(node) = candidate AND {node} AND {file} \
-         RETURN node.chunkKey, node.fileId, node.text, node.contextHeader",
+         RETURN node.chunkKey, node.fileId, node.text, node.contextHeader, node.path, \
+                node.textHash",
         node = node_predicate.text,
         file = file_predicate.text,
     );
@@ -201,6 +204,18 @@ pub(crate) async fn fulltext(
                 file_id: file_id.to_owned(),
                 raw_score: bm25::score(&tf, &idf, f64::from(dl), stats.avgdl),
                 match_share: Some(bm25::match_share(&tf, &idf)),
+                path: row
+                    .get(4)
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_owned(),
+                // Hashed here when the chunk was indexed before the stored hash existed, so
+                // its copies collapse in this lane too.
+                text_hash: Some(
+                    row.get(5)
+                        .and_then(Value::as_str)
+                        .map_or_else(|| text_hash(text), str::to_owned),
+                ),
             })
         })
         .collect::<Result<Vec<_>>>()?;
@@ -209,8 +224,31 @@ pub(crate) async fn fulltext(
             .total_cmp(&a.raw_score)
             .then_with(|| a.chunk_key.cmp(&b.chunk_key))
     });
-    hits.truncate(LANE_POOL);
+    keep_distinct_texts(&mut hits, LANE_POOL);
     Ok(hits)
+}
+
+/// Cuts ranked hits after the `pool` best distinct texts, keeping the copies among them:
+/// a text pasted into thirty files would otherwise fill a third of the pool, and fusion
+/// counts it once anyway when it collapses copies (and lists them from these hits).
+fn keep_distinct_texts(hits: &mut Vec<LaneHit>, pool: usize) {
+    let end = {
+        let mut texts = std::collections::HashSet::new();
+        hits.iter()
+            .position(|hit| {
+                let text = hit.text_hash.as_deref().unwrap_or(&hit.chunk_key);
+                if texts.contains(text) {
+                    return false;
+                }
+                if texts.len() == pool {
+                    return true;
+                }
+                texts.insert(text);
+                false
+            })
+            .unwrap_or(hits.len())
+    };
+    hits.truncate(end);
 }
 
 /// Which query terms are common (see [`COMMON_TERM_SHARE`]).
@@ -327,6 +365,33 @@ mod tests {
         );
         assert!(!Lane::DEFAULT.contains(&Lane::CoAnnotation));
         assert!(Lane::Fulltext.is_available() && Lane::GraphExpand.is_available());
+    }
+
+    #[test]
+    fn the_pool_is_cut_after_its_best_distinct_texts_with_their_copies() {
+        let hit = |key: &str, text: Option<&str>| LaneHit {
+            chunk_key: key.to_owned(),
+            file_id: "f".into(),
+            raw_score: 1.0,
+            match_share: None,
+            path: String::new(),
+            text_hash: text.map(str::to_owned),
+        };
+        let mut hits = vec![
+            hit("a", Some("x")),
+            hit("b", Some("x")),
+            hit("c", None),
+            hit("d", Some("y")),
+            hit("e", Some("x")),
+            hit("f", Some("z")),
+        ];
+        keep_distinct_texts(&mut hits, 3);
+        let keys: Vec<&str> = hits.iter().map(|h| h.chunk_key.as_str()).collect();
+        assert_eq!(keys, ["a", "b", "c", "d", "e"]);
+        keep_distinct_texts(&mut hits, 1);
+        assert_eq!(hits.len(), 2);
+        keep_distinct_texts(&mut hits, 0);
+        assert!(hits.is_empty());
     }
 
     #[test]

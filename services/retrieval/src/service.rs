@@ -6,8 +6,8 @@ use kg_common::access::validate_namespace;
 use kg_common::caller::access_for;
 use kg_embed::SharedEmbedder;
 use kg_proto::v1::{
-    CallerContext, EntitySearchRequest, EntitySearchResponse, Grounding, LaneTrace, Ranking,
-    SearchFilters, SearchHit, SearchRequest, SearchResponse, VectorWidening,
+    CallerContext, DuplicateCopy, EntitySearchRequest, EntitySearchResponse, Grounding, LaneTrace,
+    Ranking, SearchFilters, SearchHit, SearchRequest, SearchResponse, VectorWidening,
 };
 use kg_stores::graph::GraphStore;
 use kg_stores::vector::VectorIndex;
@@ -26,6 +26,8 @@ const TOP_K: (u32, u32) = (8, 32);
 const DEFAULT_RRF_K: f64 = 60.0;
 /// Longest query text accepted, in characters.
 const MAX_QUERY_CHARS: usize = 4_096;
+/// Most folded copies a hit lists (`duplicate_count` counts them all).
+const LISTED_DUPLICATES: usize = 5;
 /// Stable trace code of a lane this release does not run.
 pub(crate) const LANE_UNAVAILABLE: &str = "lane_unavailable";
 
@@ -45,6 +47,9 @@ pub struct RetrievalService {
     /// it matches at least this share of the query's idf weight (see
     /// [`RetrievalService::with_fusion_fulltext_min_match`]).
     fusion_fulltext_min_match: f64,
+    /// Whether chunks with the same text fuse as one hit unless the request says otherwise
+    /// (`[retrieval] collapse_duplicates`, default on).
+    collapse_duplicates: bool,
 }
 
 /// Default of `[retrieval] fusion_fulltext_min_match`: a full-text hit fused beside vector
@@ -59,6 +64,8 @@ struct Plan {
     rrf_k: f64,
     weights: Vec<(Lane, f64)>,
     min_score: Option<f64>,
+    /// `ranking.collapse_duplicates` when the request set it.
+    collapse_duplicates: Option<bool>,
     filters: LaneFilters,
 }
 
@@ -71,6 +78,7 @@ impl RetrievalService {
             sparse: None,
             fulltext_stemming: false,
             fusion_fulltext_min_match: DEFAULT_FUSION_FULLTEXT_MIN_MATCH,
+            collapse_duplicates: true,
         }
     }
 
@@ -116,6 +124,16 @@ impl RetrievalService {
         self
     }
 
+    /// Whether a search folds chunks whose text is the same (whitespace aside) into one hit
+    /// when its request does not say (`ranking.collapse_duplicates`); default `true`. The
+    /// hit is the copy that ranked best and lists the others (see [`crate::fusion::fuse`]).
+    /// Needs the text hash the indexer writes on chunks; chunks indexed before it existed
+    /// collapse in the full-text lane only, until they are re-indexed.
+    pub fn with_collapse_duplicates(mut self, collapse: bool) -> Self {
+        self.collapse_duplicates = collapse;
+        self
+    }
+
     /// Connects to the FalkorDB named in `config`.
     pub async fn connect(config: &RetrievalConfig) -> Result<Self> {
         Ok(Self::new(GraphStore::connect(&config.falkordb_url).await?)
@@ -124,7 +142,8 @@ impl RetrievalService {
                 config
                     .fusion_fulltext_min_match
                     .unwrap_or(DEFAULT_FUSION_FULLTEXT_MIN_MATCH),
-            ))
+            )
+            .with_collapse_duplicates(config.collapse_duplicates.unwrap_or(true)))
     }
 
     /// Runs the requested lanes (default fulltext, vector, graph_expand) and fuses them with
@@ -322,15 +341,17 @@ impl RetrievalService {
         }
 
         hold_weak_fulltext_hits(&mut ran, self.fusion_fulltext_min_match);
-        let mut fused = fuse(&ran, plan.rrf_k);
+        let collapse = plan.collapse_duplicates.unwrap_or(self.collapse_duplicates);
+        let fused = fuse(&ran, plan.rrf_k, collapse);
+        let mut hits = fused.hits;
         if let Some(min) = plan.min_score {
-            fused.retain(|h| h.display >= min);
+            hits.retain(|h| h.display >= min);
         }
-        let total_candidates = fused.len() as u64;
-        fused.truncate(plan.top_k);
+        let total_candidates = hits.len() as u64;
+        hits.truncate(plan.top_k);
         Ok(SearchResponse {
             namespace: request.namespace,
-            hits: fused
+            hits: hits
                 .into_iter()
                 .map(|h| SearchHit {
                     chunk_key: h.chunk_key,
@@ -338,10 +359,22 @@ impl RetrievalService {
                     fused_score: h.fused,
                     display_score: h.display,
                     lanes: h.lanes,
+                    duplicate_count: u32::try_from(h.duplicates.len()).unwrap_or(u32::MAX),
+                    duplicates: h
+                        .duplicates
+                        .into_iter()
+                        .take(LISTED_DUPLICATES)
+                        .map(|c| DuplicateCopy {
+                            chunk_key: c.chunk_key,
+                            file_id: c.file_id,
+                            path: c.path,
+                        })
+                        .collect(),
                 })
                 .collect(),
             lanes: traces,
             total_candidates,
+            duplicates_collapsed: fused.duplicates_collapsed,
             vector_widening,
             grounding,
         })
@@ -420,6 +453,7 @@ fn plan(request: &SearchRequest) -> Result<Plan> {
         rrf_k,
         weights,
         min_score,
+        collapse_duplicates: request.ranking.as_ref().and_then(|r| r.collapse_duplicates),
         filters: filters(request.filters.as_ref())?,
     })
 }
@@ -483,6 +517,8 @@ mod tests {
                     file_id: format!("file-{i}"),
                     raw_score: 1.0,
                     match_share: *share,
+                    path: String::new(),
+                    text_hash: None,
                 })
                 .collect(),
         }
@@ -623,6 +659,7 @@ mod tests {
                 rrf_k: 10.0,
                 lane_weights: HashMap::from([("fulltext".to_owned(), 2.0)]),
                 min_score: Some(0.5),
+                collapse_duplicates: Some(false),
             }),
             filters: Some(SearchFilters {
                 folder_prefix: "/guides".into(),
@@ -636,6 +673,8 @@ mod tests {
             (ok.top_k, ok.rrf_k, ok.weight(Lane::Fulltext), ok.min_score),
             (32, 10.0, 2.0, Some(0.5))
         );
+        assert_eq!(ok.collapse_duplicates, Some(false));
         assert_eq!(ok.filters.folder_prefix, "guides/");
+        assert_eq!(plan(&request()).unwrap().collapse_duplicates, None);
     }
 }

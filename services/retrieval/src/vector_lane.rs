@@ -194,6 +194,8 @@ impl VectorLane {
                         file_id: hit.file_id,
                         raw_score: f64::from(hit.score),
                         match_share: None,
+                        path: hit.path,
+                        text_hash: hit.text_hash,
                     })
                 })
                 .collect();

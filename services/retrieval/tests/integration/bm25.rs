@@ -319,11 +319,122 @@ async fn cached_statistics_are_not_asked_again() {
 }
 
 #[tokio::test]
+async fn identical_texts_fold_into_one_hit_listing_the_copies() {
+    let env = start().await;
+    // 150 chunks in three files, seven distinct texts: "lambda" plus 0-6 filler words.
+    let texts: Vec<String> = (0..50)
+        .map(|i| format!("lambda {}", "word ".repeat(i % 7)))
+        .collect();
+    let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+    for file in ["a", "b", "c"] {
+        let path = format!("{file}.md");
+        write(
+            &env.store,
+            "copies",
+            file,
+            &path,
+            &refs,
+            DocumentMeta::default(),
+        )
+        .await;
+    }
+    let reader = caller("copies", |_| {});
+    let request = |collapse: Option<bool>| {
+        let mut request = search("copies", "lambda", &["fulltext"]);
+        request.ranking = Some(kg_proto::v1::Ranking {
+            collapse_duplicates: collapse,
+            ..Default::default()
+        });
+        request
+    };
+    let check = |response: &SearchResponse| {
+        // One hit per text, ranked 1..=7 by the lane, shortest first; the lane's pool holds
+        // every copy of its distinct texts.
+        assert_eq!(response.hits.len(), 7);
+        assert_eq!(response.total_candidates, 7);
+        assert_eq!(response.lanes[0].hits, 150);
+        assert_eq!(response.duplicates_collapsed, 143);
+        let ranks: Vec<u32> = response.hits.iter().map(|h| h.lanes[0].rank).collect();
+        assert_eq!(ranks, (1..=7).collect::<Vec<u32>>());
+        assert_eq!(
+            response.hits[0].chunk_key, "a#0",
+            "ties fall to the chunk key"
+        );
+        let counted: u32 = response.hits.iter().map(|h| h.duplicate_count).sum();
+        assert_eq!(counted, 143);
+        for hit in &response.hits {
+            assert_eq!(hit.duplicates.len(), 5.min(hit.duplicate_count as usize));
+            for copy in &hit.duplicates {
+                assert_ne!(copy.chunk_key, hit.chunk_key);
+                assert_eq!(copy.path, format!("{}.md", copy.file_id));
+            }
+        }
+    };
+    check(
+        &env.service
+            .search_for(&reader, request(None))
+            .await
+            .unwrap(),
+    );
+    check(
+        &env.service
+            .search_for(&reader, request(Some(true)))
+            .await
+            .unwrap(),
+    );
+
+    let apart = env
+        .service
+        .search_for(&reader, request(Some(false)))
+        .await
+        .unwrap();
+    assert_eq!(apart.hits.len(), 32);
+    assert_eq!(apart.total_candidates, 150);
+    assert_eq!(apart.duplicates_collapsed, 0);
+    assert!(apart.hits.iter().all(|h| h.duplicate_count == 0));
+
+    // Chunks indexed before the stored hash existed still fold: the lane hashes their text.
+    env.store
+        .query(
+            "copies",
+            "MATCH (c:Chunk) REMOVE c.textHash",
+            &Params::new(),
+        )
+        .await
+        .unwrap();
+    check(
+        &env.service
+            .search_for(&reader, request(None))
+            .await
+            .unwrap(),
+    );
+
+    // A service that does not collapse by default still does when the request asks.
+    let service = env.service.clone().with_collapse_duplicates(false);
+    assert_eq!(
+        service
+            .search_for(&reader, request(None))
+            .await
+            .unwrap()
+            .hits
+            .len(),
+        32
+    );
+    check(
+        &service
+            .search_for(&reader, request(Some(true)))
+            .await
+            .unwrap(),
+    );
+}
+
+#[tokio::test]
 async fn lane_limit_and_truncation_are_unchanged() {
     let env = start().await;
-    // 150 chunks hold the term: more than the lane's pool of 100.
+    // 150 chunks hold the term: more than the lane's pool of 100. Each text differs, so none
+    // folds into another.
     let texts: Vec<String> = (0..150)
-        .map(|i| format!("kappa {}", "word ".repeat(i % 7)))
+        .map(|i| format!("kappa {}w{i}", "word ".repeat(i % 7)))
         .collect();
     let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
     write(

@@ -36,6 +36,7 @@ async fn file(
         .remove(0);
     index
         .upsert(vec![VectorPoint {
+            text_hash: None,
             namespace: NS.into(),
             kind: PointKind::Chunk,
             chunk_key: format!("{id}#0"),
@@ -119,6 +120,7 @@ async fn entities_are_found_by_vector_similarity_under_access() {
     // A chunk point whose chunk the graph does not hold (a deleted file) adds nothing.
     index
         .upsert(vec![VectorPoint {
+            text_hash: None,
             namespace: NS.into(),
             kind: PointKind::Chunk,
             chunk_key: "gone#0".into(),

@@ -72,6 +72,7 @@ async fn a_missing_fulltext_index_fails_the_lane_instead_of_finding_nothing() {
         .remove(0);
     index
         .upsert(vec![VectorPoint {
+            text_hash: None,
             namespace: NS.into(),
             kind: PointKind::Chunk,
             chunk_key: "ci#0".into(),

@@ -401,6 +401,7 @@ async fn vector_widening_reports_the_cap(env: &Env) {
             .map(|i| {
                 let id = format!("stale{batch}_{i}");
                 VectorPoint {
+                    text_hash: None,
                     namespace: ns.into(),
                     kind: PointKind::Chunk,
                     chunk_key: format!("{id}#0"),

@@ -34,6 +34,7 @@ async fn file(
         .remove(0);
     index
         .upsert(vec![VectorPoint {
+            text_hash: None,
             namespace: NS.into(),
             kind: PointKind::Chunk,
             chunk_key: format!("{id}#0"),

@@ -779,6 +779,7 @@ mod tests {
     async fn file_points_left_in_the_chunk_shard_move_on_open() {
         let dir = tempfile::tempdir().unwrap();
         let point = |kind: PointKind, i: usize| VectorPoint {
+            text_hash: None,
             namespace: "alpha".into(),
             kind,
             chunk_key: format!("c{i}"),
@@ -888,6 +889,7 @@ mod tests {
             .unwrap();
         let points: Vec<VectorPoint> = (0..600)
             .map(|i| VectorPoint {
+                text_hash: None,
                 namespace: "alpha".into(),
                 kind: super::super::PointKind::Chunk,
                 chunk_key: format!("c{i}"),

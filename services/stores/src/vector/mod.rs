@@ -60,6 +60,9 @@ pub mod schema {
     pub const COLLECTIONS: &str = "collections";
     /// The file's document date as written by the indexer (ISO 8601).
     pub const DOCUMENT_DATE: &str = "documentDate";
+    /// The chunk's [`text_hash`](crate::chunk_text::text_hash) (chunk points written since
+    /// it existed).
+    pub const TEXT_HASH: &str = "textHash";
 }
 
 /// Starts [`schema::ANCHORED_PATH`]. A control character: `normalize_path` refuses them,
@@ -108,6 +111,8 @@ pub struct VectorPoint {
     pub document_date: Option<String>,
     /// The embedding; its length must be the index dimension.
     pub vector: Vec<f32>,
+    /// The chunk's [`text_hash`](crate::chunk_text::text_hash); ignored for files.
+    pub text_hash: Option<String>,
 }
 
 impl VectorPoint {
@@ -182,6 +187,8 @@ pub struct VectorHit {
     pub path: String,
     /// Cosine similarity.
     pub score: f32,
+    /// The chunk's text hash, when the point was written with one.
+    pub text_hash: Option<String>,
 }
 
 /// A payload value: the three shapes the schema uses, convertible to either backend.
@@ -215,6 +222,9 @@ pub(crate) fn payload_fields(point: &VectorPoint) -> Vec<(&'static str, FieldVal
     ];
     if point.kind == PointKind::Chunk {
         fields.push((schema::CHUNK_KEY, Str(point.chunk_key.clone())));
+        if let Some(hash) = &point.text_hash {
+            fields.push((schema::TEXT_HASH, Str(hash.clone())));
+        }
     }
     if let Some(date) = &point.document_date {
         fields.push((schema::DOCUMENT_DATE, Str(date.clone())));
@@ -460,11 +470,17 @@ pub(crate) fn hit_from(
         file_id,
         path,
         score,
+        text_hash: get_str(schema::TEXT_HASH),
     })
 }
 
 /// The payload fields a search returns.
-pub(crate) const HIT_FIELDS: [&str; 3] = [schema::CHUNK_KEY, schema::FILE_ID, schema::PATH];
+pub(crate) const HIT_FIELDS: [&str; 4] = [
+    schema::CHUNK_KEY,
+    schema::FILE_ID,
+    schema::PATH,
+    schema::TEXT_HASH,
+];
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
@@ -473,6 +489,7 @@ mod tests {
 
     fn point(path: &str) -> VectorPoint {
         VectorPoint {
+            text_hash: None,
             namespace: "demo".into(),
             kind: PointKind::Chunk,
             chunk_key: "c1".into(),

@@ -484,6 +484,7 @@ mod tests {
 
     fn point(i: usize) -> VectorPoint {
         VectorPoint {
+            text_hash: None,
             namespace: "alpha".into(),
             kind: PointKind::Chunk,
             chunk_key: format!("c{i}"),

@@ -161,6 +161,8 @@ pub struct SparsePoint {
     pub document_date: Option<String>,
     /// The BM25 term weights (without idf).
     pub vector: SparseVector,
+    /// The chunk's [`text_hash`](crate::chunk_text::text_hash).
+    pub text_hash: Option<String>,
 }
 
 impl SparsePoint {
@@ -178,6 +180,7 @@ impl SparsePoint {
             collections: self.collections.clone(),
             document_date: self.document_date.clone(),
             vector: Vec::new(),
+            text_hash: self.text_hash.clone(),
         }
     }
 
@@ -781,6 +784,7 @@ mod tests {
         let len: u32 = counts.values().sum();
         let norm = 1.2 * (0.25 + 0.75 * len as f32 / 8.0);
         SparsePoint {
+            text_hash: Some(crate::chunk_text::text_hash(text)),
             namespace: "demo".into(),
             chunk_key: format!("{file}#0"),
             file_id: file.into(),

@@ -9,6 +9,7 @@ const DIM: usize = 4;
 
 fn chunk(file: usize, index: usize, path: &str) -> VectorPoint {
     VectorPoint {
+        text_hash: None,
         namespace: "alpha".into(),
         kind: PointKind::Chunk,
         chunk_key: format!("f{file}-c{index}"),
