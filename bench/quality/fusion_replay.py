@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import random
 import re
 import sys
 import tempfile
@@ -37,7 +36,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import run as quality  # noqa: E402
 
 RRF_K = 60
-RANDOMIZATIONS = 20_000
 SHARES = [round(0.30 + 0.05 * i, 2) for i in range(9)]
 # The full-text lane's stop words (services/stores/src/graph/fulltext.rs) are not query terms.
 STOP_WORDS_FILE = Path(__file__).resolve().parents[2] / "services" / "stores" / "src" / "graph" / "fulltext.rs"
@@ -134,17 +132,12 @@ def main() -> int:
     if real_fused is not None:
         diffs = [ndcg(dump[real_fused], [q]) - ndcg(dump[vector], [q]) for q in ids]
         observed = sum(diffs) / len(diffs)
-        rng = random.Random(0)
-        extreme = sum(
-            abs(sum(d if rng.random() < 0.5 else -d for d in diffs) / len(diffs)) >= abs(observed) - 1e-12
-            for _ in range(RANDOMIZATIONS)
-        )
         wins = sum(d > 1e-9 for d in diffs)
         losses = sum(d < -1e-9 for d in diffs)
         print(
             f"  real runs, fused - vector: {observed:+.3f} nDCG@{quality.NDCG_K}; {wins} questions better, "
             f"{losses} worse, {len(diffs) - wins - losses} equal; paired randomization p = "
-            f"{(extreme + 1) / (RANDOMIZATIONS + 1):.3f}"
+            f"{quality.paired_randomization(diffs):.3f}"
         )
     return 0
 

@@ -33,6 +33,7 @@ import hashlib
 import importlib.util
 import json
 import math
+import random
 import re
 import shutil
 import sys
@@ -57,6 +58,8 @@ TOP_K = 32
 NDCG_K = 10
 RECALL_K = 8
 HIT_K = 8
+# Sign flips of a paired randomization test; seeded, so a run's p-values repeat.
+RANDOMIZATIONS = 20_000
 
 
 class BenchError(RuntimeError):
@@ -232,6 +235,58 @@ class Scores:
             f"{self.hit / self.chunk_n:>8.3f}{self.mrr / self.chunk_n:>8.3f}" if self.chunk_n else f"{'-':>8}{'-':>8}"
         )
         return f"{self.n:>4}{self.ndcg / self.n:>9.3f}{self.recall / self.n:>8.3f}{chunk}"
+
+
+def per_query_scores(dataset: Dataset, by_query: dict[str, Ranked]) -> dict[str, Scores]:
+    """One Scores per question, for paired comparisons between runs."""
+    scores: dict[str, Scores] = {}
+    for query in dataset.queries:
+        qid = query["_id"]
+        scores[qid] = Scores()
+        scores[qid].add(by_query.get(qid, Ranked([])), dataset.qrels[qid], dataset.answers.get(qid))
+    return scores
+
+
+def paired_randomization(diffs: list[float]) -> float:
+    """Two-sided p of a mean per-question difference under random sign flips (the paired
+    randomization test IR evaluation uses; Smucker et al. 2007)."""
+    if not diffs:
+        return 1.0
+    observed = abs(sum(diffs) / len(diffs))
+    rng = random.Random(0)
+    extreme = sum(
+        abs(sum(d if rng.random() < 0.5 else -d for d in diffs) / len(diffs)) >= observed - 1e-12
+        for _ in range(RANDOMIZATIONS)
+    )
+    return (extreme + 1) / (RANDOMIZATIONS + 1)
+
+
+def format_p(p: float) -> str:
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def print_paired(dataset: Dataset, runs: dict[str, dict[str, Ranked]], subject: str) -> None:
+    """`subject` against every other run, question by question: mean difference, questions
+    better and worse, and the paired randomization p, for nDCG@10 and MRR@8."""
+    if subject not in runs:
+        return
+    mine = per_query_scores(dataset, runs[subject])
+    ids = [q["_id"] for q in dataset.queries]
+    print(f"\npaired, {subject} against each run ({len(ids)} questions; p: two-sided randomization test)")
+    for name, by_query in runs.items():
+        if name == subject:
+            continue
+        theirs = per_query_scores(dataset, by_query)
+        cells = []
+        for label, value in (("nDCG@10", lambda s: s.ndcg), ("MRR@8", lambda s: s.mrr)):
+            diffs = [value(mine[q]) - value(theirs[q]) for q in ids]
+            better = sum(d > 1e-9 for d in diffs)
+            worse = sum(d < -1e-9 for d in diffs)
+            cells.append(
+                f"{label} {sum(diffs) / len(diffs):+.3f} ({better} better, {worse} worse, "
+                f"p {format_p(paired_randomization(diffs))})"
+            )
+        print(f"  - {name:<30}" + "; ".join(cells))
 
 
 def score_runs(dataset: Dataset, runs: dict[str, dict[str, Ranked]]) -> dict[str, dict[str, Scores]]:
@@ -421,6 +476,9 @@ def main() -> int:
             "\nfile level: nDCG@10, R@8 (files ranked by their best chunk); chunk level: hit@8, MRR@8 "
             "(gold path + gold phrase, whitespace normalised)"
         )
+        for run in lane_runs:
+            if run.name.startswith("kgmesh fused"):
+                print_paired(dataset, runs, run.name)
         if args.json:
             args.json.write_text(
                 json.dumps(

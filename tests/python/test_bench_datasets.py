@@ -61,3 +61,17 @@ def test_a_changed_corpus_is_refused(tmp_path: Path) -> None:
     (tmp_path / "corpus-source.json").write_text(json.dumps({**source, "sha256": "0" * 64}), encoding="utf-8")
     with pytest.raises(quality.BenchError, match="not the 83 files with digest 0000"):
         quality.load_dataset(tmp_path, tmp_path / "work")
+
+
+def test_the_paired_test_tells_a_consistent_gain_from_noise() -> None:
+    assert quality.paired_randomization([]) == 1.0
+    assert quality.paired_randomization([0.0] * 30) == 1.0
+    # Twenty questions all a little better: no sign flip reaches the observed mean but all
+    # positive (and all negative, two-sided), 2 in 2^20.
+    assert quality.paired_randomization([0.1] * 20) < 0.001
+    # Equal gains and losses average to nothing.
+    assert quality.paired_randomization([0.5, -0.5] * 10) == 1.0
+    # One large gain among ties is no evidence.
+    assert quality.paired_randomization([1.0] + [0.0] * 29) > 0.9
+    assert quality.format_p(0.00005) == "<0.001"
+    assert quality.format_p(0.0786) == "0.079"
