@@ -372,6 +372,7 @@ async fn vector_candidates(
             &query,
             &LaneFilters::default(),
             VECTOR_CHUNKS,
+            false,
         )
         .await?;
     if hits.is_empty() {

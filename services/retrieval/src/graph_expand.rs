@@ -1,13 +1,13 @@
 //! The graph_expand lane: from the entities of the best full-text hits to other readable
 //! chunks that mention them.
 //!
-//! Seeds are the first [`SEED_HITS`] full-text hits of the same request (the full-text lane
-//! runs for them when it was not requested). Every entity a seed mentions gets an idf-like
-//! weight `ln(1 + N / df)`, where `N` is the namespace's chunk count and `df` the number of
-//! chunks the caller may read that mention the entity, so a rare entity pulls harder than a
-//! common one. Entities whose role is `ignore` (see [`crate::roles`]) are dropped outright, and
-//! each remaining entity contributes at most [`PER_ENTITY_CAP`] chunks, so one ubiquitous
-//! entity cannot flood the lane. A candidate's score is the sum of the weights of the seed
+//! Seeds are the first [`SEED_HITS`] full-text hits of the same request with distinct texts
+//! (the full-text lane runs for them when it was not requested). Every entity a seed mentions
+//! gets an idf-like weight `ln(1 + N / df)`, where `N` is the namespace's chunk count and `df`
+//! the number of chunks the caller may read that mention the entity, so a rare entity pulls
+//! harder than a common one. Entities whose role is `ignore` (see [`crate::roles`]) are dropped
+//! outright, and each remaining entity contributes at most [`PER_ENTITY_CAP`] chunks, so one
+//! ubiquitous entity cannot flood the lane. A candidate's score is the sum of the weights of the seed
 //! entities it mentions; seeds themselves are left out (the full-text lane already has them).
 //! Access predicates (chunk and FileRef) and the search filters sit inside the Cypher.
 

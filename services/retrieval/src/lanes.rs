@@ -231,7 +231,7 @@ pub(crate) async fn fulltext(
 /// Cuts ranked hits after the `pool` best distinct texts, keeping the copies among them:
 /// a text pasted into thirty files would otherwise fill a third of the pool, and fusion
 /// counts it once anyway when it collapses copies (and lists them from these hits).
-fn keep_distinct_texts(hits: &mut Vec<LaneHit>, pool: usize) {
+pub(crate) fn keep_distinct_texts(hits: &mut Vec<LaneHit>, pool: usize) {
     let end = {
         let mut texts = std::collections::HashSet::new();
         hits.iter()
@@ -249,6 +249,14 @@ fn keep_distinct_texts(hits: &mut Vec<LaneHit>, pool: usize) {
             .unwrap_or(hits.len())
     };
     hits.truncate(end);
+}
+
+/// How many distinct texts the hits hold (a hit without a text hash counts as its own).
+pub(crate) fn distinct_texts(hits: &[LaneHit]) -> usize {
+    hits.iter()
+        .map(|hit| hit.text_hash.as_deref().unwrap_or(&hit.chunk_key))
+        .collect::<std::collections::HashSet<_>>()
+        .len()
 }
 
 /// Which query terms are common (see [`COMMON_TERM_SHARE`]).
@@ -392,6 +400,8 @@ mod tests {
         assert_eq!(hits.len(), 2);
         keep_distinct_texts(&mut hits, 0);
         assert!(hits.is_empty());
+        let hits = vec![hit("a", Some("x")), hit("b", Some("x")), hit("c", None)];
+        assert_eq!(distinct_texts(&hits), 2);
     }
 
     #[test]

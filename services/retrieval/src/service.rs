@@ -159,6 +159,7 @@ impl RetrievalService {
         let access = access_for(caller, &request.namespace)?;
         let plan = plan(&request)?;
         let query = request.query.trim();
+        let collapse = plan.collapse_duplicates.unwrap_or(self.collapse_duplicates);
 
         let mut grounding = None;
         let mut vector_widening = None;
@@ -181,6 +182,7 @@ impl RetrievalService {
                     query,
                     &plan.filters,
                     lanes::LANE_POOL,
+                    collapse,
                 )
                 .await
                 .map(|(hits, widening)| {
@@ -341,7 +343,6 @@ impl RetrievalService {
         }
 
         hold_weak_fulltext_hits(&mut ran, self.fusion_fulltext_min_match);
-        let collapse = plan.collapse_duplicates.unwrap_or(self.collapse_duplicates);
         let fused = fuse(&ran, plan.rrf_k, collapse);
         let mut hits = fused.hits;
         if let Some(min) = plan.min_score {

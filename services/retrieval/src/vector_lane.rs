@@ -7,7 +7,9 @@
 //! access predicate again, so a stale point of a deleted or disabled file never surfaces.
 //! When those filters reject most candidates the pool widens in rounds
 //! ([`FIRST_POOL`] × [`WIDEN_FACTOR`]ⁿ up to [`MAX_POOL`]) instead of returning fewer hits;
-//! [`Widening`] reports the final pool and whether the cap stopped it.
+//! [`Widening`] reports the final pool and whether the cap stopped it. A search that folds
+//! copies of a text into one hit widens the same way when copies leave fewer than
+//! [`MIN_DISTINCT_TEXTS`] distinct texts in the pool.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -22,7 +24,7 @@ use serde_json::Value;
 use crate::error::{Result, RetrievalError};
 use crate::filters::LaneFilters;
 use crate::fusion::LaneHit;
-use crate::lanes::LANE_POOL;
+use crate::lanes::{LANE_POOL, distinct_texts, keep_distinct_texts};
 
 /// Candidates asked for in the first round.
 pub(crate) const FIRST_POOL: usize = LANE_POOL;
@@ -30,6 +32,10 @@ pub(crate) const FIRST_POOL: usize = LANE_POOL;
 pub(crate) const WIDEN_FACTOR: usize = 4;
 /// The largest pool one search asks the engine for.
 pub(crate) const MAX_POOL: usize = 6_400;
+/// When copies are folded, a pool holding fewer distinct texts than this (the largest
+/// `top_k`) widens: on npm's docs a question about the `workspace` option found 100 points
+/// holding 12 texts, the option's description pasted into dozens of command pages.
+pub(crate) const MIN_DISTINCT_TEXTS: usize = 32;
 /// Server-side limit on the graph check of one round.
 const CHECK_TIMEOUT_MS: u64 = 5_000;
 /// Most texts whose vectors [`VectorLane::embed_cached`] keeps (about 1.5 KiB each at 384
@@ -142,7 +148,10 @@ impl VectorLane {
         })
     }
 
-    /// Up to `want` chunks nearest to `query` that the caller may read and the filters admit.
+    /// Up to `want` chunks nearest to `query` that the caller may read and the filters admit;
+    /// with `collapse`, up to `want` distinct texts with their copies (see
+    /// [`MIN_DISTINCT_TEXTS`]).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn search(
         &self,
         graph: &GraphStore,
@@ -151,13 +160,15 @@ impl VectorLane {
         query: &str,
         filters: &LaneFilters,
         want: usize,
+        collapse: bool,
     ) -> Result<(Vec<LaneHit>, Widening)> {
         let vector = self.embed_query(query).await?;
-        self.search_vector(graph, namespace, access, &vector, filters, want)
+        self.search_vector(graph, namespace, access, &vector, filters, want, collapse)
             .await
     }
 
     /// [`VectorLane::search`] with the query already embedded.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn search_vector(
         &self,
         graph: &GraphStore,
@@ -166,6 +177,7 @@ impl VectorLane {
         vector: &[f32],
         filters: &LaneFilters,
         want: usize,
+        collapse: bool,
     ) -> Result<(Vec<LaneHit>, Widening)> {
         let scope = Scope {
             collections: filters.collections.clone(),
@@ -209,14 +221,21 @@ impl VectorLane {
             } else {
                 candidates
             };
-            let enough = kept.len() >= want;
+            let mut kept: Vec<LaneHit> = kept;
+            let enough = kept.len() >= want
+                && (!collapse || distinct_texts(&kept) >= want.min(MIN_DISTINCT_TEXTS));
             if enough || engine_exhausted || pool >= MAX_POOL {
                 let widening = Widening {
                     pool,
                     rounds,
                     cap_reached: !enough && !engine_exhausted && pool >= MAX_POOL,
                 };
-                return Ok((kept.into_iter().take(want).collect(), widening));
+                if collapse {
+                    keep_distinct_texts(&mut kept, want);
+                } else {
+                    kept.truncate(want);
+                }
+                return Ok((kept, widening));
             }
             pool = (pool * WIDEN_FACTOR).min(MAX_POOL);
         }

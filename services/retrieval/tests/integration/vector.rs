@@ -1,6 +1,7 @@
 //! The vector lane against a real FalkorDB and a real qdrant-edge shard: nearest chunks under
 //! the caller's access inside the engine, graph-checked filters, and pool widening in rounds
-//! when a filter rejects most candidates (reported, with the cap, in `vector_widening`).
+//! when a filter rejects most candidates or copies of one text fill the pool (reported, with the
+//! cap, in `vector_widening`).
 //! Vectors come from the deterministic test embedder; the lane code is the production one.
 
 use crate::common;
@@ -34,7 +35,7 @@ async fn file(
         .remove(0);
     index
         .upsert(vec![VectorPoint {
-            text_hash: None,
+            text_hash: Some(kg_stores::chunk_text::text_hash(text)),
             namespace: NS.into(),
             kind: PointKind::Chunk,
             chunk_key: format!("{id}#0"),
@@ -193,4 +194,61 @@ async fn vector_lane_respects_access_filters_and_widens() {
             .with_vectors(index, wrong)
             .is_err()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copies_filling_the_pool_widen_it_when_they_fold() {
+    let env = start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let index: VectorIndex = EdgeIndex::open(dir.path(), DIMS).await.unwrap().into();
+    index.ensure_collection().await.unwrap();
+    let embedder: SharedEmbedder = Arc::new(HashingEmbedder::new(DIMS));
+    // 150 copies of three texts nearest the question, then 40 distinct texts further away.
+    let texts = [
+        "set the workspace option",
+        "set the workspace option here",
+        "set the workspace option there",
+    ];
+    for i in 0..150 {
+        let id = format!("c{i}");
+        let path = format!("commands/c{i}.md");
+        file(&env, &index, &embedder, &id, &path, texts[i % 3]).await;
+    }
+    for i in 0..40 {
+        let text = format!("set the workspace option with extra{i} words{i} beside it");
+        let (id, path) = (format!("d{i}"), format!("guides/d{i}.md"));
+        file(&env, &index, &embedder, &id, &path, &text).await;
+    }
+    let service = RetrievalService::new(env.store.clone())
+        .with_vectors(index, embedder)
+        .unwrap();
+    let reader = caller(NS, |_| {});
+    let ask = |collapse: bool| {
+        let mut request = request("set the workspace option", None);
+        request.top_k = 32;
+        request.ranking = Some(kg_proto::v1::Ranking {
+            collapse_duplicates: Some(collapse),
+            ..Default::default()
+        });
+        service.search_for(&reader, request)
+    };
+
+    // The first 100 points hold 3 texts: the pool widens to 400 and finds the 40 others.
+    let folded = ask(true).await.unwrap();
+    let widening = folded.vector_widening.unwrap();
+    assert_eq!((widening.pool, widening.rounds), (400, 2), "{widening:?}");
+    assert!(!widening.cap_reached);
+    assert_eq!(folded.hits.len(), 32);
+    assert_eq!(folded.total_candidates, 43);
+    assert_eq!(folded.duplicates_collapsed, 147);
+    let copies: u32 = folded.hits.iter().take(3).map(|h| h.duplicate_count).sum();
+    assert_eq!(copies, 147, "the three texts lead, each with its 49 copies");
+    assert!(folded.hits[3..].iter().all(|h| h.file_id.starts_with('d')));
+
+    // Without folding the copies are the hits, and nothing widens.
+    let apart = ask(false).await.unwrap();
+    let widening = apart.vector_widening.unwrap();
+    assert_eq!((widening.pool, widening.rounds), (100, 1));
+    assert_eq!(apart.hits.len(), 32);
+    assert!(apart.hits.iter().all(|h| h.file_id.starts_with('c')));
 }
