@@ -154,6 +154,7 @@ filters narrow every lane: collections (any of), folderPrefix, dateFrom/dateTo (
 Returns up to topK chunk packages (default 8, hard max 32), best first. Each package has the chunk text, contextHeader (Document › Heading trail), \
 citation (namespace/path › section, pages when known) to quote in your answer, position (chunkIndex, char and line span, tokenCount, prevChunkKey/nextChunkKey) \
 and its outline section with ancestors, siblings and children. total counts the readable candidates and truncated says more exist than were returned. \
+A text found in several chunks (a paragraph pasted into many files) comes back once, as its best-ranked copy with duplicates {count, copies: [{chunkKey, fileId, path}]} (the first 5) naming where else you may read it; ranking.collapseDuplicates false returns every copy as its own result. \
 A namespace or lane that fails is skipped and reported in trace rather than failing the search. \
 trace.missingOffsets lists hit files indexed before character offsets existed (their positions are unreliable until reprocessed). Pass tokenBudget to cap the returned text: \
 packages keep their order, the one that overflows is cut (textTruncated) and later ones lose their text (textOmitted). \
