@@ -28,6 +28,13 @@ pub(crate) struct LaneHit {
     pub(crate) text_hash: Option<String>,
 }
 
+impl LaneHit {
+    /// What makes two hits the same text: the text hash, else (older data) the chunk itself.
+    pub(crate) fn text_identity(&self) -> &str {
+        self.text_hash.as_deref().unwrap_or(&self.chunk_key)
+    }
+}
+
 /// The ranked candidates of one lane that ran, with its weight.
 #[derive(Debug, Clone)]
 pub(crate) struct LaneHits {

@@ -117,7 +117,7 @@ fn seed_keys(fulltext_hits: &[LaneHit]) -> Vec<String> {
     let mut texts = std::collections::HashSet::new();
     fulltext_hits
         .iter()
-        .filter(|h| h.text_hash.as_ref().is_none_or(|t| texts.insert(t)))
+        .filter(|h| texts.insert(h.text_identity()))
         .take(SEED_HITS)
         .map(|h| h.chunk_key.clone())
         .collect()

@@ -236,7 +236,7 @@ pub(crate) fn keep_distinct_texts(hits: &mut Vec<LaneHit>, pool: usize) {
         let mut texts = std::collections::HashSet::new();
         hits.iter()
             .position(|hit| {
-                let text = hit.text_hash.as_deref().unwrap_or(&hit.chunk_key);
+                let text = hit.text_identity();
                 if texts.contains(text) {
                     return false;
                 }
@@ -254,7 +254,7 @@ pub(crate) fn keep_distinct_texts(hits: &mut Vec<LaneHit>, pool: usize) {
 /// How many distinct texts the hits hold (a hit without a text hash counts as its own).
 pub(crate) fn distinct_texts(hits: &[LaneHit]) -> usize {
     hits.iter()
-        .map(|hit| hit.text_hash.as_deref().unwrap_or(&hit.chunk_key))
+        .map(LaneHit::text_identity)
         .collect::<std::collections::HashSet<_>>()
         .len()
 }

@@ -1,9 +1,10 @@
 //! kg-retrieval: the retrieval service. It serves `kg.v1.Retrieval` over one namespace at a
-//! time: Search runs the requested lanes (full-text, graph_expand from the hits' entities,
-//! the opt-in co_annotation lane with its grounding report) and fuses them with reciprocal
-//! rank fusion; EntitySearch finds entities by name and alias. It only reads FalkorDB, with
-//! the caller's access predicate and the search filters inside every query, and never calls
-//! another service. Entry point: [`serve`]; in-process callers use [`RetrievalService::search_for`].
+//! time: Search runs the requested lanes (full-text, vector, graph_expand from the hits'
+//! entities, the opt-in co_annotation lane with its grounding report) and fuses them with
+//! reciprocal rank fusion; EntitySearch finds entities by name, alias and vector. It only
+//! reads (FalkorDB, the vector and sparse indexes), with the caller's access predicate and
+//! the search filters inside every query, and never calls another service. Entry point:
+//! [`serve`]; in-process callers use [`RetrievalService::search_for`].
 
 // The FalkorDB driver's query future nests deeply; computing its layout needs more than
 // the default query depth.
@@ -23,6 +24,7 @@ pub mod roles;
 mod service;
 mod sparse_lane;
 mod vector_lane;
+mod widening;
 
 use kg_common::caller::{CallerContextLayer, ContextVerifier};
 use kg_proto::v1::retrieval_server::RetrievalServer;

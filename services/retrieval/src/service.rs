@@ -213,6 +213,7 @@ impl RetrievalService {
                                     query,
                                     &plan.filters,
                                     lanes::LANE_POOL,
+                                    collapse,
                                 )
                                 .await
                         }
