@@ -94,8 +94,9 @@ pub(crate) use crate::filters::LaneFilters;
 /// hold the most query terms weighted by idf (BM25 without tf and length), its own score
 /// breaking ties; common terms nominate only beside a rare one or all together, while
 /// those fill the pool ([`COMMON_TERM_SHARE`], [`Nomination::tiers`]).
-/// BM25 then re-scores the pool from the chunks' text, every query term counted, and the
-/// lane keeps its [`LANE_POOL`] best distinct texts with their copies.
+/// BM25 then re-scores the pool from the chunks' text, every query term counted, each chunk
+/// by its best passage ([`bm25::best_passage`]), and the lane keeps its [`LANE_POOL`] best
+/// distinct texts with their copies.
 pub(crate) async fn fulltext(
     store: &GraphStore,
     namespace: &str,
@@ -193,16 +194,11 @@ pub(crate) async fn fulltext(
             // as part of the chunk, as in the index.
             let text = row.get(2).and_then(Value::as_str).unwrap_or_default();
             let header = row.get(3).and_then(Value::as_str).unwrap_or_default();
-            let (mut tf, dl) = bm25::term_frequencies(text, &terms);
-            let (header_tf, header_dl) = bm25::term_frequencies(header, &terms);
-            tf.iter_mut()
-                .zip(header_tf)
-                .for_each(|(t, h)| *t = t.saturating_add(h));
-            let dl = dl.saturating_add(header_dl);
+            let (score, tf) = bm25::best_passage(header, text, &terms, &idf, stats.avgdl);
             Ok(LaneHit {
                 chunk_key: key.to_owned(),
                 file_id: file_id.to_owned(),
-                raw_score: bm25::score(&tf, &idf, f64::from(dl), stats.avgdl),
+                raw_score: score,
                 match_share: Some(bm25::match_share(&tf, &idf)),
                 path: row
                     .get(4)
