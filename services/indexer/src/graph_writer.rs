@@ -13,7 +13,7 @@ use std::sync::{Mutex, OnceLock};
 use kg_common::access::{folder_of, validate_namespace};
 use kg_common::error::{ErrorCode, ErrorExt};
 use kg_stores::StoreError;
-use kg_stores::chunk_text::text_hash;
+use kg_stores::chunk_text::{text_hash, word_count};
 use kg_stores::graph::{GraphStore, Params, Rows};
 use serde_json::{Value, json};
 
@@ -533,6 +533,7 @@ async fn create_chunks(
                     "chunkIndex": c.index,
                     "text": c.text,
                     "textHash": text_hash(&c.text),
+                    "wordCount": word_count(&c.context_header, &c.text),
                     "contextHeader": c.context_header,
                     "charStart": c.char_start,
                     "charEnd": c.char_end,
@@ -556,7 +557,8 @@ async fn create_chunks(
                 "MATCH (f:FileRef {fileId: $fileId}) \
                  UNWIND $chunks AS ch \
                  CREATE (:Chunk {chunkKey: ch.chunkKey, fileId: $fileId, path: $path, enabled: $enabled, hidden: $hidden, \
-                     chunkIndex: ch.chunkIndex, text: ch.text, textHash: ch.textHash, contextHeader: ch.contextHeader, \
+                     chunkIndex: ch.chunkIndex, text: ch.text, textHash: ch.textHash, wordCount: ch.wordCount, \
+                     contextHeader: ch.contextHeader, \
                      charStart: ch.charStart, charEnd: ch.charEnd, lineStart: ch.lineStart, lineEnd: ch.lineEnd, \
                      pageStart: ch.pageStart, pageEnd: ch.pageEnd, tokenCount: ch.tokenCount, \
                      sectionKey: ch.sectionKey})-[:PART_OF]->(f)",

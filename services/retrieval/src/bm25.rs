@@ -11,8 +11,8 @@
 //!
 //! Corpus statistics count only the chunks the caller may read (the chunk's access predicate
 //! is inside every statistics query), so a ranking never depends on unreadable text: N and
-//! avgdl from the readable chunks (avgdl over the first [`AVGDL_SAMPLE`] of them, counted
-//! by FalkorDB with the tokenizer's own pattern), df per term from the index with the query
+//! avgdl from the readable chunks (avgdl from their stored `wordCount`, or for chunks indexed
+//! before it from a sample of them), df per term from the index with the query
 //! that nominates it (the quoted word, or the bare word the index expands to its stem, as tf
 //! counts). They are cached in-process per (server, namespace, access predicate) for
 //! [`STATS_TTL`]; the cache holds counts only, never text. A Chunk carries the access
@@ -25,6 +25,7 @@ use std::sync::{LazyLock, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use kg_common::access::CypherPredicate;
+use kg_stores::chunk_text::words;
 use kg_stores::graph::{GraphStore, Params, exact_term, stemmed_term};
 use rust_stemmers::{Algorithm, Stemmer};
 use serde_json::Value;
@@ -47,8 +48,9 @@ pub(crate) const PASSAGE_STRIDE: usize = PASSAGE_TOKENS / 2;
 /// How long cached statistics are trusted: a fresh ingest shifts scores, never hits, so a
 /// minute of staleness is harmless.
 pub(crate) const STATS_TTL: Duration = Duration::from_secs(60);
-/// avgdl is measured on at most this many readable chunks: counting words is the costly part
-/// (~0.1 ms a chunk in FalkorDB), and the mean of a thousand is close enough.
+/// Chunks without a stored `wordCount` (indexed before it) measure avgdl on at most this many
+/// readable chunks: counting words is the costly part (~0.1 ms a chunk in FalkorDB), and the
+/// mean of a thousand is close enough.
 pub(crate) const AVGDL_SAMPLE: i64 = 1_000;
 /// Cached scopes (server, namespace, access predicate) at most.
 const MAX_SCOPES: usize = 256;
@@ -162,10 +164,7 @@ pub(crate) fn term_frequencies(text: &str, terms: &[Term]) -> (Vec<u32>, u32) {
 pub(crate) fn token_terms(text: &str, terms: &[Term]) -> Vec<Option<u16>> {
     let mut out = Vec::new();
     let mut lower = String::new();
-    for token in text.split(|c: char| !(c.is_alphanumeric() || c == '_')) {
-        if token.is_empty() {
-            continue;
-        }
+    for token in words(text) {
         lower.clear();
         lower.extend(token.chars().flat_map(char::to_lowercase));
         let mut stem = None;
@@ -432,26 +431,22 @@ fn with_predicate(node: &CypherPredicate) -> Params {
     params
 }
 
-/// N (readable chunks) and avgdl (mean token count of the first [`AVGDL_SAMPLE`] of them).
+/// N and avgdl over the readable chunks. avgdl is exact from the chunks' stored
+/// `wordCount` when every readable chunk has one, so a ranking does not depend on which
+/// chunks a sample happened to take (ingest order); chunks indexed before it existed are
+/// counted from a sample of [`AVGDL_SAMPLE`] texts instead, until they are reprocessed.
 async fn corpus_stats(
     store: &GraphStore,
     namespace: &str,
     node: &CypherPredicate,
 ) -> Result<Corpus> {
     let readable = format!("MATCH (node:Chunk) WHERE {}", node.text);
-    let count = format!("{readable} RETURN count(node)");
-    let mut sample_params = with_predicate(node);
-    sample_params.insert("bm25_sample".into(), Value::from(AVGDL_SAMPLE));
-    sample_params.insert("bm25_token".into(), Value::from(TOKEN_PATTERN));
-    let sample = format!(
-        "{readable} WITH node LIMIT $bm25_sample \
-         RETURN count(node), sum(size(string.matchRegEx(coalesce(node.contextHeader, '') + ' ' + coalesce(node.text, ''), $bm25_token)))"
+    let count = format!(
+        "{readable} RETURN count(node), count(node.wordCount), sum(coalesce(node.wordCount, 0))"
     );
-    let count_params = with_predicate(node);
-    let (counted, sampled) = tokio::try_join!(
-        store.ro_query(namespace, &count, &count_params, STATS_TIMEOUT_MS),
-        store.ro_query(namespace, &sample, &sample_params, STATS_TIMEOUT_MS),
-    )?;
+    let counted = store
+        .ro_query(namespace, &count, &with_predicate(node), STATS_TIMEOUT_MS)
+        .await?;
     // No row at all: the namespace has no graph yet, so nothing is readable.
     let number = |rows: &kg_stores::graph::Rows, col: usize| match rows.rows.first() {
         None => Ok(0.0),
@@ -461,10 +456,24 @@ async fn corpus_stats(
             .ok_or_else(|| RetrievalError::UnexpectedReply(format!("BM25 corpus row {row:?}"))),
     };
     let docs = number(&counted, 0)?;
-    let sampled_docs = number(&sampled, 0)?;
-    let sampled_tokens = number(&sampled, 1)?;
-    let avgdl = if sampled_docs > 0.0 {
-        sampled_tokens / sampled_docs
+    let counted_docs = number(&counted, 1)?;
+    let (words, worded_docs) = if docs > 0.0 && counted_docs >= docs {
+        (number(&counted, 2)?, docs)
+    } else {
+        let mut params = with_predicate(node);
+        params.insert("bm25_sample".into(), Value::from(AVGDL_SAMPLE));
+        params.insert("bm25_token".into(), Value::from(TOKEN_PATTERN));
+        let sample = format!(
+            "{readable} WITH node LIMIT $bm25_sample \
+             RETURN count(node), sum(size(string.matchRegEx(coalesce(node.contextHeader, '') + ' ' + coalesce(node.text, ''), $bm25_token)))"
+        );
+        let sampled = store
+            .ro_query(namespace, &sample, &params, STATS_TIMEOUT_MS)
+            .await?;
+        (number(&sampled, 1)?, number(&sampled, 0)?)
+    };
+    let avgdl = if worded_docs > 0.0 {
+        words / worded_docs
     } else {
         0.0
     };

@@ -1,5 +1,6 @@
-//! A chunk's text identity: the hash the indexer stores on each chunk (the graph's
-//! `Chunk.textHash`, the vector payload's `textHash`) and search collapses identical texts by.
+//! What the indexer stores about a chunk's text for search: its identity, the hash search
+//! collapses identical texts by (the graph's `Chunk.textHash`, the vector payload's
+//! `textHash`), and its length in words as BM25 counts them (`Chunk.wordCount`).
 
 use sha2::{Digest, Sha256};
 
@@ -18,6 +19,20 @@ pub fn text_hash(text: &str) -> String {
     hex::encode(&hasher.finalize()[..16])
 }
 
+/// The words of a text as the full-text lane and the sparse index count them: runs of
+/// letters, digits and `_` (not lower-cased).
+pub fn words(text: &str) -> impl Iterator<Item = &str> {
+    text.split(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .filter(|word| !word.is_empty())
+}
+
+/// A chunk's length for BM25 (`Chunk.wordCount`): the [`words`] of its contextHeader and its
+/// text, which the full-text index covers together.
+pub fn word_count(context_header: &str, text: &str) -> u32 {
+    let count = words(context_header).count() + words(text).count();
+    u32::try_from(count).unwrap_or(u32::MAX)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -34,5 +49,16 @@ mod tests {
         assert_ne!(base, text_hash("Set the workspace. Default none"));
         assert_ne!(text_hash("ab c"), text_hash("a bc"));
         assert_eq!(text_hash(""), text_hash(" \n "));
+    }
+
+    #[test]
+    fn words_are_runs_of_letters_digits_and_underscores() {
+        let got: Vec<&str> = words("Set `GIT_SSH_COMMAND`, café-au-lait v2.1!").collect();
+        assert_eq!(
+            got,
+            ["Set", "GIT_SSH_COMMAND", "café", "au", "lait", "v2", "1"]
+        );
+        assert_eq!(word_count("Guide › Install", "npm ci --omit=dev"), 6);
+        assert_eq!(word_count("", " \n "), 0);
     }
 }

@@ -47,6 +47,31 @@ fn term_score(tf: f64, df: f64, n: f64, dl: f64, avgdl: f64) -> f64 {
     idf * tf * (K1 + 1.0) / (tf + K1 * (1.0 - B + B * dl / avgdl))
 }
 
+/// The lane's scores for "Alpha beta?" over [`CORPUS`], best first, for a given avgdl.
+/// Hand-counted over contextHeader (the path: `sat.md` is 2 tokens) and text: N 8; lengths
+/// 13, 5, 64, 3, 5, 4, 5, 4 (avgdl 103 / 8); alpha in sat, both, long, f4 (df 4); beta in
+/// sat, both, long, short (df 4). Every chunk is shorter than a passage.
+fn alpha_beta_scores(avgdl: f64) -> [(&'static str, f64); 5] {
+    let n = 8.0;
+    let s = |tf_alpha: f64, tf_beta: f64, dl: f64| {
+        let mut score = 0.0;
+        if tf_alpha > 0.0 {
+            score += term_score(tf_alpha, 4.0, n, dl, avgdl);
+        }
+        if tf_beta > 0.0 {
+            score += term_score(tf_beta, 4.0, n, dl, avgdl);
+        }
+        score
+    };
+    [
+        ("sat#0", s(10.0, 1.0, 13.0)),
+        ("both#0", s(1.0, 1.0, 5.0)),
+        ("short#0", s(0.0, 1.0, 3.0)),
+        ("f4#0", s(1.0, 0.0, 4.0)),
+        ("long#0", s(1.0, 1.0, 64.0)),
+    ]
+}
+
 async fn write_corpus(store: &GraphStore, ns: &str, folder: &str) {
     for (id, text) in CORPUS {
         write(
@@ -89,27 +114,7 @@ async fn fulltext_lane_ranks_by_bm25_where_falkordb_scores_disagree() {
     let reader = caller("bm", |_| {});
     let response = fulltext(&env, "bm", "Alpha beta?", &reader).await;
 
-    // Hand-counted over contextHeader (the path: `sat.md` is 2 tokens) and text: N 8;
-    // lengths 13, 5, 64, 3, 5, 4, 5, 4 (avgdl 103 / 8); alpha in sat, both, long, f4 (df 4);
-    // beta in sat, both, long, short (df 4).
-    let (n, avgdl) = (8.0, 103.0 / 8.0);
-    let s = |tf_alpha: f64, tf_beta: f64, dl: f64| {
-        let mut score = 0.0;
-        if tf_alpha > 0.0 {
-            score += term_score(tf_alpha, 4.0, n, dl, avgdl);
-        }
-        if tf_beta > 0.0 {
-            score += term_score(tf_beta, 4.0, n, dl, avgdl);
-        }
-        score
-    };
-    let expected = [
-        ("sat#0", s(10.0, 1.0, 13.0)),
-        ("both#0", s(1.0, 1.0, 5.0)),
-        ("short#0", s(0.0, 1.0, 3.0)),
-        ("f4#0", s(1.0, 0.0, 4.0)),
-        ("long#0", s(1.0, 1.0, 64.0)),
-    ];
+    let expected = alpha_beta_scores(103.0 / 8.0);
     let got = ranked(&response);
     assert_eq!(
         got.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>(),
@@ -222,6 +227,78 @@ async fn inflections_are_one_term_for_candidates_df_and_tf() {
     assert!((got[0].1 - want).abs() < 1e-9, "{} != {want}", got[0].1);
 }
 
+/// Asserts the lane's ranking and scores for "Alpha beta?" in `ns` (see [`alpha_beta_scores`]).
+async fn assert_alpha_beta(env: &Env, ns: &str, avgdl: f64) {
+    let got = ranked(&fulltext(env, ns, "Alpha beta?", &caller(ns, |_| {})).await);
+    let expected = alpha_beta_scores(avgdl);
+    assert_eq!(got.len(), expected.len(), "{ns}: {got:?}");
+    for ((key, score), (want_key, want)) in got.iter().zip(expected) {
+        assert_eq!(key, want_key, "{ns}: {got:?}");
+        assert!((score - want).abs() < 1e-9, "{ns} {key}: {score} != {want}");
+    }
+}
+
+#[tokio::test]
+async fn avgdl_is_exact_from_stored_word_counts_and_sampled_without_them() {
+    let env = start().await;
+    // The indexer stores each chunk's length as BM25 counts it, header included.
+    write_corpus(&env.store, "wc", "").await;
+    let rows = env
+        .store
+        .ro_query(
+            "wc",
+            "MATCH (c:Chunk) RETURN c.chunkKey, c.wordCount ORDER BY c.chunkKey",
+            &Params::new(),
+            5_000,
+        )
+        .await
+        .unwrap();
+    let stored: Vec<(&str, i64)> = rows
+        .rows
+        .iter()
+        .map(|r| (r[0].as_str().unwrap(), r[1].as_i64().unwrap()))
+        .collect();
+    assert_eq!(
+        stored,
+        [
+            ("both#0", 5),
+            ("f1#0", 5),
+            ("f2#0", 4),
+            ("f3#0", 5),
+            ("f4#0", 4),
+            ("long#0", 64),
+            ("sat#0", 13),
+            ("short#0", 3)
+        ]
+    );
+    assert_alpha_beta(&env, "wc", 103.0 / 8.0).await;
+
+    // avgdl is read from the stored counts (doubled here), not from the text.
+    write_corpus(&env.store, "wc_doubled", "").await;
+    env.store
+        .query(
+            "wc_doubled",
+            "MATCH (c:Chunk) SET c.wordCount = c.wordCount * 2",
+            &Params::new(),
+        )
+        .await
+        .unwrap();
+    assert_alpha_beta(&env, "wc_doubled", 206.0 / 8.0).await;
+
+    // One chunk indexed before the count existed: the texts are counted instead.
+    write_corpus(&env.store, "wc_older", "").await;
+    env.store
+        .query(
+            "wc_older",
+            "MATCH (c:Chunk {chunkKey: 'f1#0'}) SET c.wordCount = 1000 \
+             WITH c MATCH (l:Chunk {chunkKey: 'long#0'}) REMOVE l.wordCount",
+            &Params::new(),
+        )
+        .await
+        .unwrap();
+    assert_alpha_beta(&env, "wc_older", 103.0 / 8.0).await;
+}
+
 #[tokio::test]
 async fn statistics_count_only_chunks_the_caller_may_read() {
     let env = start().await;
@@ -306,15 +383,15 @@ async fn cached_statistics_are_not_asked_again() {
         asked.push(graph_calls(&env.store).await - before);
         scores.entry(query).or_insert_with(|| ranked(&response));
     }
-    // A miss asks N, the avgdl sample and df on top of what a hit asks (the candidates and
-    // the search's own offsets lookup); a new term asks its df alone.
+    // A miss asks N with avgdl (from the stored word counts) and df on top of what a hit
+    // asks (the candidates and the search's own offsets lookup); a new term asks its df alone.
     let hit = asked[1];
     assert!(hit <= 2, "{asked:?}");
-    assert_eq!(asked, [hit + 3, hit, hit + 1, hit]);
+    assert_eq!(asked, [hit + 2, hit, hit + 1, hit]);
     // Another reader (another access predicate) has statistics of its own.
     let before = graph_calls(&env.store).await;
     fulltext(&env, "cache", "alpha beta", &restricted("cache")).await;
-    assert_eq!(graph_calls(&env.store).await - before, hit + 3);
+    assert_eq!(graph_calls(&env.store).await - before, hit + 2);
     assert_eq!(scores["alpha beta"].len(), 5);
 }
 

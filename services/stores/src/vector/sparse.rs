@@ -71,8 +71,7 @@ pub enum FulltextBackend {
 
 /// Lower-cased runs of letters, digits and `_` (the `\w+` of the docs-qa baseline).
 pub fn tokenize(text: &str) -> Vec<String> {
-    text.split(|c: char| !(c.is_alphanumeric() || c == '_'))
-        .filter(|t| !t.is_empty())
+    crate::chunk_text::words(text)
         .map(str::to_lowercase)
         .collect()
 }
