@@ -273,7 +273,7 @@ async fn direct(
          {relation} \
          WITH DISTINCT c \
          RETURN c.chunkKey, c.fileId, {DIRECT_SCORE}, c.path, c.textHash \
-         ORDER BY c.fileId, c.chunkIndex, c.chunkKey LIMIT $max"
+         ORDER BY c.path, c.chunkIndex, c.chunkKey LIMIT $max"
     );
     let rows = store
         .ro_query(namespace, &cypher, &params, TIMEOUT_MS)
@@ -308,7 +308,7 @@ async fn bridged(
          {relation} \
          WITH DISTINCT c \
          RETURN c.chunkKey, c.fileId, {BRIDGE_SCORE}, c.path, c.textHash \
-         ORDER BY c.fileId, c.chunkIndex, c.chunkKey LIMIT $max",
+         ORDER BY c.path, c.chunkIndex, c.chunkKey LIMIT $max",
         edge = edge.text,
     );
     let rows = store

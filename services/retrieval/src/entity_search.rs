@@ -548,7 +548,7 @@ async fn evidence_chunks(
         "UNWIND $keys AS k \
          MATCH (:Entity {{entityKey: k}})<-[:MENTIONS]-(c:Chunk) WHERE {chunk} \
          MATCH (c)-[:PART_OF]->(f:FileRef) WHERE {file} \
-         WITH DISTINCT k, c ORDER BY c.fileId, c.chunkIndex, c.chunkKey \
+         WITH DISTINCT k, c ORDER BY c.path, c.chunkIndex, c.chunkKey \
          WITH k, collect(c.chunkKey) AS cs \
          RETURN k, cs[0..$n]",
         chunk = chunk.text,

@@ -33,6 +33,16 @@ impl LaneHit {
     pub(crate) fn text_identity(&self) -> &str {
         self.text_hash.as_deref().unwrap_or(&self.chunk_key)
     }
+
+    /// Best score first; equal scores (copies of a text score the same) by path, then chunk
+    /// key, so the order does not change when the same files are ingested again: chunk keys
+    /// derive from file ids, which are new on every upload.
+    pub(crate) fn by_score(a: &LaneHit, b: &LaneHit) -> std::cmp::Ordering {
+        b.raw_score
+            .total_cmp(&a.raw_score)
+            .then_with(|| a.path.cmp(&b.path))
+            .then_with(|| a.chunk_key.cmp(&b.chunk_key))
+    }
 }
 
 /// The ranked candidates of one lane that ran, with its weight.
@@ -80,8 +90,9 @@ struct Group<'a> {
     best_rank: u32,
 }
 
-/// Fuses the lanes with constant `k`; best first. Ties fall to the better best rank, then
-/// to the chunk key, so equal inputs always give the same order.
+/// Fuses the lanes with constant `k`; best first. Ties (common: rank 3 in one lane scores
+/// as rank 3 in another) fall to the better best rank, then to the path, then to the chunk
+/// key, so the same files give the same order however often they are ingested.
 ///
 /// With `collapse`, chunks with the same [`LaneHit::text_hash`] are one candidate: within a
 /// lane only its best-ranked copy counts (the copies after it do not take ranks), across
@@ -158,7 +169,7 @@ pub(crate) fn fuse(lanes: &[LaneHits], k: f64, collapse: bool) -> Fused {
         }
     }
     let mut duplicates_collapsed = 0u64;
-    let mut out: Vec<(FusedHit, u32)> = groups
+    let mut out: Vec<(FusedHit, u32, &str)> = groups
         .into_iter()
         .filter_map(|mut group| {
             // Stable: among equal contributions the copy seen first leads.
@@ -188,17 +199,19 @@ pub(crate) fn fuse(lanes: &[LaneHits], k: f64, collapse: bool) -> Fused {
                     duplicates,
                 },
                 group.best_rank,
+                shown.path.as_str(),
             ))
         })
         .collect();
-    out.sort_by(|(a, a_rank), (b, b_rank)| {
+    out.sort_by(|(a, a_rank, a_path), (b, b_rank, b_path)| {
         b.fused
             .total_cmp(&a.fused)
             .then(a_rank.cmp(b_rank))
+            .then_with(|| a_path.cmp(b_path))
             .then_with(|| a.chunk_key.cmp(&b.chunk_key))
     });
     Fused {
-        hits: out.into_iter().map(|(hit, _)| hit).collect(),
+        hits: out.into_iter().map(|(hit, _, _)| hit).collect(),
         duplicates_collapsed,
     }
 }
@@ -226,6 +239,32 @@ mod tests {
                 })
                 .collect(),
         }
+    }
+
+    #[test]
+    fn equal_fused_scores_fall_to_the_path_not_the_chunk_key() {
+        // Rank 1 in one lane each: equal scores, equal best ranks. Chunk keys come from file
+        // ids that are new on every upload, paths do not.
+        let mut fulltext = lane(Lane::Fulltext, 1.0, &["k1"]);
+        let mut vector = lane(Lane::Vector, 1.0, &["k2"]);
+        fulltext.hits[0].path = "z/guide.md".into();
+        vector.hits[0].path = "a/guide.md".into();
+        let fused = fuse_all(&[fulltext.clone(), vector.clone()], 60.0);
+        assert_eq!(keys(&fused), ["k2", "k1"]);
+        std::mem::swap(&mut fulltext.hits[0].path, &mut vector.hits[0].path);
+        assert_eq!(keys(&fuse_all(&[fulltext, vector], 60.0)), ["k1", "k2"]);
+    }
+
+    #[test]
+    fn lane_hits_order_by_score_then_path() {
+        let mut hits = lane(Lane::Fulltext, 1.0, &["k1", "k2", "k3"]).hits;
+        hits[0].raw_score = 5.0;
+        hits[1].raw_score = 5.0;
+        hits[0].path = "b.md".into();
+        hits[1].path = "a.md".into();
+        hits.sort_by(LaneHit::by_score);
+        let order: Vec<&str> = hits.iter().map(|h| h.chunk_key.as_str()).collect();
+        assert_eq!(order, ["k3", "k2", "k1"]);
     }
 
     /// Every candidate, texts collapsed.

@@ -93,11 +93,12 @@ pub(crate) async fn graph_expand(
          WHERE {chunk} AND NOT c.chunkKey IN $seeds \
          MATCH (c)-[:PART_OF]->(f:FileRef) WHERE {file}{filter_clauses} \
          {relation} \
-         WITH x, collect(DISTINCT c)[0..$cap] AS cs \
+         WITH DISTINCT x, c ORDER BY c.path, c.chunkIndex, c.chunkKey \
+         WITH x, collect(c)[0..$cap] AS cs \
          UNWIND cs AS c \
          WITH c, sum(x[1]) AS score \
          RETURN c.chunkKey, c.fileId, score, c.path, c.textHash \
-         ORDER BY score DESC, c.chunkKey \
+         ORDER BY score DESC, c.path, c.chunkIndex, c.chunkKey \
          LIMIT $pool",
         chunk = chunk.text,
         file = file.text,

@@ -215,11 +215,7 @@ pub(crate) async fn fulltext(
             })
         })
         .collect::<Result<Vec<_>>>()?;
-    hits.sort_by(|a, b| {
-        b.raw_score
-            .total_cmp(&a.raw_score)
-            .then_with(|| a.chunk_key.cmp(&b.chunk_key))
-    });
+    hits.sort_by(LaneHit::by_score);
     keep_distinct_texts(&mut hits, LANE_POOL);
     Ok(hits)
 }

@@ -78,7 +78,9 @@ impl PoolSearch<'_> {
             rounds += 1;
             let points = engine(pool).await?;
             let engine_exhausted = points.len() < pool;
-            let candidates: Vec<LaneHit> = points.into_iter().filter_map(lane_hit).collect();
+            let mut candidates: Vec<LaneHit> = points.into_iter().filter_map(lane_hit).collect();
+            // The engine orders equal scores (copies of a text) by point id.
+            candidates.sort_by(LaneHit::by_score);
             let mut kept = if post_filtered {
                 let admitted = admitted_keys(
                     self.graph,
