@@ -68,6 +68,20 @@ bench-quality-npm: deps
 	$(CARGO) build --release --bin kgmesh
 	$(PYTHON) bench/quality/run.py --dataset bench/quality/npm-docs-qa $(BENCH_ARGS)
 
+# Both judged sets, then kgmesh fused against every run over their 119 questions pooled
+# (bench/quality/pooled.py: the same paired randomization test, with more questions than either
+# set alone). Rankings are kept in target/bench-quality/. Not part of `make test`.
+QUALITY_RUNS := target/bench-quality
+.PHONY: bench-quality-pooled
+bench-quality-pooled: deps
+	$(CARGO) build --release --bin kgmesh
+	mkdir -p $(QUALITY_RUNS)
+	$(PYTHON) bench/quality/run.py --dump-runs $(QUALITY_RUNS)/docs-qa.json $(BENCH_ARGS)
+	$(PYTHON) bench/quality/run.py --dataset bench/quality/npm-docs-qa \
+		--dump-runs $(QUALITY_RUNS)/npm-docs-qa.json $(BENCH_ARGS)
+	$(PYTHON) bench/quality/pooled.py ../shared/bench/docs-qa $(QUALITY_RUNS)/docs-qa.json \
+		bench/quality/npm-docs-qa $(QUALITY_RUNS)/npm-docs-qa.json
+
 # Ingest throughput: end-to-end chunks/s and peak RSS of `kgmesh up` for >= 2,000 chunks
 # (copies of ../shared/bench/docs-qa/docs), next to all-MiniLM-L6-v2 alone on the same
 # chunk texts; providers minilm and none. Not part of `make test`.
