@@ -320,10 +320,13 @@ fn finish(result: Result<serde_json::Value, ClientError>) -> (CallToolResult, Op
     match result {
         Ok(value) => {
             let result = CallToolResult::structured(value);
-            let bytes = result
-                .content
-                .iter()
-                .filter_map(|c| c.as_text())
+            let texts = || result.content.iter().filter_map(|c| c.as_text());
+            // Escaping makes a byte at most 6, so most answers need no exact count.
+            let bound = texts().map(|t| t.text.len() * 7).sum::<usize>();
+            if bound <= MAX_RESULT_BYTES {
+                return (result, None);
+            }
+            let bytes = texts()
                 .map(|t| t.text.len() + escaped_len(&t.text))
                 .sum::<usize>();
             if bytes <= MAX_RESULT_BYTES {
