@@ -210,23 +210,29 @@ impl GraphStore {
             // existing nodes again; range indexes on the label stay).
             // Only a built index that lacks a property is rebuilt: one still under
             // construction (or not listed yet) is the one just created.
-            let indexed = self.fulltext_properties(namespace, label).await?;
-            if let Some(indexed) = indexed
-                && !indexed.is_empty()
-                && properties.iter().any(|p| !indexed.iter().any(|i| i == p))
-            {
-                let drop = format!("CALL db.idx.fulltext.drop('{label}')");
-                self.query(namespace, &drop, &none).await?;
-                self.query(namespace, &create, &none).await?;
-            }
+            let covers_all =
+                |built: &[String]| properties.iter().all(|p| built.iter().any(|b| b == p));
+            let rebuilt = match self.fulltext_properties(namespace, label).await? {
+                Some(indexed) if !indexed.is_empty() && !covers_all(&indexed) => {
+                    let drop = format!("CALL db.idx.fulltext.drop('{label}')");
+                    self.query(namespace, &drop, &none).await?;
+                    self.query(namespace, &create, &none).await?;
+                    true
+                }
+                _ => false,
+            };
             // FalkorDB builds a new or recreated index in the background, and until it is
             // built a search misses the nodes it covers: wait for it (bounded), so that what
             // is written after this returns is searchable. A built index answers at once.
+            // Right after a drop and create, `db.indexes()` can list no index for the label
+            // yet, which reads as built, so a rebuilt index is waited for until it lists every
+            // property.
             let deadline = std::time::Instant::now() + INDEX_BUILD_WAIT;
-            while self.fulltext_properties(namespace, label).await?.is_none()
-                && std::time::Instant::now() < deadline
-            {
-                tokio::time::sleep(Duration::from_millis(20)).await;
+            while std::time::Instant::now() < deadline {
+                match self.fulltext_properties(namespace, label).await? {
+                    Some(built) if !rebuilt || covers_all(&built) => break,
+                    _ => tokio::time::sleep(Duration::from_millis(20)).await,
+                }
             }
         }
         Ok(())
