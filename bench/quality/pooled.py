@@ -43,18 +43,6 @@ def load_runs(path: Path) -> dict[str, dict[str, run.Ranked]]:
     }
 
 
-def diffs_of(
-    dataset: run.Dataset,
-    runs: dict[str, dict[str, run.Ranked]],
-    subject: str,
-    other: str,
-    value: Callable[[run.Scores], float],
-) -> list[float]:
-    mine = run.per_query_scores(dataset, runs[subject])
-    theirs = run.per_query_scores(dataset, runs[other])
-    return [value(mine[q["_id"]]) - value(theirs[q["_id"]]) for q in dataset.queries]
-
-
 def cell(label: str, diffs: list[float]) -> str:
     better = sum(d > 1e-9 for d in diffs)
     worse = sum(d < -1e-9 for d in diffs)
@@ -92,9 +80,12 @@ def main() -> int:
         print(f"\n{other}")
         pooled: dict[str, list[float]] = {label: [] for label, _ in MEASURES}
         for name, dataset, runs in sets:
+            mine = run.per_query_scores(dataset, runs[args.subject])
+            theirs = run.per_query_scores(dataset, runs[other])
+            ids = [q["_id"] for q in dataset.queries]
             cells = []
             for label, value in MEASURES:
-                diffs = diffs_of(dataset, runs, args.subject, other, value)
+                diffs = [value(mine[q]) - value(theirs[q]) for q in ids]
                 pooled[label].extend(diffs)
                 cells.append(cell(label, diffs))
             print(f"  {name:<14}{len(dataset.queries):>4}  " + "; ".join(cells))

@@ -320,13 +320,14 @@ fn finish(result: Result<serde_json::Value, ClientError>) -> (CallToolResult, Op
     match result {
         Ok(value) => {
             let result = CallToolResult::structured(value);
-            let texts = || result.content.iter().filter_map(|c| c.as_text());
             // Escaping makes a byte at most 6, so most answers need no exact count.
-            let bound = texts().map(|t| t.text.len() * 7).sum::<usize>();
-            if bound <= MAX_RESULT_BYTES {
+            if result_bytes(&result) * 7 <= MAX_RESULT_BYTES {
                 return (result, None);
             }
-            let bytes = texts()
+            let bytes = result
+                .content
+                .iter()
+                .filter_map(|c| c.as_text())
                 .map(|t| t.text.len() + escaped_len(&t.text))
                 .sum::<usize>();
             if bytes <= MAX_RESULT_BYTES {

@@ -9,7 +9,7 @@ pub const DEFAULT_FIELD_CAP: usize = 64 * 1024;
 /// `max_chars` characters, appending `…` when it cut.
 pub fn sanitize_text(input: &str, max_chars: usize) -> String {
     // Most chunk text is printable ASCII with newlines and tabs: nothing to strip and one char
-    // per byte, so a byte scan replaces the char-by-char copy (a third of rendering a search).
+    // per byte, so a byte scan replaces the char-by-char copy (a sixth of rendering a search answer).
     if input.len() <= max_chars && input.bytes().all(is_plain_ascii) {
         return input.to_owned();
     }
