@@ -29,7 +29,6 @@ use axum::response::{IntoResponse, Response};
 use kg_common::ErrorCode;
 use rmcp::model::{
     ClientJsonRpcMessage, ClientRequest, GetMeta as _, JsonRpcRequest, RequestParamsMeta as _,
-    ServerJsonRpcMessage, ServerResult,
 };
 use rmcp::transport::streamable_http_server::session::SessionManager as _;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -130,19 +129,16 @@ pub(crate) async fn answer_session_tool_calls(
             .await;
     }
     crate::metrics::gateway_metrics().session_calls_direct.inc();
-    let call = match calls.server.call_builtin(call, Some(&parts)).await {
-        Ok(result) => result,
+    let answer = match calls.server.call_builtin(call, Some(&parts)).await {
+        Ok(answer) => answer,
         // Checked by `builtin_tool_call`; the registry does not change while serving.
         Err(call) => {
             tracing::error!(tool = %call.name, "a built-in tool left the registry");
             return crate::http::guard::error_response(&ClientError::new(ErrorCode::Internal, ""));
         }
     };
-    let mut result = ServerResult::CallToolResult(call);
     // Sessions exist only on the revisions before 2026-07-28: their wire shape.
-    result.strip_result_type_for_legacy_peer();
-    result.strip_non_object_output_for_legacy_peer();
-    match serde_json::to_vec(&ServerJsonRpcMessage::response(result, id)) {
+    match answer.session_response_body(id) {
         Ok(body) => (
             StatusCode::OK,
             [(header::CONTENT_TYPE, "application/json")],

@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 use tonic::transport::Channel;
 
-use super::{CallSummary, McpServer, error_result, finish};
+use super::{CallSummary, McpServer, ToolAnswer, error_result, finish};
 use crate::audit::Transport;
 use crate::error::{ClientError, GatewayError};
 use crate::state::Caller;
@@ -218,13 +218,13 @@ impl McpServer {
                     Some(code) => {
                         let message = value.get("message").cloned().unwrap_or(Value::Null);
                         (
-                            super::json_error(&json!({
+                            ToolAnswer::Failed(super::json_error(&json!({
                                 "error": code, "code": code, "message": message, "retryable": false
-                            })),
+                            }))),
                             Some(error_code(code)),
                         )
                     }
-                    None => finish(Ok(value)),
+                    None => finish(super::tools::json_text(&value)),
                 },
                 Err(_) => finish(Err(ClientError::new(ErrorCode::Internal, ""))),
             },
@@ -234,14 +234,14 @@ impl McpServer {
             tool,
             failure,
             latency: started.elapsed(),
-            result_bytes: super::result_bytes(&result),
+            result_bytes: result.text_len(),
         };
         summary.log(caller.principal_id());
         self.state.audit.record(
             &caller,
             summary.audit_event(at_ms, Vec::new(), self.transport()),
         );
-        Some(result)
+        Some(result.into_call_tool_result())
     }
 }
 

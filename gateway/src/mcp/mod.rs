@@ -21,11 +21,14 @@ use kg_common::ErrorCode;
 use kg_common::metrics::{ToolLabels, metrics};
 use kg_proto::v1::AuditEvent;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, ListToolsResult,
-    PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation,
+    ListToolsResult, PaginatedRequestParams, RequestId, ServerCapabilities, ServerConfig,
+    ServerJsonRpcMessage, ServerResult, Tool,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData as McpError, RoleServer, ServerHandler};
+use serde::Serialize;
+use serde_json::value::RawValue;
 
 pub(crate) use generated::Generated;
 pub(crate) use registry::ToolRegistry;
@@ -150,14 +153,14 @@ impl McpServer {
         self.registry.get(name).is_some()
     }
 
-    /// Runs built-in tool `request.name` to its result: the caller authorized (or refused),
+    /// Runs built-in tool `request.name` to its answer: the caller authorized (or refused),
     /// the tool run, the result capped, the call metered, logged and audited. The request
     /// comes back when no built-in tool has that name.
     pub(crate) async fn call_builtin(
         &self,
         request: CallToolRequestParams,
         parts: Option<&http::request::Parts>,
-    ) -> Result<CallToolResult, CallToolRequestParams> {
+    ) -> Result<ToolAnswer, CallToolRequestParams> {
         let Some(entry) = self.registry.get(&request.name) else {
             return Err(request);
         };
@@ -173,7 +176,7 @@ impl McpServer {
             tool,
             failure,
             latency: started.elapsed(),
-            result_bytes: result_bytes(&result),
+            result_bytes: result.text_len(),
         };
         summary.log(caller.as_ref().map_or("", Caller::principal_id));
         if let Some(caller) = &caller {
@@ -297,7 +300,7 @@ impl ServerHandler for McpServer {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, McpError> {
         let request = match self.call_builtin(request, request_parts(&context)).await {
-            Ok(result) => return Ok(CallToolResponse::Complete(result)),
+            Ok(answer) => return Ok(CallToolResponse::Complete(answer.into_call_tool_result())),
             Err(request) => request,
         };
         if let Some(result) = self.call_generated(&request, &context).await {
@@ -313,25 +316,110 @@ impl ServerHandler for McpServer {
     }
 }
 
-/// The tool result and its failure code. No answer over [`MAX_RESULT_BYTES`]
+/// A built-in tool call's answer, before it goes on the wire.
+#[derive(Debug)]
+pub(crate) enum ToolAnswer {
+    /// A result: one JSON object, sent as structuredContent and, as its text, in the one
+    /// content block.
+    Structured(Box<RawValue>),
+    /// A failure: `isError`, the error JSON in the text block only (see [`json_error`]).
+    Failed(CallToolResult),
+}
+
+impl ToolAnswer {
+    /// Bytes of the text the client receives in the content block.
+    fn text_len(&self) -> usize {
+        match self {
+            ToolAnswer::Structured(json) => json.get().len(),
+            ToolAnswer::Failed(result) => result_bytes(result),
+        }
+    }
+
+    /// As rmcp's result, for the paths rmcp serializes (stdio, sessionless calls, a
+    /// session's calls rmcp routes).
+    pub(crate) fn into_call_tool_result(self) -> CallToolResult {
+        match self {
+            ToolAnswer::Structured(json) => match serde_json::from_str(json.get()) {
+                Ok(value) => {
+                    let mut result = CallToolResult::success(vec![ContentBlock::text(
+                        Box::<str>::from(json).into_string(),
+                    )]);
+                    result.structured_content = Some(value);
+                    result
+                }
+                Err(err) => {
+                    // The text was written by serde_json a moment ago.
+                    tracing::error!(error = %err, "a tool result did not parse back");
+                    error_result(&ClientError::new(ErrorCode::Internal, ""))
+                }
+            },
+            ToolAnswer::Failed(result) => result,
+        }
+    }
+
+    /// The JSON-RPC response body answering request `id` of a session (a revision before
+    /// 2026-07-28): what rmcp would send for [`Self::into_call_tool_result`], written from
+    /// the result's JSON text without parsing it back or rendering it again.
+    pub(crate) fn session_response_body(self, id: RequestId) -> serde_json::Result<Vec<u8>> {
+        #[derive(Serialize)]
+        struct Response<'a> {
+            jsonrpc: &'static str,
+            id: RequestId,
+            result: StructuredResult<'a>,
+        }
+        #[derive(Serialize)]
+        #[serde(rename_all = "camelCase")]
+        struct StructuredResult<'a> {
+            content: [TextBlock<'a>; 1],
+            structured_content: &'a RawValue,
+            is_error: bool,
+        }
+        #[derive(Serialize)]
+        struct TextBlock<'a> {
+            r#type: &'static str,
+            text: &'a str,
+        }
+        match self {
+            // Session revisions carry only objects as structured content; tools answer
+            // with objects, and anything else takes rmcp's path, which handles it.
+            ToolAnswer::Structured(json) if json.get().starts_with('{') => {
+                serde_json::to_vec(&Response {
+                    jsonrpc: "2.0",
+                    id,
+                    result: StructuredResult {
+                        content: [TextBlock {
+                            r#type: "text",
+                            text: json.get(),
+                        }],
+                        structured_content: &json,
+                        is_error: false,
+                    },
+                })
+            }
+            answer => {
+                let mut result = ServerResult::CallToolResult(answer.into_call_tool_result());
+                result.strip_result_type_for_legacy_peer();
+                result.strip_non_object_output_for_legacy_peer();
+                serde_json::to_vec(&ServerJsonRpcMessage::response(result, id))
+            }
+        }
+    }
+}
+
+/// The tool answer and its failure code. No answer over [`MAX_RESULT_BYTES`]
 /// on the wire leaves the gateway: tools cut their own lists first, this is
 /// the backstop.
-fn finish(result: Result<serde_json::Value, ClientError>) -> (CallToolResult, Option<ErrorCode>) {
+fn finish(result: Result<Box<RawValue>, ClientError>) -> (ToolAnswer, Option<ErrorCode>) {
     match result {
-        Ok(value) => {
-            let result = CallToolResult::structured(value);
+        Ok(json) => {
+            let text = json.get();
             // Escaping makes a byte at most 6, so most answers need no exact count.
-            if result_bytes(&result) * 7 <= MAX_RESULT_BYTES {
-                return (result, None);
+            if text.len() * 7 <= MAX_RESULT_BYTES {
+                return (ToolAnswer::Structured(json), None);
             }
-            let bytes = result
-                .content
-                .iter()
-                .filter_map(|c| c.as_text())
-                .map(|t| t.text.len() + escaped_len(&t.text))
-                .sum::<usize>();
+            let bytes = text.len() + escaped_len(text);
             if bytes <= MAX_RESULT_BYTES {
-                return (result, None);
+                return (ToolAnswer::Structured(json), None);
             }
             let err = ClientError::new(
                 ErrorCode::PayloadTooLarge,
@@ -339,9 +427,9 @@ fn finish(result: Result<serde_json::Value, ClientError>) -> (CallToolResult, Op
                     "the result is {bytes} bytes, over the {MAX_RESULT_BYTES}-byte limit of one tool call; ask for less (a lower limit or topK)"
                 ),
             );
-            (error_result(&err), Some(err.code))
+            (ToolAnswer::Failed(error_result(&err)), Some(err.code))
         }
-        Err(err) => (error_result(&err), Some(err.code)),
+        Err(err) => (ToolAnswer::Failed(error_result(&err)), Some(err.code)),
     }
 }
 
@@ -410,15 +498,20 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    fn finished(value: serde_json::Value) -> (CallToolResult, Option<ErrorCode>) {
+        let (answer, failure) = finish(tools::json_text(&value));
+        (answer.into_call_tool_result(), failure)
+    }
+
     #[test]
     fn no_result_over_the_limit_leaves_the_gateway() {
-        let (ok, failure) = finish(Ok(json!({"text": "a".repeat(1000)})));
+        let (ok, failure) = finished(json!({"text": "a".repeat(1000)}));
         assert_eq!((ok.is_error, failure), (Some(false), None));
 
         // Counted twice (structured and text) and escaped: quotes cost double.
-        let (fits, failure) = finish(Ok(json!({"text": "a".repeat(MAX_RESULT_BYTES / 2 - 40)})));
+        let (fits, failure) = finished(json!({"text": "a".repeat(MAX_RESULT_BYTES / 2 - 40)}));
         assert_eq!((fits.is_error, failure), (Some(false), None));
-        let (big, failure) = finish(Ok(json!({"text": "\"".repeat(MAX_RESULT_BYTES / 4)})));
+        let (big, failure) = finished(json!({"text": "\"".repeat(MAX_RESULT_BYTES / 4)}));
         assert_eq!(failure, Some(ErrorCode::PayloadTooLarge));
         assert_eq!(big.is_error, Some(true));
         assert!(result_bytes(&big) < 1000);
@@ -448,5 +541,55 @@ mod tests {
 
         let (_, failure) = finish(Err(ClientError::invalid("bad")));
         assert_eq!(failure, Some(ErrorCode::InvalidArgument));
+    }
+
+    /// What rmcp sends a session peer for `answer`.
+    fn rmcp_session_body(answer: ToolAnswer, id: RequestId) -> serde_json::Value {
+        let mut result = ServerResult::CallToolResult(answer.into_call_tool_result());
+        result.strip_result_type_for_legacy_peer();
+        result.strip_non_object_output_for_legacy_peer();
+        serde_json::to_value(ServerJsonRpcMessage::response(result, id)).unwrap()
+    }
+
+    #[test]
+    fn a_session_answer_is_what_rmcp_would_send() {
+        let answers = || {
+            [
+                finish(tools::json_text(&json!({
+                    "results": [{"text": "quote \" backslash \\ newline \n naïve 東京", "score": 0.5}],
+                    "total": 1, "truncated": false, "trace": {"lanes": []},
+                }))),
+                finish(tools::json_text(&json!({}))),
+                finish(Err(ClientError::invalid("bad `topK`: expected 1..=32"))),
+                // Not an object: rmcp's path, which moves it into the text for old revisions.
+                finish(tools::json_text(&json!([1, 2]))),
+            ]
+        };
+        for ((ours, _), (theirs, _)) in answers().into_iter().zip(answers()) {
+            for id in [RequestId::Number(7), RequestId::String("req-1".into())] {
+                let body = ours_body(&ours, id.clone());
+                assert_eq!(body, rmcp_session_body(clone_answer(&theirs), id));
+            }
+        }
+        // The structured copy and the text block carry the same JSON.
+        let (answer, _) = finish(tools::json_text(&json!({"a": "x\"y", "n": [1, 2]})));
+        let body = ours_body(&answer, RequestId::Number(1));
+        let text = body["result"]["content"][0]["text"].as_str().unwrap();
+        assert_eq!(
+            serde_json::from_str::<serde_json::Value>(text).unwrap(),
+            body["result"]["structuredContent"]
+        );
+    }
+
+    fn clone_answer(answer: &ToolAnswer) -> ToolAnswer {
+        match answer {
+            ToolAnswer::Structured(json) => ToolAnswer::Structured(json.clone()),
+            ToolAnswer::Failed(result) => ToolAnswer::Failed(result.clone()),
+        }
+    }
+
+    fn ours_body(answer: &ToolAnswer, id: RequestId) -> serde_json::Value {
+        let bytes = clone_answer(answer).session_response_body(id).unwrap();
+        serde_json::from_slice(&bytes).unwrap()
     }
 }

@@ -1,31 +1,48 @@
 //! Chunk packages and outline sections as the camelCase JSON tools return.
 //! Every string that came from a file or a store is sanitised here, the last
 //! hop before a model reads it.
+//!
+//! Packages are the bulk of most answers (a kg_search answer is mostly its eight
+//! packages' text and outlines), so they serialize straight from the proto messages
+//! through borrowing views: clean strings are written where they lie, and no
+//! intermediate `Value` tree is built and dropped per call.
 
-use kg_common::sanitize::{DEFAULT_FIELD_CAP, sanitize_text};
-use kg_proto::v1::{ChunkPackage, OutlineRef, OutlineSection, Permission};
+use std::borrow::Cow;
+
+use kg_common::sanitize::{DEFAULT_FIELD_CAP, sanitized};
+use kg_proto::v1::{
+    ChunkPackage, ListCounts, Mention, OutlineRef, OutlineSection, Permission, RelNeighbor,
+    SearchHit, SimilarFile,
+};
+use serde::Serialize;
+use serde::ser::{SerializeMap, Serializer};
 use serde_json::{Map, Value, json};
 
 /// Cap on short fields (titles, names, keys).
 const SHORT_FIELD_CAP: usize = 1024;
 
 fn clean(text: &str) -> Value {
-    Value::String(sanitize_text(text, SHORT_FIELD_CAP))
+    Value::String(sanitized(text, SHORT_FIELD_CAP).into_owned())
 }
 
-/// A search hit's folded copies (chunks with the same text), when it has any:
-/// `{"count": n, "copies": [{"chunkKey", "fileId", "path"}, ...]}` with at most the first
-/// few copies listed and `count` counting all of them.
-pub(crate) fn duplicates_json(hit: &kg_proto::v1::SearchHit) -> Option<Value> {
-    if hit.duplicate_count == 0 {
-        return None;
+/// A short untrusted string, sanitised as it is written.
+#[derive(Clone, Copy)]
+struct Clean<'a>(&'a str);
+
+impl Serialize for Clean<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&sanitized(self.0, SHORT_FIELD_CAP))
     }
-    let copies: Vec<Value> = hit
-        .duplicates
-        .iter()
-        .map(|c| json!({"chunkKey": clean(&c.chunk_key), "fileId": clean(&c.file_id), "path": clean(&c.path)}))
-        .collect();
-    Some(json!({"count": hit.duplicate_count, "copies": copies}))
+}
+
+/// A JSON number; a non-finite float (which JSON cannot carry) is written as 0.
+#[derive(Clone, Copy)]
+struct Finite(f64);
+
+impl Serialize for Finite {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_f64(if self.0.is_finite() { self.0 } else { 0.0 })
+    }
 }
 
 /// A JSON number; a non-finite float (which JSON cannot carry) becomes 0.
@@ -39,6 +56,10 @@ fn put_opt<T: Into<Value>>(map: &mut Map<String, Value>, key: &str, value: Optio
     }
 }
 
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
 /// The lowercase name of a permission.
 pub(crate) fn permission_name(permission: Permission) -> &'static str {
     match permission {
@@ -49,163 +70,318 @@ pub(crate) fn permission_name(permission: Permission) -> &'static str {
     }
 }
 
-fn outline_ref(r: &OutlineRef) -> Value {
-    json!({
-        "outlineKey": clean(&r.outline_key),
-        "title": clean(&r.title),
-        "depth": r.depth,
-        "order": r.order,
-    })
+/// A search hit's folded copies (chunks with the same text), when it has any:
+/// `{"count": n, "copies": [{"chunkKey", "fileId", "path"}, ...]}` with at most the first
+/// few copies listed and `count` counting all of them.
+#[derive(Serialize)]
+pub(crate) struct Duplicates<'a> {
+    count: u32,
+    copies: Vec<Copy<'a>>,
 }
 
-/// One chunk package in the shared JSON shape.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Copy<'a> {
+    chunk_key: Clean<'a>,
+    file_id: Clean<'a>,
+    path: Clean<'a>,
+}
+
+impl<'a> Duplicates<'a> {
+    pub(crate) fn of(hit: &'a SearchHit) -> Option<Self> {
+        (hit.duplicate_count > 0).then(|| Self {
+            count: hit.duplicate_count,
+            copies: hit
+                .duplicates
+                .iter()
+                .map(|c| Copy {
+                    chunk_key: Clean(&c.chunk_key),
+                    file_id: Clean(&c.file_id),
+                    path: Clean(&c.path),
+                })
+                .collect(),
+        })
+    }
+}
+
+/// One chunk package in the shared JSON shape, borrowed from the proto message; a
+/// search result also lists its folded copies.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct PackageJson<'a> {
+    namespace: Clean<'a>,
+    chunk_key: Clean<'a>,
+    file_id: Clean<'a>,
+    path: Clean<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    score: Option<Finite>,
+    text: Cow<'a, str>,
+    context_header: Clean<'a>,
+    citation: Clean<'a>,
+    #[serde(skip_serializing_if = "is_false")]
+    text_truncated: bool,
+    #[serde(skip_serializing_if = "is_false")]
+    text_omitted: bool,
+    position: PositionJson<'a>,
+    outline: OutlineJson<'a>,
+    mentions: Vec<MentionJson<'a>>,
+    rel_neighbors: Vec<RelJson<'a>>,
+    dates: DatesJson<'a>,
+    similar_files: Vec<SimilarJson<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    counts: Option<CountsJson<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    duplicates: Option<Duplicates<'a>>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct PositionJson<'a> {
+    chunk_index: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    char_start: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    char_end: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    page_start: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    page_end: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    line_start: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    line_end: Option<i64>,
+    token_count: i64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    prev_chunk_key: Option<Clean<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next_chunk_key: Option<Clean<'a>>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct OutlineRefJson<'a> {
+    outline_key: Clean<'a>,
+    title: Clean<'a>,
+    depth: i64,
+    order: i64,
+}
+
+impl<'a> OutlineRefJson<'a> {
+    fn of(r: &'a OutlineRef) -> Self {
+        Self {
+            outline_key: Clean(&r.outline_key),
+            title: Clean(&r.title),
+            depth: r.depth,
+            order: r.order,
+        }
+    }
+
+    fn list(refs: &'a [OutlineRef]) -> Vec<Self> {
+        refs.iter().map(Self::of).collect()
+    }
+}
+
+#[derive(Serialize)]
+struct OutlineJson<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    section: Option<OutlineRefJson<'a>>,
+    ancestors: Vec<OutlineRefJson<'a>>,
+    siblings: Vec<OutlineRefJson<'a>>,
+    children: Vec<OutlineRefJson<'a>>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct MentionJson<'a> {
+    entity_key: Clean<'a>,
+    name: Clean<'a>,
+    type_id: Clean<'a>,
+    type_label: Clean<'a>,
+    method: Clean<'a>,
+    quote: Clean<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    char_start: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    char_end: Option<i64>,
+}
+
+impl<'a> MentionJson<'a> {
+    fn of(m: &'a Mention) -> Self {
+        Self {
+            entity_key: Clean(&m.entity_key),
+            name: Clean(&m.name),
+            type_id: Clean(&m.type_id),
+            type_label: Clean(&m.type_label),
+            method: Clean(&m.method),
+            quote: Clean(&m.quote),
+            char_start: m.char_start,
+            char_end: m.char_end,
+        }
+    }
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct RelJson<'a> {
+    source_entity_key: Clean<'a>,
+    relation_type_id: Clean<'a>,
+    target_entity_key: Clean<'a>,
+    target_name: Clean<'a>,
+    stated_in_file_id: Clean<'a>,
+    source_name: Clean<'a>,
+    direction: Clean<'a>,
+    entity_key: Clean<'a>,
+    other_entity_key: Clean<'a>,
+    other_name: Clean<'a>,
+    other_type_id: Clean<'a>,
+    stated_in_chunk_key: Clean<'a>,
+}
+
+impl<'a> RelJson<'a> {
+    fn of(r: &'a RelNeighbor) -> Self {
+        Self {
+            source_entity_key: Clean(&r.source_entity_key),
+            relation_type_id: Clean(&r.relation_type_id),
+            target_entity_key: Clean(&r.target_entity_key),
+            target_name: Clean(&r.target_name),
+            stated_in_file_id: Clean(&r.stated_in_file_id),
+            source_name: Clean(&r.source_name),
+            direction: Clean(&r.direction),
+            entity_key: Clean(&r.entity_key),
+            other_entity_key: Clean(&r.other_entity_key),
+            other_name: Clean(&r.other_name),
+            other_type_id: Clean(&r.other_type_id),
+            stated_in_chunk_key: Clean(&r.stated_in_chunk_key),
+        }
+    }
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct DatesJson<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    document_date: Option<Clean<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    effective_from: Option<Clean<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    effective_to: Option<Clean<'a>>,
+    collections: Vec<Clean<'a>>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct SimilarJson<'a> {
+    file_id: Clean<'a>,
+    path: Clean<'a>,
+    score: Finite,
+}
+
+impl<'a> SimilarJson<'a> {
+    fn of(s: &'a SimilarFile) -> Self {
+        Self {
+            file_id: Clean(&s.file_id),
+            path: Clean(&s.path),
+            score: Finite(s.score),
+        }
+    }
+}
+
+/// `{"<list>": {"total", "truncated"}, ...}` for the lists a cap cut.
+struct CountsJson<'a>(&'a ListCounts);
+
+impl Serialize for CountsJson<'_> {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Count {
+            total: i64,
+            truncated: bool,
+        }
+        let mut map = serializer.serialize_map(Some(self.0.lists.len()))?;
+        for c in &self.0.lists {
+            map.serialize_entry(
+                &Clean(&c.list),
+                &Count {
+                    total: c.total,
+                    truncated: c.truncated,
+                },
+            )?;
+        }
+        map.end()
+    }
+}
+
+impl<'a> PackageJson<'a> {
+    /// The view of `p`; a package missing a part shows that part empty.
+    pub(crate) fn of(p: &'a ChunkPackage) -> Self {
+        let text = p.text.as_ref();
+        let pos = p.position.as_ref();
+        let outline = p.outline.as_ref();
+        let dates = p.dates.as_ref();
+        let str_of = |s: Option<&'a String>| s.map_or("", String::as_str);
+        Self {
+            namespace: Clean(&p.namespace),
+            chunk_key: Clean(&p.chunk_key),
+            file_id: Clean(&p.file_id),
+            path: Clean(&p.path),
+            score: p.score.map(Finite),
+            text: sanitized(str_of(text.map(|t| &t.text)), DEFAULT_FIELD_CAP),
+            context_header: Clean(str_of(text.map(|t| &t.context_header))),
+            citation: Clean(str_of(text.map(|t| &t.citation))),
+            text_truncated: text.is_some_and(|t| t.text_truncated),
+            text_omitted: text.is_some_and(|t| t.text_omitted),
+            position: PositionJson {
+                chunk_index: pos.map_or(0, |p| p.chunk_index),
+                char_start: pos.and_then(|p| p.char_start),
+                char_end: pos.and_then(|p| p.char_end),
+                page_start: pos.and_then(|p| p.page_start),
+                page_end: pos.and_then(|p| p.page_end),
+                line_start: pos.and_then(|p| p.line_start),
+                line_end: pos.and_then(|p| p.line_end),
+                token_count: pos.map_or(0, |p| p.token_count),
+                prev_chunk_key: pos.and_then(|p| p.prev_chunk_key.as_deref()).map(Clean),
+                next_chunk_key: pos.and_then(|p| p.next_chunk_key.as_deref()).map(Clean),
+            },
+            outline: OutlineJson {
+                section: outline
+                    .and_then(|o| o.section.as_ref())
+                    .map(OutlineRefJson::of),
+                ancestors: outline.map_or_else(Vec::new, |o| OutlineRefJson::list(&o.ancestors)),
+                siblings: outline.map_or_else(Vec::new, |o| OutlineRefJson::list(&o.siblings)),
+                children: outline.map_or_else(Vec::new, |o| OutlineRefJson::list(&o.children)),
+            },
+            mentions: p.mentions.iter().map(MentionJson::of).collect(),
+            rel_neighbors: p.rel_neighbors.iter().map(RelJson::of).collect(),
+            dates: DatesJson {
+                document_date: dates.and_then(|d| d.document_date.as_deref()).map(Clean),
+                effective_from: dates.and_then(|d| d.effective_from.as_deref()).map(Clean),
+                effective_to: dates.and_then(|d| d.effective_to.as_deref()).map(Clean),
+                collections: dates.map_or_else(Vec::new, |d| {
+                    d.collections.iter().map(|c| Clean(c)).collect()
+                }),
+            },
+            similar_files: p.similar_files.iter().map(SimilarJson::of).collect(),
+            counts: p
+                .counts
+                .as_ref()
+                .filter(|c| !c.lists.is_empty())
+                .map(CountsJson),
+            duplicates: None,
+        }
+    }
+
+    /// The view of a search result: the package and the hit's folded copies.
+    pub(crate) fn of_hit(p: &'a ChunkPackage, hit: &'a SearchHit) -> Self {
+        Self {
+            duplicates: Duplicates::of(hit),
+            ..Self::of(p)
+        }
+    }
+}
+
+/// One chunk package in the shared JSON shape, as a `Value`, for answers that hold a few.
 pub(crate) fn package_json(p: &ChunkPackage) -> Value {
-    let mut out = Map::new();
-    out.insert("namespace".into(), clean(&p.namespace));
-    out.insert("chunkKey".into(), clean(&p.chunk_key));
-    out.insert("fileId".into(), clean(&p.file_id));
-    out.insert("path".into(), clean(&p.path));
-    put_opt(&mut out, "score", p.score.map(number));
-    let text = p.text.clone().unwrap_or_default();
-    out.insert(
-        "text".into(),
-        Value::String(sanitize_text(&text.text, DEFAULT_FIELD_CAP)),
-    );
-    out.insert("contextHeader".into(), clean(&text.context_header));
-    out.insert("citation".into(), clean(&text.citation));
-    if text.text_truncated {
-        out.insert("textTruncated".into(), Value::Bool(true));
-    }
-    if text.text_omitted {
-        out.insert("textOmitted".into(), Value::Bool(true));
-    }
-
-    let pos = p.position.clone().unwrap_or_default();
-    let mut position = Map::new();
-    position.insert("chunkIndex".into(), pos.chunk_index.into());
-    put_opt(&mut position, "charStart", pos.char_start);
-    put_opt(&mut position, "charEnd", pos.char_end);
-    put_opt(&mut position, "pageStart", pos.page_start);
-    put_opt(&mut position, "pageEnd", pos.page_end);
-    put_opt(&mut position, "lineStart", pos.line_start);
-    put_opt(&mut position, "lineEnd", pos.line_end);
-    position.insert("tokenCount".into(), pos.token_count.into());
-    put_opt(
-        &mut position,
-        "prevChunkKey",
-        pos.prev_chunk_key.as_deref().map(clean),
-    );
-    put_opt(
-        &mut position,
-        "nextChunkKey",
-        pos.next_chunk_key.as_deref().map(clean),
-    );
-    out.insert("position".into(), Value::Object(position));
-
-    let outline = p.outline.clone().unwrap_or_default();
-    let mut outline_json = Map::new();
-    put_opt(
-        &mut outline_json,
-        "section",
-        outline.section.as_ref().map(outline_ref),
-    );
-    outline_json.insert(
-        "ancestors".into(),
-        outline.ancestors.iter().map(outline_ref).collect(),
-    );
-    outline_json.insert(
-        "siblings".into(),
-        outline.siblings.iter().map(outline_ref).collect(),
-    );
-    outline_json.insert(
-        "children".into(),
-        outline.children.iter().map(outline_ref).collect(),
-    );
-    out.insert("outline".into(), Value::Object(outline_json));
-
-    let mentions: Vec<Value> = p
-        .mentions
-        .iter()
-        .map(|m| {
-            let mut v = Map::new();
-            v.insert("entityKey".into(), clean(&m.entity_key));
-            v.insert("name".into(), clean(&m.name));
-            v.insert("typeId".into(), clean(&m.type_id));
-            v.insert("typeLabel".into(), clean(&m.type_label));
-            v.insert("method".into(), clean(&m.method));
-            v.insert("quote".into(), clean(&m.quote));
-            put_opt(&mut v, "charStart", m.char_start);
-            put_opt(&mut v, "charEnd", m.char_end);
-            Value::Object(v)
-        })
-        .collect();
-    out.insert("mentions".into(), Value::Array(mentions));
-    let rel: Vec<Value> = p
-        .rel_neighbors
-        .iter()
-        .map(|r| {
-            json!({
-                "sourceEntityKey": clean(&r.source_entity_key),
-                "relationTypeId": clean(&r.relation_type_id),
-                "targetEntityKey": clean(&r.target_entity_key),
-                "targetName": clean(&r.target_name),
-                "statedInFileId": clean(&r.stated_in_file_id),
-                "sourceName": clean(&r.source_name),
-                "direction": clean(&r.direction),
-                "entityKey": clean(&r.entity_key),
-                "otherEntityKey": clean(&r.other_entity_key),
-                "otherName": clean(&r.other_name),
-                "otherTypeId": clean(&r.other_type_id),
-                "statedInChunkKey": clean(&r.stated_in_chunk_key),
-            })
-        })
-        .collect();
-    out.insert("relNeighbors".into(), Value::Array(rel));
-
-    let dates = p.dates.clone().unwrap_or_default();
-    let mut dates_json = Map::new();
-    put_opt(
-        &mut dates_json,
-        "documentDate",
-        dates.document_date.as_deref().map(clean),
-    );
-    put_opt(
-        &mut dates_json,
-        "effectiveFrom",
-        dates.effective_from.as_deref().map(clean),
-    );
-    put_opt(
-        &mut dates_json,
-        "effectiveTo",
-        dates.effective_to.as_deref().map(clean),
-    );
-    dates_json.insert(
-        "collections".into(),
-        dates.collections.iter().map(|c| clean(c)).collect(),
-    );
-    out.insert("dates".into(), Value::Object(dates_json));
-
-    let similar: Vec<Value> = p
-        .similar_files
-        .iter()
-        .map(|s| json!({"fileId": clean(&s.file_id), "path": clean(&s.path), "score": number(s.score)}))
-        .collect();
-    out.insert("similarFiles".into(), Value::Array(similar));
-
-    if let Some(counts) = p.counts.as_ref().filter(|c| !c.lists.is_empty()) {
-        let map: Map<String, Value> = counts
-            .lists
-            .iter()
-            .map(|c| {
-                (
-                    sanitize_text(&c.list, SHORT_FIELD_CAP),
-                    json!({"total": c.total, "truncated": c.truncated}),
-                )
-            })
-            .collect();
-        out.insert("counts".into(), Value::Object(map));
-    }
-    Value::Object(out)
+    // Serializing these views cannot fail: every key is a string and every number finite.
+    serde_json::to_value(PackageJson::of(p)).unwrap_or(Value::Null)
 }
 
 /// One outline section in the kg_outline JSON shape.
@@ -228,6 +404,166 @@ pub(crate) fn section_json(s: &OutlineSection) -> Value {
 mod tests {
     use super::*;
     use kg_proto::v1::{ChunkText, ListCount, ListCounts, Position};
+    use kg_proto::v1::{Dates, DuplicateCopy, OutlineContext};
+
+    #[test]
+    fn every_field_of_a_package_is_written_and_cleaned() {
+        let r = |k: &str, t: &str| OutlineRef {
+            outline_key: k.into(),
+            title: t.into(),
+            depth: 2,
+            order: 3,
+        };
+        let full = ChunkPackage {
+            namespace: "de\u{200b}mo".into(),
+            chunk_key: "c1".into(),
+            file_id: "f1".into(),
+            path: "a/\u{202e}b.md".into(),
+            score: Some(0.123456789),
+            text: Some(ChunkText {
+                text: "Hello \"q\" \\ \u{1b}[31mred naïve 東京\n\tend".into(),
+                context_header: "H › S".into(),
+                citation: "cit".into(),
+                text_truncated: true,
+                text_omitted: true,
+            }),
+            position: Some(Position {
+                chunk_index: 4,
+                char_start: Some(1),
+                char_end: Some(2),
+                page_start: Some(3),
+                page_end: Some(4),
+                line_start: Some(5),
+                line_end: Some(6),
+                token_count: 7,
+                prev_chunk_key: Some("p".into()),
+                next_chunk_key: Some("n\u{7}".into()),
+            }),
+            outline: Some(OutlineContext {
+                section: Some(r("s", "Sec")),
+                ancestors: vec![r("a1", "A1"), r("a2", "A\u{e0041}2")],
+                siblings: vec![r("s1", "S1")],
+                children: vec![r("c1", "C1"), r("c2", "C2")],
+            }),
+            mentions: vec![Mention {
+                entity_key: "e".into(),
+                name: "N".into(),
+                type_id: "t".into(),
+                type_label: "T".into(),
+                method: "m".into(),
+                quote: "q".into(),
+                char_start: Some(1),
+                char_end: None,
+            }],
+            rel_neighbors: vec![RelNeighbor {
+                source_entity_key: "a".into(),
+                relation_type_id: "b".into(),
+                target_entity_key: "c".into(),
+                target_name: "d".into(),
+                stated_in_file_id: "e".into(),
+                source_name: "f".into(),
+                direction: "out".into(),
+                entity_key: "g".into(),
+                other_entity_key: "h".into(),
+                other_name: "i".into(),
+                other_type_id: "j".into(),
+                stated_in_chunk_key: "k".into(),
+            }],
+            dates: Some(Dates {
+                document_date: Some("2024-01-01".into()),
+                effective_from: None,
+                effective_to: Some("2025".into()),
+                collections: vec!["x".into(), "y\u{200d}".into()],
+            }),
+            similar_files: vec![
+                SimilarFile {
+                    file_id: "sf".into(),
+                    path: "sp".into(),
+                    score: f64::NAN,
+                },
+                SimilarFile {
+                    file_id: "sf2".into(),
+                    path: "sp2".into(),
+                    score: 0.25,
+                },
+            ],
+            counts: Some(ListCounts {
+                lists: vec![
+                    ListCount {
+                        list: "mentions".into(),
+                        total: 30,
+                        truncated: true,
+                    },
+                    ListCount {
+                        list: "rel\u{202e}".into(),
+                        total: 2,
+                        truncated: false,
+                    },
+                ],
+            }),
+        };
+        // Every field, hidden characters stripped, a non-finite score written as 0.
+        let expected: Value = serde_json::from_str(
+            r#"{
+                "namespace": "demo",
+                "chunkKey": "c1",
+                "fileId": "f1",
+                "path": "a/b.md",
+                "score": 0.123456789,
+                "text": "Hello \"q\" \\ red naïve 東京\n\tend",
+                "contextHeader": "H › S",
+                "citation": "cit",
+                "textTruncated": true,
+                "textOmitted": true,
+                "position": {"chunkIndex": 4, "charStart": 1, "charEnd": 2, "pageStart": 3, "pageEnd": 4, "lineStart": 5, "lineEnd": 6, "tokenCount": 7, "prevChunkKey": "p", "nextChunkKey": "n"},
+                "outline": {"section": {"outlineKey": "s", "title": "Sec", "depth": 2, "order": 3}, "ancestors": [{"outlineKey": "a1", "title": "A1", "depth": 2, "order": 3}, {"outlineKey": "a2", "title": "A2", "depth": 2, "order": 3}], "siblings": [{"outlineKey": "s1", "title": "S1", "depth": 2, "order": 3}], "children": [{"outlineKey": "c1", "title": "C1", "depth": 2, "order": 3}, {"outlineKey": "c2", "title": "C2", "depth": 2, "order": 3}]},
+                "mentions": [{"entityKey": "e", "name": "N", "typeId": "t", "typeLabel": "T", "method": "m", "quote": "q", "charStart": 1}],
+                "relNeighbors": [{"sourceEntityKey": "a", "relationTypeId": "b", "targetEntityKey": "c", "targetName": "d", "statedInFileId": "e", "sourceName": "f", "direction": "out", "entityKey": "g", "otherEntityKey": "h", "otherName": "i", "otherTypeId": "j", "statedInChunkKey": "k"}],
+                "dates": {"documentDate": "2024-01-01", "effectiveTo": "2025", "collections": ["x", "y"]},
+                "similarFiles": [{"fileId": "sf", "path": "sp", "score": 0.0}, {"fileId": "sf2", "path": "sp2", "score": 0.25}],
+                "counts": {"mentions": {"total": 30, "truncated": true}, "rel": {"total": 2, "truncated": false}}
+            }"#,
+        )
+        .unwrap();
+        assert_eq!(
+            serde_json::to_value(PackageJson::of(&full)).unwrap(),
+            expected
+        );
+        assert_eq!(package_json(&full), expected);
+
+        // A search hit also lists its folded copies, last.
+        let hit = SearchHit {
+            duplicate_count: 3,
+            duplicates: vec![DuplicateCopy {
+                chunk_key: "k".into(),
+                file_id: "f".into(),
+                path: "p\u{200b}".into(),
+            }],
+            ..Default::default()
+        };
+        let mut with_copies = expected;
+        with_copies["duplicates"] =
+            json!({"count": 3, "copies": [{"chunkKey": "k", "fileId": "f", "path": "p"}]});
+        assert_eq!(
+            serde_json::to_value(PackageJson::of_hit(&full, &hit)).unwrap(),
+            with_copies
+        );
+        let text = serde_json::to_string(&PackageJson::of_hit(&full, &hit)).unwrap();
+        assert!(text.ends_with(r#""copies":[{"chunkKey":"k","fileId":"f","path":"p"}]}}"#));
+
+        // A package missing its parts shows them empty.
+        assert_eq!(
+            package_json(&ChunkPackage::default()),
+            json!({
+                "namespace": "", "chunkKey": "", "fileId": "", "path": "", "text": "",
+                "contextHeader": "", "citation": "",
+                "position": {"chunkIndex": 0, "tokenCount": 0},
+                "outline": {"ancestors": [], "siblings": [], "children": []},
+                "mentions": [], "relNeighbors": [], "dates": {"collections": []},
+                "similarFiles": [],
+            })
+        );
+    }
 
     #[test]
     fn package_has_the_shared_shape_and_clean_text() {

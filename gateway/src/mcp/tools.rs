@@ -9,10 +9,12 @@ use kg_proto::v1::{
     CallerContext, ChunkPackage, OpenRequest, OutlineRequest, OutlineResponse, PackagesRequest,
     PackagesResponse, SearchHit, SearchRequest, SearchResponse,
 };
+use serde::Serialize;
+use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
 use super::args::{self, SearchArgs};
-use super::package::{duplicates_json, number, package_json, permission_name, section_json};
+use super::package::{PackageJson, number, package_json, permission_name, section_json};
 use super::registry::ToolKind;
 use super::search::{apply_token_budget, interleave};
 use crate::error::ClientError;
@@ -22,7 +24,8 @@ use crate::state::{Caller, GatewayState};
 /// (for the audit trail).
 #[derive(Debug)]
 pub(crate) struct Outcome {
-    pub(crate) result: Result<Value, ClientError>,
+    /// The result as JSON text: it goes out as both structuredContent and the text block.
+    pub(crate) result: Result<Box<RawValue>, ClientError>,
     pub(crate) namespaces: Vec<String>,
 }
 
@@ -34,22 +37,26 @@ pub(crate) async fn run(
     args: &Map<String, Value>,
 ) -> Outcome {
     let mut namespaces = requested_namespaces(args);
-    let result = match kind {
+    let value = match kind {
+        // The largest answers, serialized straight from the backends' messages.
+        ToolKind::Search => {
+            let result = match args::search_args(args) {
+                Ok(args) => {
+                    // No namespaces asked for: the search covers every readable one.
+                    if args.namespaces.is_empty()
+                        && let Ok(all) = resolve_namespaces(caller.context(), &[])
+                    {
+                        namespaces = all;
+                    }
+                    search(state, caller, args).await
+                }
+                Err(err) => Err(err),
+            };
+            return Outcome { result, namespaces };
+        }
         ToolKind::Namespaces => {
             args::namespaces_args(args).map(|()| self::namespaces(caller.context()))
         }
-        ToolKind::Search => match args::search_args(args) {
-            Ok(args) => {
-                // No namespaces asked for: the search covers every readable one.
-                if args.namespaces.is_empty()
-                    && let Ok(all) = resolve_namespaces(caller.context(), &[])
-                {
-                    namespaces = all;
-                }
-                search(state, caller, args).await
-            }
-            Err(err) => Err(err),
-        },
         ToolKind::Open => match args::open_args(args) {
             Ok(args) => open(state, caller, args).await,
             Err(err) => Err(err),
@@ -73,7 +80,19 @@ pub(crate) async fn run(
         ToolKind::KnowledgeGraph => super::knowledge_graph::run(state, caller, args).await,
         ToolKind::EntitySearch => super::entity_search::run(state, caller, args).await,
     };
-    Outcome { result, namespaces }
+    Outcome {
+        result: value.and_then(|value| json_text(&value)),
+        namespaces,
+    }
+}
+
+/// `value` as JSON text. Failing would be a bug (every map key here is a string), so the
+/// caller gets an internal error and the log a line.
+pub(crate) fn json_text<T: Serialize>(value: &T) -> Result<Box<RawValue>, ClientError> {
+    serde_json::value::to_raw_value(value).map_err(|err| {
+        tracing::error!(error = %err, "a tool result did not serialize");
+        ClientError::new(ErrorCode::Internal, "")
+    })
 }
 
 /// The namespaces named in raw arguments (`namespace`, `namespaces`), even
@@ -265,7 +284,7 @@ fn assemble(
     winners: &[(usize, SearchHit)],
     package_lists: Vec<Result<Vec<ChunkPackage>, ClientError>>,
     token_budget: Option<u32>,
-) -> Value {
+) -> Result<Box<RawValue>, ClientError> {
     let SearchRound {
         mut outcomes,
         lanes,
@@ -286,7 +305,7 @@ fn assemble(
     }
     // Keep the interleaved order; a chunk that became unreadable meanwhile drops out.
     let mut without_offsets: BTreeMap<(usize, String, String), Vec<String>> = BTreeMap::new();
-    let mut duplicates: Vec<Option<Value>> = Vec::with_capacity(winners.len());
+    let mut result_hits: Vec<&SearchHit> = Vec::with_capacity(winners.len());
     let mut results: Vec<ChunkPackage> = winners
         .iter()
         .filter_map(|(index, hit)| {
@@ -298,7 +317,7 @@ fn assemble(
                     .or_default()
                     .push(package.chunk_key.clone());
             }
-            duplicates.push(duplicates_json(hit));
+            result_hits.push(hit);
             Some(package)
         })
         .collect();
@@ -343,22 +362,25 @@ fn assemble(
         .map(|o| o.total)
         .sum();
     let returned = results.len() as u64;
-    json!({
-        "results": results
+    json_text(&SearchAnswer {
+        results: results
             .iter()
-            .zip(duplicates)
-            .map(|(package, duplicates)| {
-                let mut result = package_json(package);
-                if let Some(duplicates) = duplicates {
-                    result["duplicates"] = duplicates;
-                }
-                result
-            })
-            .collect::<Vec<_>>(),
-        "total": total.max(returned),
-        "truncated": total > returned,
-        "trace": trace,
+            .zip(result_hits)
+            .map(|(package, hit)| PackageJson::of_hit(package, hit))
+            .collect(),
+        total: total.max(returned),
+        truncated: total > returned,
+        trace,
     })
+}
+
+/// The kg_search answer.
+#[derive(Serialize)]
+struct SearchAnswer<'a> {
+    results: Vec<PackageJson<'a>>,
+    total: u64,
+    truncated: bool,
+    trace: Value,
 }
 
 /// A package whose chunk has no character offsets: written by an indexer from before
@@ -375,7 +397,7 @@ async fn search(
     state: &GatewayState,
     caller: &Caller,
     args: SearchArgs,
-) -> Result<Value, ClientError> {
+) -> Result<Box<RawValue>, ClientError> {
     let namespaces = resolve_namespaces(caller.context(), &args.namespaces)?;
     let calls = namespaces.iter().map(|ns| {
         let mut client = state.backends.retrieval.clone();
@@ -427,7 +449,7 @@ async fn search(
             }
         });
     let package_lists = join_all(calls).await;
-    Ok(assemble(round, &winners, package_lists, args.token_budget))
+    assemble(round, &winners, package_lists, args.token_budget)
 }
 
 async fn open(
@@ -506,6 +528,17 @@ fn outline_result(response: OutlineResponse) -> Value {
 mod tests {
     use super::*;
     use kg_proto::v1::{AccessFilter, Permission};
+
+    /// The kg_search answer as the client reads it.
+    fn assembled(
+        round: SearchRound,
+        winners: &[(usize, SearchHit)],
+        package_lists: Vec<Result<Vec<ChunkPackage>, ClientError>>,
+        token_budget: Option<u32>,
+    ) -> Value {
+        let text = assemble(round, winners, package_lists, token_budget).unwrap();
+        serde_json::from_str(text.get()).unwrap()
+    }
 
     fn context(namespaces: &[(&str, Permission)]) -> CallerContext {
         CallerContext {
@@ -591,7 +624,7 @@ mod tests {
         .unwrap();
         let mut round = round;
         let winners = round.winners(4);
-        let result = assemble(
+        let result = assembled(
             round,
             &winners,
             vec![
@@ -631,7 +664,7 @@ mod tests {
             vec![Ok(grounded), Ok(response(Vec::new(), 0))],
         )
         .unwrap();
-        let result = assemble(round, &[], vec![Ok(Vec::new()), Ok(Vec::new())], None);
+        let result = assembled(round, &[], vec![Ok(Vec::new()), Ok(Vec::new())], None);
         assert_eq!(
             result["trace"]["grounding"],
             json!([{"namespace": "a", "entities": [], "pair": [], "directCount": 0,
@@ -675,7 +708,7 @@ mod tests {
             legacy("f1#0", "f1", "legacy/notes.md"),
             packages(&["b9"]).remove(0),
         ];
-        let result = assemble(
+        let result = assembled(
             round,
             &winners,
             vec![Ok(packages(&["a1"])), Ok(b_packages)],
@@ -698,7 +731,7 @@ mod tests {
         )
         .unwrap();
         let winners = vec![(0, hit("a1", 0.9))];
-        let result = assemble(round, &winners, vec![Ok(packages(&["a1"]))], None);
+        let result = assembled(round, &winners, vec![Ok(packages(&["a1"]))], None);
         assert_eq!(keys(&result), ["a1"]);
         assert!(result["trace"].get("missingOffsets").is_none());
     }
@@ -715,7 +748,7 @@ mod tests {
         )
         .unwrap();
         let winners = round.winners(8);
-        let result = assemble(
+        let result = assembled(
             round,
             &winners,
             vec![
@@ -855,7 +888,7 @@ mod tests {
         )
         .unwrap();
         let winners = round.winners(8);
-        let result = assemble(
+        let result = assembled(
             round,
             &winners,
             vec![Ok(vec![full_package()]), Ok(Vec::new())],

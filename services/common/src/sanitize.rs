@@ -1,5 +1,7 @@
 //! Untrusted text (file contents, names from stores) is cleaned before it reaches a model.
 
+use std::borrow::Cow;
+
 /// Longest single field returned to a model unless a caller asks for less.
 pub const DEFAULT_FIELD_CAP: usize = 64 * 1024;
 
@@ -8,12 +10,18 @@ pub const DEFAULT_FIELD_CAP: usize = 64 * 1024;
 /// overrides and isolates, and zero-width characters. Caps the result at
 /// `max_chars` characters, appending `…` when it cut.
 pub fn sanitize_text(input: &str, max_chars: usize) -> String {
+    sanitized(input, max_chars).into_owned()
+}
+
+/// [`sanitize_text`] without the copy when there is nothing to change: the answer
+/// borrows `input` when it is printable ASCII (with newlines and tabs) within the cap.
+pub fn sanitized(input: &str, max_chars: usize) -> Cow<'_, str> {
     // Most chunk text is printable ASCII with newlines and tabs: nothing to strip and one char
-    // per byte, so a byte scan replaces the char-by-char copy (a sixth of rendering a search answer).
+    // per byte, so a byte scan replaces the char-by-char copy.
     if input.len() <= max_chars && input.bytes().all(is_plain_ascii) {
-        return input.to_owned();
+        return Cow::Borrowed(input);
     }
-    strip_hidden(input, max_chars)
+    Cow::Owned(strip_hidden(input, max_chars))
 }
 
 /// Printable ASCII, newline or tab: kept as it is by [`strip_hidden`].
@@ -145,5 +153,9 @@ mod tests {
                 "byte {b:#04x}"
             );
         }
+        // Text with nothing to change is borrowed, not copied.
+        assert!(matches!(sanitized("plain\ttext\n", 100), Cow::Borrowed(_)));
+        assert!(matches!(sanitized("over the cap", 4), Cow::Owned(_)));
+        assert!(matches!(sanitized("bidi\u{202e}", 100), Cow::Owned(_)));
     }
 }
