@@ -581,6 +581,23 @@ mod tests {
         );
     }
 
+    #[test]
+    fn rmcp_gets_the_same_numbers_as_the_text() {
+        // Scores carry 17 significant digits; a parse that is off by one ulp would make the
+        // structured copy and the text disagree (the MCP SDK tests compare them).
+        let scores = [0.968_253_968_253_968_1, 0.1 + 0.2, 1.0 / 3.0, 5e-324, 1e300];
+        let (answer, _) = finish(tools::json_text(&json!({ "scores": scores })));
+        let ToolAnswer::Structured(json) = &answer else {
+            panic!("not a result: {answer:?}");
+        };
+        let text = json.get().to_owned();
+        let result = answer.into_call_tool_result();
+        assert_eq!(result.content[0].as_text().unwrap().text, text);
+        let structured = result.structured_content.unwrap();
+        assert_eq!(structured.to_string(), text);
+        assert_eq!(structured["scores"][0].as_f64(), Some(scores[0]));
+    }
+
     fn clone_answer(answer: &ToolAnswer) -> ToolAnswer {
         match answer {
             ToolAnswer::Structured(json) => ToolAnswer::Structured(json.clone()),
