@@ -380,8 +380,12 @@ impl<'a> PackageJson<'a> {
 
 /// One chunk package in the shared JSON shape, as a `Value`, for answers that hold a few.
 pub(crate) fn package_json(p: &ChunkPackage) -> Value {
-    // Serializing these views cannot fail: every key is a string and every number finite.
-    serde_json::to_value(PackageJson::of(p)).unwrap_or(Value::Null)
+    // Every key is a string and every number finite, so this does not fail; if it ever
+    // did, the package shows as null and the log says so rather than the call failing.
+    serde_json::to_value(PackageJson::of(p)).unwrap_or_else(|err| {
+        tracing::error!(error = %err, "a chunk package did not serialize");
+        Value::Null
+    })
 }
 
 /// One outline section in the kg_outline JSON shape.
