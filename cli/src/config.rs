@@ -74,9 +74,12 @@ pub struct RetrievalSection {
     /// FalkorDB's full-text lane matches and counts query words by their English stem
     /// (`true`) or as exact tokens (`false`, the default).
     pub fulltext_stemming: Option<bool>,
-    /// Share (0..=1) of the query's idf weight a full-text hit must match to be fused beside
-    /// vector hits (default 0.5; 0 fuses every full-text hit).
-    pub fusion_fulltext_min_match: Option<f64>,
+    /// Share (0..=1) of the query's idf weight a full-text hit must match to earn its rank's
+    /// whole contribution beside vector hits; less earns (held / share)² of it (default 0.5;
+    /// 0 weighs every full-text hit fully). Read under its earlier name,
+    /// `fusion_fulltext_min_match`, too.
+    #[serde(alias = "fusion_fulltext_min_match")]
+    pub fusion_fulltext_full_match: Option<f64>,
     /// Chunks whose text is the same fuse as one hit listing the others (default `true`);
     /// a request's `ranking.collapseDuplicates` overrides it.
     pub collapse_duplicates: Option<bool>,
@@ -230,11 +233,11 @@ pub fn resolve(
     {
         problems.push(format!("indexer.concurrency: expected 1..=64, got {n}"));
     }
-    if let Some(share) = config.retrieval.fusion_fulltext_min_match
+    if let Some(share) = config.retrieval.fusion_fulltext_full_match
         && !(0.0..=1.0).contains(&share)
     {
         problems.push(format!(
-            "retrieval.fusion_fulltext_min_match: expected a share from 0 to 1, got {share}"
+            "retrieval.fusion_fulltext_full_match: expected a share from 0 to 1, got {share}"
         ));
     }
     problems.extend(config.indexer.llm.problems());
@@ -266,10 +269,10 @@ pub fn resolve(
             max_query_file_bytes: config.files.max_query_file_bytes,
             max_upload_bytes: config.max_upload_bytes,
             fulltext_stemming: config.retrieval.fulltext_stemming.unwrap_or(false),
-            fusion_fulltext_min_match: config
+            fusion_fulltext_full_match: config
                 .retrieval
-                .fusion_fulltext_min_match
-                .unwrap_or(kg_retrieval::DEFAULT_FUSION_FULLTEXT_MIN_MATCH),
+                .fusion_fulltext_full_match
+                .unwrap_or(kg_retrieval::DEFAULT_FUSION_FULLTEXT_FULL_MATCH),
             collapse_duplicates: config.retrieval.collapse_duplicates.unwrap_or(true),
             approval: crate::mesh::ApprovalOptions {
                 webhook_signing_secret_env: config.approval.webhook_signing_secret_env,
@@ -337,18 +340,22 @@ mod tests {
         std::fs::write(&file, "[retrieval]\nfulltext_stemming = true\n").unwrap();
         let (options, _) = resolve(Some(&file), UpFlags::default()).unwrap();
         assert!(options.fulltext_stemming);
-        assert!((options.fusion_fulltext_min_match - 0.5).abs() < 1e-9);
-        std::fs::write(&file, "[retrieval]\nfusion_fulltext_min_match = 0\n").unwrap();
+        assert!((options.fusion_fulltext_full_match - 0.5).abs() < 1e-9);
+        std::fs::write(&file, "[retrieval]\nfusion_fulltext_full_match = 0\n").unwrap();
         let (options, _) = resolve(Some(&file), UpFlags::default()).unwrap();
-        assert!(options.fusion_fulltext_min_match.abs() < 1e-9);
+        assert!(options.fusion_fulltext_full_match.abs() < 1e-9);
+        // The setting's earlier name still configures it.
+        std::fs::write(&file, "[retrieval]\nfusion_fulltext_min_match = 0.3\n").unwrap();
+        let (options, _) = resolve(Some(&file), UpFlags::default()).unwrap();
+        assert!((options.fusion_fulltext_full_match - 0.3).abs() < 1e-9);
         assert!(options.collapse_duplicates, "on unless configured off");
         std::fs::write(&file, "[retrieval]\ncollapse_duplicates = false\n").unwrap();
         let (options, _) = resolve(Some(&file), UpFlags::default()).unwrap();
         assert!(!options.collapse_duplicates);
-        std::fs::write(&file, "[retrieval]\nfusion_fulltext_min_match = 1.5\n").unwrap();
+        std::fs::write(&file, "[retrieval]\nfusion_fulltext_full_match = 1.5\n").unwrap();
         let err = resolve(Some(&file), UpFlags::default()).unwrap_err();
         assert!(
-            format!("{err:?}").contains("fusion_fulltext_min_match: expected a share from 0 to 1"),
+            format!("{err:?}").contains("fusion_fulltext_full_match: expected a share from 0 to 1"),
             "{err:?}"
         );
         std::fs::write(&file, "[retrieval]\nfulltext_stemming = \"no\"\n").unwrap();

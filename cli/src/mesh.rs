@@ -47,9 +47,9 @@ pub struct MeshOptions {
     pub max_upload_bytes: Option<usize>,
     /// Full-text words match by English stem (`[retrieval] fulltext_stemming`, default off).
     pub fulltext_stemming: bool,
-    /// Share of the query's idf weight a full-text hit must match to be fused beside vector
-    /// hits (`[retrieval] fusion_fulltext_min_match`, default 0.5).
-    pub fusion_fulltext_min_match: f64,
+    /// Share of the query's idf weight a full-text hit must match to earn its rank's whole
+    /// contribution beside vector hits (`[retrieval] fusion_fulltext_full_match`, default 0.5).
+    pub fusion_fulltext_full_match: f64,
     /// Fold chunks with the same text into one hit (`[retrieval] collapse_duplicates`,
     /// default on).
     pub collapse_duplicates: bool,
@@ -370,7 +370,7 @@ impl Mesh {
             // The vector lane embeds queries with the embedder that wrote the index.
             let mut service = kg_retrieval::RetrievalService::new(graph.clone())
                 .with_fulltext_stemming(options.fulltext_stemming)
-                .with_fusion_fulltext_min_match(options.fusion_fulltext_min_match)
+                .with_fusion_fulltext_full_match(options.fusion_fulltext_full_match)
                 .with_collapse_duplicates(options.collapse_duplicates);
             if let Some(vectors) = &vectors {
                 service = service.with_vectors(vectors.index.clone(), vectors.embedder.clone())?;

@@ -23,7 +23,7 @@ pub async fn start_mesh() -> anyhow::Result<(Mesh, tempfile::TempDir)> {
         max_query_file_bytes: None,
         max_upload_bytes: None,
         fulltext_stemming: false,
-        fusion_fulltext_min_match: kg_retrieval::DEFAULT_FUSION_FULLTEXT_MIN_MATCH,
+        fusion_fulltext_full_match: kg_retrieval::DEFAULT_FUSION_FULLTEXT_FULL_MATCH,
         collapse_duplicates: true,
         approval: Default::default(),
         indexer: Default::default(),

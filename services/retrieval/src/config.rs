@@ -9,10 +9,12 @@ pub struct RetrievalConfig {
     /// Full-text query words match and count by their English stem, or exactly (default).
     #[serde(default)]
     pub fulltext_stemming: bool,
-    /// Share (0..=1) of the query's idf weight a full-text hit must match to be fused beside
-    /// vector hits; default [`crate::service::DEFAULT_FUSION_FULLTEXT_MIN_MATCH`], 0 fuses all.
-    #[serde(default)]
-    pub fusion_fulltext_min_match: Option<f64>,
+    /// Share (0..=1) of the query's idf weight a full-text hit must match to earn its rank's
+    /// whole contribution beside vector hits; default
+    /// [`crate::service::DEFAULT_FUSION_FULLTEXT_FULL_MATCH`], 0 weighs every hit fully.
+    /// `fusion_fulltext_min_match`, its name when it was a cut, is still read.
+    #[serde(default, alias = "fusion_fulltext_min_match")]
+    pub fusion_fulltext_full_match: Option<f64>,
     /// Fold chunks with the same text into one hit unless a request says otherwise
     /// (default on).
     #[serde(default)]

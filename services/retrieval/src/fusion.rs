@@ -4,6 +4,10 @@
 //! the sum over lanes. The display score divides that by the best fused score possible for
 //! the lanes that ran and found something (rank 1 in every one of them: `Σ w_l / (k + 1)`), so it lies in 0..=1,
 //! reaches 1 only for a chunk every lane ranked first, and does not depend on `k`'s scale.
+//!
+//! A lane may also weigh each hit by how much of the query it matches ([`LaneHits::full_match`]):
+//! the full-text lane does beside vector hits, so a chunk sharing one word with a paraphrased
+//! question keeps its rank but earns little for it.
 
 use std::collections::{HashMap, HashSet};
 
@@ -51,6 +55,21 @@ pub(crate) struct LaneHits {
     pub(crate) lane: Lane,
     pub(crate) weight: f64,
     pub(crate) hits: Vec<LaneHit>,
+    /// When set, a hit carrying a [`LaneHit::match_share`] below this share earns
+    /// [`match_weight`] of its rank's contribution instead of all of it.
+    pub(crate) full_match: Option<f64>,
+}
+
+/// The part of its rank's contribution a hit matching `share` of the query's idf weight earns
+/// when `full_match` earns all of it: `min(1, share / full_match)²`. Squared, a hit holding
+/// half of the needed weight earns a quarter: weak lexical overlap fades fast, while a hit
+/// just under the line is not cut off as a hard threshold would (measured in the README).
+pub(crate) fn match_weight(share: f64, full_match: f64) -> f64 {
+    if full_match.is_nan() || full_match <= 0.0 || share >= full_match {
+        return 1.0;
+    }
+    let part = (share / full_match).clamp(0.0, 1.0);
+    if part.is_nan() { 0.0 } else { part * part }
 }
 
 /// A fused candidate.
@@ -142,7 +161,11 @@ pub(crate) fn fuse(lanes: &[LaneHits], k: f64, collapse: bool) -> Fused {
             let ranked = seen_in_lane.insert(group);
             let contribution = if ranked {
                 rank += 1;
-                lane.weight / (k + f64::from(rank))
+                let earned = match (lane.full_match, hit.match_share) {
+                    (Some(full), Some(share)) => match_weight(share, full),
+                    _ => 1.0,
+                };
+                lane.weight * earned / (k + f64::from(rank))
             } else {
                 0.0
             };
@@ -238,7 +261,21 @@ mod tests {
                     text_hash: Some(format!("text of {}", k.split('~').next().unwrap())),
                 })
                 .collect(),
+            full_match: None,
         }
+    }
+
+    #[test]
+    fn match_weight_grades_below_the_full_share() {
+        assert_eq!(match_weight(0.9, 0.5), 1.0);
+        assert_eq!(match_weight(0.5, 0.5), 1.0);
+        assert!((match_weight(0.25, 0.5) - 0.25).abs() < 1e-12);
+        assert!((match_weight(0.4, 0.5) - 0.64).abs() < 1e-12);
+        assert_eq!(match_weight(0.0, 0.5), 0.0);
+        assert_eq!(match_weight(f64::NAN, 0.5), 0.0);
+        // A full share of 0 (or nonsense) weighs every hit fully.
+        assert_eq!(match_weight(0.1, 0.0), 1.0);
+        assert_eq!(match_weight(0.1, f64::NAN), 1.0);
     }
 
     #[test]
