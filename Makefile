@@ -68,8 +68,16 @@ bench-quality-npm: deps
 	$(CARGO) build --release --bin kgmesh
 	$(PYTHON) bench/quality/run.py --dataset bench/quality/npm-docs-qa $(BENCH_ARGS)
 
-# Both judged sets, then kgmesh fused against every run over their 119 questions pooled
-# (bench/quality/pooled.py: the same paired randomization test, with more questions than either
+# The same harness on bench/quality/npm-libs-qa: 60 judged questions over the READMEs and docs
+# of the libraries npm bundles (76 files from the same wheel), written blind after the fusion
+# rule it tests was fixed. Not part of `make test`.
+.PHONY: bench-quality-libs
+bench-quality-libs: deps
+	$(CARGO) build --release --bin kgmesh
+	$(PYTHON) bench/quality/run.py --dataset bench/quality/npm-libs-qa $(BENCH_ARGS)
+
+# The three judged sets, then kgmesh fused against every run over their 179 questions pooled
+# (bench/quality/pooled.py: the same paired randomization test, with more questions than any
 # set alone). Rankings are kept in target/bench-quality/. Not part of `make test`.
 QUALITY_RUNS := target/bench-quality
 .PHONY: bench-quality-pooled
@@ -79,8 +87,11 @@ bench-quality-pooled: deps
 	$(PYTHON) bench/quality/run.py --dump-runs $(QUALITY_RUNS)/docs-qa.json $(BENCH_ARGS)
 	$(PYTHON) bench/quality/run.py --dataset bench/quality/npm-docs-qa \
 		--dump-runs $(QUALITY_RUNS)/npm-docs-qa.json $(BENCH_ARGS)
+	$(PYTHON) bench/quality/run.py --dataset bench/quality/npm-libs-qa \
+		--dump-runs $(QUALITY_RUNS)/npm-libs-qa.json $(BENCH_ARGS)
 	$(PYTHON) bench/quality/pooled.py ../shared/bench/docs-qa $(QUALITY_RUNS)/docs-qa.json \
-		bench/quality/npm-docs-qa $(QUALITY_RUNS)/npm-docs-qa.json
+		bench/quality/npm-docs-qa $(QUALITY_RUNS)/npm-docs-qa.json \
+		bench/quality/npm-libs-qa $(QUALITY_RUNS)/npm-libs-qa.json
 
 # Ingest throughput: end-to-end chunks/s and peak RSS of `kgmesh up` for >= 2,000 chunks
 # (copies of ../shared/bench/docs-qa/docs), next to all-MiniLM-L6-v2 alone on the same

@@ -114,9 +114,11 @@ def corpus_digest(folder: Path, suffix: str) -> tuple[int, str]:
     return len(files), digest.hexdigest()
 
 
-def package_corpus(root: Path, source_file: Path) -> Path:
+def package_corpus(root: Path, source_file: Path, work: Path) -> Path:
     """The folder a `corpus-source.json` names inside an installed Python package, checked
-    against the digest the questions were written for."""
+    against the digest the questions were written for. When the folder holds other files too
+    (npm's node_modules: code beside the Markdown), the corpus files are copied under `work`
+    with their relative paths, so only they are ingested."""
     source = json.loads(source_file.read_text(encoding="utf-8"))
     spec = importlib.util.find_spec(source["python_package"])
     locations = list(spec.submodule_search_locations or []) if spec is not None else []
@@ -134,18 +136,28 @@ def package_corpus(root: Path, source_file: Path) -> Path:
             f"{root}: {folder} holds {files} files with digest {digest}, not the {source['files']} "
             f"files with digest {source['sha256']} the questions were written for"
         )
-    return folder
+    suffix = source.get("suffix", ".md")
+    if all(p.name.endswith(suffix) for p in folder.rglob("*") if p.is_file()):
+        return folder
+    out = work / "corpus"
+    for path in folder.rglob(f"*{suffix}"):
+        if path.is_file():
+            target = out / path.relative_to(folder)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(path, target)
+    return out
 
 
-def materialise_corpus(root: Path, work: Path) -> Path:
-    """A folder of files to ingest: the dataset's docs/ as is, the package folder its
-    corpus-source.json names, or corpus.jsonl written out as one Markdown file per document named
-    by its id (the corpus-id is then `<id>.md`)."""
+def materialise_corpus(root: Path, work: Path) -> tuple[Path, bool]:
+    """A folder of files to ingest, and whether a corpus-id is a file's path in it: the dataset's
+    docs/ as is, the package folder its corpus-source.json names (or its corpus files), or
+    corpus.jsonl written out as one Markdown file per document named by its id (the corpus-id is
+    then `<id>.md`)."""
     docs = root / "docs"
     if docs.is_dir():
-        return docs
+        return docs, True
     if (root / "corpus-source.json").is_file():
-        return package_corpus(root, root / "corpus-source.json")
+        return package_corpus(root, root / "corpus-source.json", work), True
     corpus = root / "corpus.jsonl"
     if not corpus.is_file():
         raise BenchError(f"{root} has none of docs/, corpus-source.json or corpus.jsonl")
@@ -155,7 +167,7 @@ def materialise_corpus(root: Path, work: Path) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         title = doc.get("title") or ""
         target.write_text((f"# {title}\n\n" if title else "") + doc["text"] + "\n", encoding="utf-8")
-    return out
+    return out, False
 
 
 def corpus_id(path: str, dataset: Dataset) -> str:
@@ -173,8 +185,8 @@ def load_dataset(root: Path, work: Path) -> Dataset:
     queries = [q for q in queries if q["_id"] in qrels]
     if not queries:
         raise BenchError("no query has a qrels row")
-    corpus_dir = materialise_corpus(root, work)
-    return Dataset(root, corpus_dir, queries, qrels, answers, ids_are_paths=not corpus_dir.is_relative_to(work))
+    corpus_dir, ids_are_paths = materialise_corpus(root, work)
+    return Dataset(root, corpus_dir, queries, qrels, answers, ids_are_paths=ids_are_paths)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
-"""The judged set kept in this repository (bench/quality/npm-docs-qa) still scores what it was
-written for (no binary needed): its corpus is the installed npm docs it names, byte for byte, and
-every answer phrase is verbatim in a file its question counts as relevant. A Node.js wheel bump
-that changes the docs fails here, not as quietly wrong figures in `make bench-quality-npm`."""
+"""The judged sets kept in this repository (bench/quality/npm-docs-qa and npm-libs-qa) still score
+what they were written for (no binary needed): each corpus is the installed npm files it names,
+byte for byte, and every answer phrase is verbatim in a file its question counts as relevant. A
+Node.js wheel bump that changes those files fails here, not as quietly wrong figures in
+`make bench-quality-npm` or `make bench-quality-libs`."""
 
 from __future__ import annotations
 
@@ -19,26 +20,32 @@ sys.path.insert(0, str(REPO_ROOT / "bench" / "quality"))
 import run as quality  # noqa: E402
 
 NPM_DOCS_QA = REPO_ROOT / "bench" / "quality" / "npm-docs-qa"
+NPM_LIBS_QA = REPO_ROOT / "bench" / "quality" / "npm-libs-qa"
 KINDS = {"paraphrased", "lexical", "exact", "navigational"}
+# Each kept set: its folder, question count and kinds.
+SETS = [
+    pytest.param(NPM_DOCS_QA, 59, {"paraphrased": 24, "lexical": 20, "exact": 10, "navigational": 5}, id="npm-docs-qa"),
+    pytest.param(NPM_LIBS_QA, 60, {"paraphrased": 24, "lexical": 20, "exact": 10, "navigational": 6}, id="npm-libs-qa"),
+]
 
 
-def test_npm_docs_qa_corpus_is_the_one_the_questions_were_written_for() -> None:
-    dataset = quality.load_dataset(NPM_DOCS_QA, Path(tempfile.mkdtemp()))
-    source = json.loads((NPM_DOCS_QA / "corpus-source.json").read_text(encoding="utf-8"))
+@pytest.mark.parametrize(("root", "questions", "kinds"), SETS)
+def test_the_corpus_is_the_one_the_questions_were_written_for(root: Path, questions: int, kinds: dict) -> None:
+    dataset = quality.load_dataset(root, Path(tempfile.mkdtemp()))
+    source = json.loads((root / "corpus-source.json").read_text(encoding="utf-8"))
     assert quality.corpus_digest(dataset.corpus_dir, ".md") == (source["files"], source["sha256"])
     assert dataset.ids_are_paths, "corpus-ids are paths under the package folder"
+    # Only the corpus files are ingested: npm's node_modules holds code beside the Markdown.
+    ingested = [p for p in dataset.corpus_dir.rglob("*") if p.is_file()]
+    assert len(ingested) == source["files"], sorted(p.name for p in ingested if p.suffix != ".md")[:5]
 
 
-def test_npm_docs_qa_questions_are_judged_and_their_phrases_verbatim() -> None:
-    dataset = quality.load_dataset(NPM_DOCS_QA, Path(tempfile.mkdtemp()))
+@pytest.mark.parametrize(("root", "questions", "kinds"), SETS)
+def test_the_questions_are_judged_and_their_phrases_verbatim(root: Path, questions: int, kinds: dict) -> None:
+    dataset = quality.load_dataset(root, Path(tempfile.mkdtemp()))
     ids = [query["_id"] for query in dataset.queries]
-    assert len(ids) == len(set(ids)) == 59
-    assert Counter(query["metadata"]["kind"] for query in dataset.queries) == {
-        "paraphrased": 24,
-        "lexical": 20,
-        "exact": 10,
-        "navigational": 5,
-    }
+    assert len(ids) == len(set(ids)) == questions
+    assert Counter(query["metadata"]["kind"] for query in dataset.queries) == kinds
     assert set(dataset.answers) == set(ids) == set(dataset.qrels)
     for query in dataset.queries:
         qid = query["_id"]
