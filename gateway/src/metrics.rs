@@ -23,6 +23,8 @@ pub(crate) struct GatewayMetrics {
     pub(crate) run_ahead_refused: Counter,
     /// Session tool calls answered on the HTTP task, not through rmcp's session worker.
     pub(crate) session_calls_direct: Counter,
+    /// Sessionless (2026-07-28) tool calls answered on the HTTP task, not through rmcp.
+    pub(crate) sessionless_calls_direct: Counter,
 }
 
 /// The process-wide gateway metrics.
@@ -36,6 +38,7 @@ pub(crate) fn gateway_metrics() -> &'static GatewayMetrics {
         let run_ahead_rerun = Counter::default();
         let run_ahead_refused = Counter::default();
         let session_calls_direct = Counter::default();
+        let sessionless_calls_direct = Counter::default();
         registry.register(
             "audit_dropped",
             "audit events dropped because the audit queue was full",
@@ -66,6 +69,11 @@ pub(crate) fn gateway_metrics() -> &'static GatewayMetrics {
             "session tool calls answered as JSON on the HTTP task instead of through rmcp's session worker",
             session_calls_direct.clone(),
         );
+        registry.register(
+            "sessionless_tool_calls_direct",
+            "sessionless (2026-07-28) tool calls answered as JSON on the HTTP task instead of through rmcp",
+            sessionless_calls_direct.clone(),
+        );
         GatewayMetrics {
             registry,
             audit_dropped,
@@ -74,6 +82,7 @@ pub(crate) fn gateway_metrics() -> &'static GatewayMetrics {
             run_ahead_rerun,
             run_ahead_refused,
             session_calls_direct,
+            sessionless_calls_direct,
         }
     })
 }

@@ -1,21 +1,26 @@
-//! Built-in tool calls inside an MCP session, answered on the HTTP request's own task.
+//! Built-in tool calls answered on the HTTP request's own task: inside an MCP session, and
+//! sessionless (2026-07-28) ones.
 //!
 //! rmcp serves a session's request through the session's worker task: the request goes
 //! to the worker, the worker hands it to the handler, the result comes back through the
-//! worker and leaves as a one-event SSE stream. For a built-in tool call, which sends no
-//! notification and needs nothing from the session, that is several task hops for
-//! nothing; the Streamable HTTP transport lets a server answer any request with one
-//! `application/json` body instead, and every client must accept either.
+//! worker and leaves as a one-event SSE stream. A sessionless request gets a service task
+//! and a one-shot transport of its own, and the message is turned into a `Value` once more
+//! to check its headers. Either way the typed result needs the answer parsed back from its
+//! JSON text and rendered again. For a built-in tool call, which sends no notification and
+//! needs nothing from a session, that is task hops and copies for nothing; the Streamable
+//! HTTP transport lets a server answer any request with one `application/json` body.
 //!
-//! So a `tools/call` of a built-in tool in a live session is run here, through the same
-//! [`McpServer::call_builtin`] the session path uses (same authorization, caps, metering
-//! and audit), and answered as JSON. Anything else, and anything this layer is unsure of
-//! (another method, a generated tool, a progress token, per-request protocol metadata,
-//! standard headers that disagree with the body, an unknown session, a body without a
-//! length or over [`MAX_BODY_BYTES`]), goes to rmcp unchanged, which answers or rejects
-//! it as before. rmcp ends a session its worker has not heard from for five minutes, so
-//! a session whose calls all came here would lapse while in use: a session rmcp has not
-//! seen for [`RMCP_TOUCH_EVERY`] gets its next request sent through rmcp.
+//! So a `tools/call` of a built-in tool, in a live session or as a well-formed 2026-07-28
+//! request, is run here through the same [`McpServer::call_builtin`] rmcp's path uses
+//! (same authorization, caps, metering and audit) and answered as JSON in its revision's
+//! wire shape. Anything else, and anything this layer is unsure of (another method, a
+//! generated tool, a progress token or other request metadata, standard headers missing,
+//! repeated or disagreeing with the body, an unknown session, a body without a length or
+//! over [`MAX_BODY_BYTES`]), goes to rmcp unchanged, which answers or rejects it as
+//! before: this layer only ever answers requests rmcp would have served the same way. rmcp
+//! ends a session its worker has not heard from for five minutes, so a session whose calls
+//! all came here would lapse while in use: a session rmcp has not seen for
+//! [`RMCP_TOUCH_EVERY`] gets its next request sent through rmcp.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -34,7 +39,7 @@ use rmcp::transport::streamable_http_server::session::SessionManager as _;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 
 use crate::error::ClientError;
-use crate::mcp::McpServer;
+use crate::mcp::{McpServer, WireRevision};
 
 /// Largest tool call answered here; a larger one goes to rmcp (whose limit applies).
 const MAX_BODY_BYTES: usize = 256 * 1024;
@@ -49,6 +54,18 @@ const MAX_TRACKED_SESSIONS: usize = 16 * 1024;
 
 /// The protocol revisions with sessions this layer answers for (rmcp's legacy lifecycle).
 const SESSION_REVISIONS: [&str; 3] = ["2025-03-26", "2025-06-18", "2025-11-25"];
+
+/// The sessionless revision this layer answers for.
+const SESSIONLESS_REVISION: &str = "2026-07-28";
+
+/// The request `_meta` keys a sessionless call may carry here: the client context the
+/// revision requires, and the client's name. Others (a log level, a progress token, trace
+/// context) go to rmcp.
+const SESSIONLESS_META_KEYS: [&str; 3] = [
+    "io.modelcontextprotocol/protocolVersion",
+    "io.modelcontextprotocol/clientCapabilities",
+    "io.modelcontextprotocol/clientInfo",
+];
 
 /// What the layer needs: the MCP server, rmcp's sessions, and when rmcp last saw each.
 #[derive(Clone)]
@@ -95,11 +112,13 @@ pub(crate) async fn answer_session_tool_calls(
     request: Request,
     next: Next,
 ) -> Response {
-    let Some(session) = candidate_session(&request) else {
+    let Some(candidate) = candidate(&request) else {
         return next.run(request).await;
     };
-    if !calls.rmcp_saw_recently(&session) {
-        calls.note_rmcp_sees(&session);
+    if let Candidate::Session(session) = &candidate
+        && !calls.rmcp_saw_recently(session)
+    {
+        calls.note_rmcp_sees(session);
         return next.run(request).await;
     }
     let (parts, body) = request.into_parts();
@@ -113,22 +132,33 @@ pub(crate) async fn answer_session_tool_calls(
             );
         }
     };
-    let Some((id, call)) = builtin_tool_call(&calls.server, &parts.headers, &bytes) else {
+    let revision = match candidate {
+        Candidate::Session(_) => WireRevision::Session,
+        Candidate::Sessionless => WireRevision::Sessionless,
+    };
+    let Some((id, call)) = builtin_tool_call(&calls.server, &parts.headers, &bytes, revision)
+    else {
         return next
             .run(Request::from_parts(parts, Body::from(bytes)))
             .await;
     };
-    let known = calls
-        .sessions
-        .has_session(&session.as_str().into())
-        .await
-        .unwrap_or(false);
-    if !known {
-        return next
-            .run(Request::from_parts(parts, Body::from(bytes)))
-            .await;
+    if let Candidate::Session(session) = &candidate {
+        let known = calls
+            .sessions
+            .has_session(&session.as_str().into())
+            .await
+            .unwrap_or(false);
+        if !known {
+            return next
+                .run(Request::from_parts(parts, Body::from(bytes)))
+                .await;
+        }
     }
-    crate::metrics::gateway_metrics().session_calls_direct.inc();
+    let metrics = crate::metrics::gateway_metrics();
+    match revision {
+        WireRevision::Session => metrics.session_calls_direct.inc(),
+        WireRevision::Sessionless => metrics.sessionless_calls_direct.inc(),
+    };
     let answer = match calls.server.call_builtin(call, Some(&parts)).await {
         Ok(answer) => answer,
         // Checked by `builtin_tool_call`; the registry does not change while serving.
@@ -137,8 +167,7 @@ pub(crate) async fn answer_session_tool_calls(
             return crate::http::guard::error_response(&ClientError::new(ErrorCode::Internal, ""));
         }
     };
-    // Sessions exist only on the revisions before 2026-07-28: their wire shape.
-    match answer.session_response_body(id) {
+    match answer.response_body(id, revision) {
         Ok(body) => (
             StatusCode::OK,
             [(header::CONTENT_TYPE, "application/json")],
@@ -152,60 +181,104 @@ pub(crate) async fn answer_session_tool_calls(
     }
 }
 
-/// The session id of a request that may be a session's tool call: a POST of JSON with a
-/// length up to [`MAX_BODY_BYTES`], accepting JSON and SSE answers, in a session of a
-/// revision with sessions.
-fn candidate_session(request: &Request) -> Option<String> {
+/// A request this layer may answer, by how it names its revision.
+enum Candidate {
+    /// In the session with this id, of a revision with sessions.
+    Session(String),
+    /// No session, the 2026-07-28 revision named in its header.
+    Sessionless,
+}
+
+/// Whether a request may be a built-in tool call this layer answers: a POST of JSON with
+/// a length up to [`MAX_BODY_BYTES`], accepting JSON and SSE answers, either in a session
+/// of a revision with sessions or sessionless with exactly one 2026-07-28 version header.
+fn candidate(request: &Request) -> Option<Candidate> {
     if request.method() != Method::POST {
         return None;
     }
     let headers = request.headers();
-    let session = headers.get("mcp-session-id")?.to_str().ok()?;
-    let revision_ok = match headers.get("mcp-protocol-version") {
-        None => true,
-        Some(value) => value.to_str().is_ok_and(|v| SESSION_REVISIONS.contains(&v)),
-    };
     let length: usize = headers
         .get(header::CONTENT_LENGTH)?
         .to_str()
         .ok()?
         .parse()
         .ok()?;
-    (revision_ok
-        && length <= MAX_BODY_BYTES
+    if !(length <= MAX_BODY_BYTES
         && media_type_is(headers.get(header::CONTENT_TYPE), "application/json")
         && accepts(headers, "application/json")
         && accepts(headers, "text/event-stream"))
-    .then(|| session.to_owned())
+    {
+        return None;
+    }
+    match headers.get("mcp-session-id") {
+        Some(session) => {
+            let revision_ok = match headers.get("mcp-protocol-version") {
+                None => true,
+                Some(value) => value.to_str().is_ok_and(|v| SESSION_REVISIONS.contains(&v)),
+            };
+            let session = session.to_str().ok()?;
+            revision_ok.then(|| Candidate::Session(session.to_owned()))
+        }
+        None => (only_value(headers, "mcp-protocol-version")? == SESSIONLESS_REVISION)
+            .then_some(Candidate::Sessionless),
+    }
 }
 
-/// A `tools/call` of a built-in tool this layer may answer, and its JSON-RPC id.
+/// The one value of header `name`; `None` when it is absent, repeated or not text.
+fn only_value<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    let mut values = headers.get_all(name).iter();
+    let value = values.next()?;
+    values.next().is_none().then(|| value.to_str().ok())?
+}
+
+/// A `tools/call` of a built-in tool this layer may answer in `revision`, and its
+/// JSON-RPC id.
 fn builtin_tool_call(
     server: &McpServer,
     headers: &HeaderMap,
     body: &[u8],
+    revision: WireRevision,
 ) -> Option<(rmcp::model::RequestId, rmcp::model::CallToolRequestParams)> {
     let ClientJsonRpcMessage::Request(JsonRpcRequest { id, request, .. }) =
         serde_json::from_slice(body).ok()?
     else {
         return None;
     };
-    // Progress and per-request protocol metadata are rmcp's business.
-    if !request.get_meta().is_empty() {
+    let meta = request.get_meta();
+    let meta_ok = match revision {
+        // Progress and per-request protocol metadata are rmcp's business.
+        WireRevision::Session => meta.is_empty(),
+        // The client context 2026-07-28 requires, naming the revision of the header, and
+        // nothing else.
+        WireRevision::Sessionless => {
+            meta.keys()
+                .all(|key| SESSIONLESS_META_KEYS.contains(&key.as_str()))
+                && meta
+                    .protocol_version()
+                    .is_some_and(|v| v.as_str() == SESSIONLESS_REVISION)
+                && meta
+                    .missing_required_keys(&rmcp::model::ProtocolVersion::V_2026_07_28)
+                    .is_empty()
+        }
+    };
+    if !meta_ok {
         return None;
     }
     let ClientRequest::CallToolRequest(call) = request else {
         return None;
     };
     let params = call.params;
-    if params.meta().is_some_and(|meta| !meta.is_empty()) {
+    if revision == WireRevision::Session && params.meta().is_some_and(|meta| !meta.is_empty()) {
         return None;
     }
-    // SEP-2243 headers, when sent, must agree with the body; rmcp rejects them otherwise.
-    let header_is = |name: &str, want: &str| {
-        headers
+    // SEP-2243 headers must agree with the body; rmcp rejects them otherwise. A session
+    // may leave them out; 2026-07-28 requires them, so a request without them is rmcp's to
+    // refuse.
+    let header_is = |name: &str, want: &str| match revision {
+        WireRevision::Session => headers
             .get(name)
-            .is_none_or(|v| v.to_str().is_ok_and(|v| v == want))
+            .is_none_or(|v| v.to_str().is_ok_and(|v| v == want)),
+        WireRevision::Sessionless => only_value(headers, name) == Some(want),
     };
     if !header_is("mcp-method", "tools/call") || !header_is("mcp-name", &params.name) {
         return None;

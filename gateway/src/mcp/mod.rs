@@ -357,10 +357,14 @@ impl ToolAnswer {
         }
     }
 
-    /// The JSON-RPC response body answering request `id` of a session (a revision before
-    /// 2026-07-28): what rmcp would send for [`Self::into_call_tool_result`], written from
-    /// the result's JSON text without parsing it back or rendering it again.
-    pub(crate) fn session_response_body(self, id: RequestId) -> serde_json::Result<Vec<u8>> {
+    /// The JSON-RPC response body answering request `id` in the wire shape of `revision`:
+    /// what rmcp would send for [`Self::into_call_tool_result`], written from the result's
+    /// JSON text without parsing it back or rendering it again.
+    pub(crate) fn response_body(
+        self,
+        id: RequestId,
+        revision: WireRevision,
+    ) -> serde_json::Result<Vec<u8>> {
         #[derive(Serialize)]
         struct Response<'a> {
             jsonrpc: &'static str,
@@ -370,6 +374,8 @@ impl ToolAnswer {
         #[derive(Serialize)]
         #[serde(rename_all = "camelCase")]
         struct StructuredResult<'a> {
+            #[serde(skip_serializing_if = "Option::is_none")]
+            result_type: Option<&'static str>,
             content: [TextBlock<'a>; 1],
             structured_content: &'a RawValue,
             is_error: bool,
@@ -380,13 +386,19 @@ impl ToolAnswer {
             text: &'a str,
         }
         match self {
-            // Session revisions carry only objects as structured content; tools answer
-            // with objects, and anything else takes rmcp's path, which handles it.
+            // Tools answer with objects; anything else takes rmcp's path, which knows what
+            // each revision allows.
             ToolAnswer::Structured(json) if json.get().starts_with('{') => {
                 serde_json::to_vec(&Response {
                     jsonrpc: "2.0",
                     id,
                     result: StructuredResult {
+                        // SEP-2322: 2026-07-28 results say they are complete; older
+                        // revisions have no such field.
+                        result_type: match revision {
+                            WireRevision::Session => None,
+                            WireRevision::Sessionless => Some("complete"),
+                        },
                         content: [TextBlock {
                             r#type: "text",
                             text: json.get(),
@@ -398,12 +410,23 @@ impl ToolAnswer {
             }
             answer => {
                 let mut result = ServerResult::CallToolResult(answer.into_call_tool_result());
-                result.strip_result_type_for_legacy_peer();
-                result.strip_non_object_output_for_legacy_peer();
+                if revision == WireRevision::Session {
+                    result.strip_result_type_for_legacy_peer();
+                    result.strip_non_object_output_for_legacy_peer();
+                }
                 serde_json::to_vec(&ServerJsonRpcMessage::response(result, id))
             }
         }
     }
+}
+
+/// The wire shape of a tool call's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum WireRevision {
+    /// The revisions with sessions (before 2026-07-28).
+    Session,
+    /// 2026-07-28: no session, the revision named on each request.
+    Sessionless,
 }
 
 /// The tool answer and its failure code. No answer over [`MAX_RESULT_BYTES`]
@@ -543,16 +566,19 @@ mod tests {
         assert_eq!(failure, Some(ErrorCode::InvalidArgument));
     }
 
-    /// What rmcp sends a session peer for `answer`.
-    fn rmcp_session_body(answer: ToolAnswer, id: RequestId) -> serde_json::Value {
+    /// What rmcp sends for `answer`: to a session peer its handler strips what older
+    /// revisions lack; to a 2026-07-28 request it sends the result as the tool returned it.
+    fn rmcp_body(answer: ToolAnswer, id: RequestId, revision: WireRevision) -> serde_json::Value {
         let mut result = ServerResult::CallToolResult(answer.into_call_tool_result());
-        result.strip_result_type_for_legacy_peer();
-        result.strip_non_object_output_for_legacy_peer();
+        if revision == WireRevision::Session {
+            result.strip_result_type_for_legacy_peer();
+            result.strip_non_object_output_for_legacy_peer();
+        }
         serde_json::to_value(ServerJsonRpcMessage::response(result, id)).unwrap()
     }
 
     #[test]
-    fn a_session_answer_is_what_rmcp_would_send() {
+    fn a_direct_answer_is_what_rmcp_would_send() {
         let answers = || {
             [
                 finish(tools::json_text(&json!({
@@ -567,13 +593,25 @@ mod tests {
         };
         for ((ours, _), (theirs, _)) in answers().into_iter().zip(answers()) {
             for id in [RequestId::Number(7), RequestId::String("req-1".into())] {
-                let body = ours_body(&ours, id.clone());
-                assert_eq!(body, rmcp_session_body(clone_answer(&theirs), id));
+                for revision in [WireRevision::Session, WireRevision::Sessionless] {
+                    let body = ours_body(&ours, id.clone(), revision);
+                    assert_eq!(
+                        body,
+                        rmcp_body(clone_answer(&theirs), id.clone(), revision),
+                        "{revision:?}"
+                    );
+                }
             }
         }
+        // The two shapes differ where the revisions do.
+        let (answer, _) = finish(tools::json_text(&json!({"a": 1})));
+        let current = ours_body(&answer, RequestId::Number(1), WireRevision::Sessionless);
+        assert_eq!(current["result"]["resultType"], "complete");
+        let legacy = ours_body(&answer, RequestId::Number(1), WireRevision::Session);
+        assert!(legacy["result"].get("resultType").is_none(), "{legacy}");
         // The structured copy and the text block carry the same JSON.
         let (answer, _) = finish(tools::json_text(&json!({"a": "x\"y", "n": [1, 2]})));
-        let body = ours_body(&answer, RequestId::Number(1));
+        let body = ours_body(&answer, RequestId::Number(1), WireRevision::Session);
         let text = body["result"]["content"][0]["text"].as_str().unwrap();
         assert_eq!(
             serde_json::from_str::<serde_json::Value>(text).unwrap(),
@@ -605,8 +643,8 @@ mod tests {
         }
     }
 
-    fn ours_body(answer: &ToolAnswer, id: RequestId) -> serde_json::Value {
-        let bytes = clone_answer(answer).session_response_body(id).unwrap();
+    fn ours_body(answer: &ToolAnswer, id: RequestId, revision: WireRevision) -> serde_json::Value {
+        let bytes = clone_answer(answer).response_body(id, revision).unwrap();
         serde_json::from_slice(&bytes).unwrap()
     }
 }

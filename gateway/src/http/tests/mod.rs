@@ -842,34 +842,91 @@ fn result_text_len(response: &Value) -> i64 {
         .sum()
 }
 
-#[tokio::test]
-async fn stateless_2026_requests_carry_the_caller_too() {
-    let auth = start_auth().await;
-    let app = app(config(&auth.addr).await);
-    let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
-    "name": "kg_namespaces", "arguments": {},
-    "_meta": {
+/// A 2026-07-28 tools/call as its clients send it: no session, the revision in a header and
+/// in `_meta`, SEP-2243 headers naming the method and tool. `extra_meta` adds `_meta` keys.
+fn sessionless_call(id: u64, tool: &str, extra_meta: Value) -> axum::http::Request<Body> {
+    let mut meta = json!({
         "io.modelcontextprotocol/protocolVersion": "2026-07-28",
         "io.modelcontextprotocol/clientCapabilities": {},
         "io.modelcontextprotocol/clientInfo": {"name": "test", "version": "0"}
-    }}});
-    let request = request("POST", "/mcp")
+    });
+    if let (Some(meta), Some(extra)) = (meta.as_object_mut(), extra_meta.as_object()) {
+        meta.extend(extra.clone());
+    }
+    let call = json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
+        "name": tool, "arguments": {}, "_meta": meta}})
+    .to_string();
+    request("POST", "/mcp")
         .header(header::AUTHORIZATION, format!("Bearer {GOOD}"))
         .header(header::CONTENT_TYPE, "application/json")
         .header(header::ACCEPT, "application/json, text/event-stream")
         .header("mcp-protocol-version", "2026-07-28")
         .header("mcp-method", "tools/call")
-        .header("mcp-name", "kg_namespaces")
-        .body(Body::from(call.to_string()))
+        .header("mcp-name", tool)
+        .header(header::CONTENT_LENGTH, call.len())
+        .body(Body::from(call))
+        .unwrap()
+}
+
+#[tokio::test]
+async fn stateless_2026_requests_carry_the_caller_too() {
+    let auth = start_auth().await;
+    let app = app(config(&auth.addr).await);
+    let expected = json!({"namespaces": [{"name": "demo", "permission": "read"}]});
+    let direct = || {
+        crate::metrics::gateway_metrics()
+            .sessionless_calls_direct
+            .get()
+    };
+
+    // Answered here, on the request's task, as JSON in the revision's shape.
+    let before = direct();
+    let response = app
+        .clone()
+        .oneshot(sessionless_call(1, "kg_namespaces", json!({})))
+        .await
         .unwrap();
-    let response = app.oneshot(request).await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
-    let messages = rpc_messages(response).await;
-    assert_eq!(
-        messages[0]["result"]["structuredContent"],
-        json!({"namespaces": [{"name": "demo", "permission": "read"}]}),
-        "{messages:?}"
+    assert_eq!(response.headers()[header::CONTENT_TYPE], "application/json");
+    assert!(response.headers().get("mcp-session-id").is_none());
+    let ours = rpc_messages(response).await;
+    assert_eq!(ours.len(), 1, "{ours:?}");
+    assert_eq!(ours[0]["result"]["structuredContent"], expected, "{ours:?}");
+    assert_eq!(ours[0]["result"]["resultType"], "complete", "{ours:?}");
+    assert!(direct() > before, "the call went through rmcp");
+
+    // A `_meta` key this layer does not know (trace context here) leaves the call to rmcp,
+    // whose answer is the same message.
+    let before = direct();
+    let response = app
+        .clone()
+        .oneshot(sessionless_call(
+            1,
+            "kg_namespaces",
+            json!({"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let theirs = rpc_messages(response).await;
+    assert_eq!(ours, theirs);
+    assert_eq!(direct(), before, "rmcp's call was answered here");
+
+    // What rmcp refuses is still refused, by rmcp: a missing Mcp-Name header, a `_meta`
+    // revision that contradicts the header.
+    let mut missing_name = sessionless_call(2, "kg_namespaces", json!({}));
+    missing_name.headers_mut().remove("mcp-name");
+    let contradicting = sessionless_call(
+        3,
+        "kg_namespaces",
+        json!({"io.modelcontextprotocol/protocolVersion": "2025-11-25"}),
     );
+    for refused in [missing_name, contradicting] {
+        let before = direct();
+        let response = app.clone().oneshot(refused).await.unwrap();
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(direct(), before);
+    }
 }
 
 #[tokio::test]
