@@ -27,7 +27,7 @@ use crate::error::ClientError;
 use crate::mcp::{McpServer, ToolRegistry};
 use crate::state::GatewayState;
 use guard::{BearerGuard, require_bearer};
-use session_calls::{SessionCalls, answer_session_tool_calls};
+use session_calls::{SessionCalls, answer_builtin_tool_calls};
 
 /// Builds the whole HTTP application.
 pub fn router(state: GatewayState) -> Router {
@@ -40,7 +40,7 @@ pub fn router(state: GatewayState) -> Router {
         )
         .route_layer(from_fn_with_state(
             SessionCalls::new(server, sessions),
-            answer_session_tool_calls,
+            answer_builtin_tool_calls,
         ))
         .route_layer(from_fn(closed_session_is_no_content))
         .route_layer(from_fn_with_state(

@@ -107,7 +107,7 @@ impl SessionCalls {
 }
 
 /// The middleware (inside the bearer guard, so the caller is in the request).
-pub(crate) async fn answer_session_tool_calls(
+pub(crate) async fn answer_builtin_tool_calls(
     State(calls): State<SessionCalls>,
     request: Request,
     next: Next,
