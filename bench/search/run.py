@@ -255,6 +255,9 @@ def main() -> int:
     )
     parser.add_argument("--json", type=Path, help="also write the figures as JSON to this file")
     parser.add_argument(
+        "--slowest", type=int, default=0, help="also print this many slowest queries per lane set (gRPC Search)"
+    )
+    parser.add_argument(
         "--ingest-only", action="store_true",
         help="build and ingest the namespace (or resume an interrupted ingest), then stop",
     )
@@ -341,6 +344,8 @@ def main() -> int:
             ]
             if args.json:
                 command += ["--json", str(args.json.resolve())]
+            if args.slowest:
+                command += ["--slowest", str(args.slowest)]
             done = subprocess.run(
                 command, cwd=REPO_ROOT, env={**os.environ, "KGMESH_TOKEN": mesh.admin_token}, check=False,
             )

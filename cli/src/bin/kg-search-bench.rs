@@ -130,6 +130,10 @@ struct RunArgs {
     /// (the vector lane's first step) under this token cap: the mesh's own embedder config.
     #[arg(long)]
     time_embedding: Option<usize>,
+    /// Also print, per lane set, the queries whose gRPC Search took longest (this many):
+    /// where a tail comes from.
+    #[arg(long, default_value_t = 0)]
+    slowest: usize,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -735,6 +739,8 @@ struct LaneSet {
 /// One query through both paths for one lane set.
 struct Sample {
     lane_set: usize,
+    /// Index of the query in the run's list.
+    query: usize,
     round_trip: Duration,
     authorize: Duration,
     search: Duration,
@@ -813,6 +819,7 @@ async fn client_loop(
             match both(&mut direct, &mut mcp, query, set, grpc_first, top_k).await {
                 Ok((d, (mcp_time, mcp_hits), mcp_floor)) => samples.push(Sample {
                     lane_set: set_index,
+                    query: index,
                     round_trip: d.round_trip,
                     authorize: d.authorize,
                     search: d.search,
@@ -983,6 +990,9 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         queries.len(),
         wall,
     );
+    if args.slowest > 0 {
+        print_slowest(&sets, &samples, &queries, args.slowest);
+    }
     if let Some(max_tokens) = args.time_embedding {
         let embedding = time_embedding(&queries, max_tokens).await?;
         println!(
@@ -1000,6 +1010,24 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
 }
 
 /// Each query embedded alone, as the vector lane does it, by the model the mesh runs.
+/// The `n` queries with the slowest gRPC Search in each lane set, slowest first.
+fn print_slowest(sets: &[LaneSet], samples: &[Sample], queries: &[String], n: usize) {
+    for (index, set) in sets.iter().enumerate() {
+        let mut timed: Vec<&Sample> = samples.iter().filter(|s| s.lane_set == index).collect();
+        timed.sort_by_key(|s| std::cmp::Reverse(s.search));
+        println!("slowest gRPC Search, {}:", set.name);
+        for sample in timed.into_iter().take(n) {
+            let query = queries.get(sample.query).map_or("", String::as_str);
+            println!(
+                "  {:>8.2} ms  {:>2} hits  {}",
+                ms(sample.search),
+                sample.grpc_hits,
+                query.chars().take(100).collect::<String>()
+            );
+        }
+    }
+}
+
 async fn time_embedding(queries: &[String], max_tokens: usize) -> anyhow::Result<Stats> {
     use kg_embed::Embedder as _;
     let model = kg_embed::MiniLm::load(kg_embed::MiniLmOptions {
