@@ -29,6 +29,13 @@ const LANE_TIMEOUT_MS: u64 = 5_000;
 const COMMON_TERM_SHARE: f64 = 0.02;
 /// No term is common below this many chunks, so a small namespace is never cut.
 const COMMON_TERM_FLOOR: u64 = 1_000;
+/// The last nomination tier (every posting of every term) is walked only when the tiers
+/// before it nominated fewer chunks than the largest page a search may ask for. What it adds
+/// holds no rare term and not every common one, so it rarely outranks what they nominated,
+/// and beside vector hits fusion weighs it by its small match share. Walking a word held by
+/// most chunks (`rs`, in 92% of the 100k bench's) cost 200+ ms. On that bench's 1,000
+/// queries the lane's top 8 stayed the same for 999 and fused kg_search's for 992.
+const WIDEN_TO_EVERY_POSTING_BELOW: usize = crate::service::TOP_K.1 as usize;
 
 /// A retrieval lane by its wire name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -93,7 +100,8 @@ pub(crate) use crate::filters::LaneFilters;
 /// or length normalisation), so it only picks the pool: the [`CANDIDATE_POOL`] chunks that
 /// hold the most query terms weighted by idf (BM25 without tf and length), its own score
 /// breaking ties; common terms nominate only beside a rare one or all together, while
-/// those fill the pool ([`COMMON_TERM_SHARE`], [`Nomination::tiers`]).
+/// those fill the pool, and alone only when those do not fill a page ([`COMMON_TERM_SHARE`],
+/// [`Nomination::tiers`]).
 /// BM25 then re-scores the pool from the chunks' text, every query term counted, each chunk
 /// by its best passage ([`bm25::best_passage`]), and the lane keeps its [`LANE_POOL`] best
 /// distinct texts with their copies.
@@ -139,26 +147,42 @@ pub(crate) async fn fulltext(
     // evaluates a list predicate (`any(p IN $list WHERE x.path ...)`) over a variable bound
     // after a WITH as false, which would silently hide readable chunks. The re-check after
     // the WITH is over a node matched anew there, and only ever removes rows.
-    let cypher = format!(
-        "UNWIND range(0, size($queries) - 1) AS i \
-         CALL db.idx.fulltext.queryNodes('Chunk', $queries[i]) YIELD node, score \
-         WHERE {node}{file_stage} \
-         {relation} \
-         WITH id(node) AS candidate, sum($weights[i]) AS weight, sum(score) AS total \
-         ORDER BY weight DESC, total DESC, candidate \
-         LIMIT $pool \
-         MATCH (node:Chunk)-[:PART_OF]->(f:FileRef) \
-         WHERE id(node) = candidate AND {node} AND {file} \
-         RETURN node.chunkKey, node.fileId, node.text, node.contextHeader, node.path, \
-                node.textHash",
-        node = node_predicate.text,
-        file = file_predicate.text,
-    );
+    // A chunk's weight is the sum over the nomination queries it matches. With one query
+    // each chunk is yielded once, so its weight is that query's and no grouping is needed:
+    // FalkorDB's grouping costs about 2 µs a posting (64 of the 90 ms a 30,785-posting
+    // `mut` took, where the walk itself was 13 ms).
+    let pick = |grouped: bool| {
+        let order = if grouped {
+            "WITH id(node) AS candidate, sum($weights[i]) AS weight, sum(score) AS total \
+             ORDER BY weight DESC, total DESC, candidate"
+        } else {
+            "WITH id(node) AS candidate, score AS total ORDER BY total DESC, candidate"
+        };
+        format!(
+            "UNWIND range(0, size($queries) - 1) AS i \
+             CALL db.idx.fulltext.queryNodes('Chunk', $queries[i]) YIELD node, score \
+             WHERE {node}{file_stage} \
+             {relation} \
+             {order} \
+             LIMIT $pool \
+             MATCH (node:Chunk)-[:PART_OF]->(f:FileRef) \
+             WHERE id(node) = candidate AND {node} AND {file} \
+             RETURN node.chunkKey, node.fileId, node.text, node.contextHeader, node.path, \
+                    node.textHash",
+            node = node_predicate.text,
+            file = file_predicate.text,
+        )
+    };
+    let (grouped, single) = (pick(true), pick(false));
     let run = |nomination: Nomination| {
+        let cypher = if nomination.queries.len() == 1 {
+            &single
+        } else {
+            &grouped
+        };
         let mut params = params.clone();
         params.insert("queries".into(), Value::from(nomination.queries));
         params.insert("weights".into(), Value::from(nomination.weights));
-        let cypher = &cypher;
         async move {
             store
                 .ro_query(namespace, cypher, &params, LANE_TIMEOUT_MS)
@@ -166,11 +190,13 @@ pub(crate) async fn fulltext(
         }
     };
     // Each tier nominates more candidates than the one before; the first to fill the pool
-    // is the pool.
+    // is the pool, and the last is walked only to fill a page.
     let mut rows = Rows::default();
-    for nomination in Nomination::tiers(&terms, &idf, &common_terms(&stats)) {
+    let tiers = Nomination::tiers(&terms, &idf, &common_terms(&stats));
+    let count = tiers.len();
+    for (tier, nomination) in tiers.into_iter().enumerate() {
         rows = run(nomination).await?;
-        if rows.rows.len() >= CANDIDATE_POOL {
+        if rows.rows.len() >= Nomination::enough(tier, count) {
             break;
         }
     }
@@ -266,14 +292,25 @@ struct Nomination {
 }
 
 impl Nomination {
-    /// The nominations to try in turn until one fills the pool; each holds every chunk the
-    /// one before held, and the last is every term's postings. Without common terms that is
-    /// the only one. Otherwise, first the rare terms' chunks (common terms only add weight
-    /// there); then also the chunks holding every common term, the heaviest of those without
-    /// a rare one (a query of common terms alone starts here); then every term. A common
-    /// term's postings are tens of thousands of chunks at 100k, and an intersection of them
-    /// is walked by skipping, so a query of words like `new from slice` no longer walks them
-    /// all unless too few chunks hold them together.
+    /// How many candidates tier `tier` of `tiers` must nominate for the search to stop there:
+    /// the pool, except before the last tier, whose postings are walked only to fill a page
+    /// ([`WIDEN_TO_EVERY_POSTING_BELOW`]).
+    fn enough(tier: usize, tiers: usize) -> usize {
+        if tier + 2 == tiers {
+            WIDEN_TO_EVERY_POSTING_BELOW
+        } else {
+            CANDIDATE_POOL
+        }
+    }
+
+    /// The nominations to try in turn until one nominates [`Nomination::enough`]; each holds
+    /// every chunk the one before held, and the last is every term's postings. Without common
+    /// terms that is the only one. Otherwise, first the rare terms' chunks (common terms only
+    /// add weight there); then also the chunks holding every common term, the heaviest of
+    /// those without a rare one (a query of common terms alone starts here); then every term.
+    /// A common term's postings are tens of thousands of chunks at 100k, and an intersection
+    /// of them is walked by skipping, so a query of words like `new from slice` no longer
+    /// walks them all unless too few chunks hold them together.
     fn tiers(terms: &[bm25::Term], idf: &[f64], common: &[bool]) -> Vec<Nomination> {
         let every_term = Nomination {
             queries: terms.iter().map(bm25::Term::index_query).collect(),
@@ -485,5 +522,21 @@ mod tests {
         assert_eq!(t[0].weights, [6.0]);
         assert_eq!(queries(&t[1]), ["new", "from", "slice"]);
         assert_eq!(t[1].weights, [1.0, 2.0, 3.0]);
+    }
+
+    #[test]
+    fn every_posting_is_walked_only_when_the_tiers_before_do_not_fill_a_page() {
+        // One tier: it is the last, nothing is tried after it.
+        assert_eq!(Nomination::enough(0, 1), CANDIDATE_POOL);
+        // Rare terms, then every posting: the rare terms' chunks need only fill a page.
+        assert_eq!(Nomination::enough(0, 2), 32);
+        // Rare terms, every common term, every posting: the intersection is still tried
+        // when the rare terms' chunks do not fill the pool.
+        assert_eq!(Nomination::enough(0, 3), CANDIDATE_POOL);
+        assert_eq!(Nomination::enough(1, 3), 32);
+        assert_eq!(
+            WIDEN_TO_EVERY_POSTING_BELOW,
+            crate::service::TOP_K.1 as usize
+        );
     }
 }

@@ -21,7 +21,7 @@ use crate::vector_lane::VectorLane;
 use crate::{co_annotation, entity_search, graph_expand};
 
 /// Default and hard maximum of hits per search.
-const TOP_K: (u32, u32) = (8, 32);
+pub(crate) const TOP_K: (u32, u32) = (8, 32);
 /// Default RRF constant.
 const DEFAULT_RRF_K: f64 = 60.0;
 /// Longest query text accepted, in characters.

@@ -591,19 +591,20 @@ async fn context_headers_are_searched_and_old_indexes_are_rebuilt() {
 /// many common terms another chunk holds. Here, without the cut, the chunks holding all three
 /// common terms (weight 3 x 0.73 against the rare term's 1.83) would fill the pool and the
 /// top hits. When the rare term cannot fill the pool, the chunks holding every common term
-/// join it, and when those cannot either, every chunk holding any term. A query of common
-/// terms alone starts with the chunks holding all of them.
+/// join it, and when those cannot fill a page (32) either, every chunk holding any term. A
+/// query of common terms alone starts with the chunks holding all of them.
 #[tokio::test]
 async fn common_terms_nominate_only_when_rarer_nominations_cannot_fill_the_pool() {
     let env = start().await;
     let texts = |n: usize, text: &str| -> Vec<String> {
         (0..n).map(|i| format!("{text} pad{i}")).collect()
     };
-    // 3,608 chunks; cone, ctwo, cthree and cfour are common (over 1,000 chunks each),
-    // rareword and scarceword are not.
+    // 3,648 chunks; cone, ctwo, cthree and cfour are common (over 1,000 chunks each),
+    // rareword, someword and scarceword are not.
     let files = [
         ("commons", texts(1_200, "cone ctwo cthree")),
         ("rares", texts(400, "rareword")),
+        ("some", texts(40, "someword")),
         ("scarce", texts(5, "scarceword")),
         ("others", texts(900, "other")),
         ("cfours", texts(1_100, "cfour")),
@@ -659,6 +660,22 @@ async fn common_terms_nominate_only_when_rarer_nominations_cannot_fill_the_pool(
     assert!(all_in(&got[..5], &["scarce"]), "{got:?}");
     assert!(all_in(&got[5..8], &["pairs"]), "{got:?}");
     assert!(all_in(&got[8..], &["commons", "cfours"]), "{got:?}");
+
+    // Forty chunks cannot fill the pool but fill a page: cone's other 1,203 postings are not
+    // walked, and the lane's candidates are those forty. Five do not fill a page: the lane
+    // walks every posting and keeps its pool of 100.
+    let candidates = |query: &'static str| {
+        let (service, reader) = (&env.service, &reader);
+        async move {
+            let request = search("ct", query, &["fulltext"]);
+            let response = service.search_for(reader, request).await.unwrap();
+            response.total_candidates
+        }
+    };
+    assert_eq!(candidates("someword cone").await, 40);
+    let got = files_of_hits("someword cone").await;
+    assert!(all_in(&got, &["some"]), "{got:?}");
+    assert_eq!(candidates("scarceword cone").await, 100);
 
     // Common terms alone: the chunks holding all of them, or, too few, any of them.
     let got = files_of_hits("cone ctwo").await;
