@@ -147,16 +147,17 @@ pub(crate) async fn fulltext(
     // evaluates a list predicate (`any(p IN $list WHERE x.path ...)`) over a variable bound
     // after a WITH as false, which would silently hide readable chunks. The re-check after
     // the WITH is over a node matched anew there, and only ever removes rows.
-    // A chunk's weight is the sum over the nomination queries it matches. With one query
-    // each chunk is yielded once, so its weight is that query's and no grouping is needed:
-    // FalkorDB's grouping costs about 2 µs a posting (64 of the 90 ms a 30,785-posting
-    // `mut` took, where the walk itself was 13 ms).
+    // A chunk's weight is the sum over the nomination queries it matches. When each chunk
+    // matches one query at most, its weight is that query's, and the queries come heaviest
+    // first, so no grouping is needed: FalkorDB's grouping costs about 2 µs a posting (64 of
+    // the 90 ms a 30,785-posting `mut` took, where the walk itself was 13 ms).
     let pick = |grouped: bool| {
         let order = if grouped {
             "WITH id(node) AS candidate, sum($weights[i]) AS weight, sum(score) AS total \
              ORDER BY weight DESC, total DESC, candidate"
         } else {
-            "WITH id(node) AS candidate, score AS total ORDER BY total DESC, candidate"
+            "WITH id(node) AS candidate, i AS heaviest_first, score AS total \
+             ORDER BY heaviest_first, total DESC, candidate"
         };
         format!(
             "UNWIND range(0, size($queries) - 1) AS i \
@@ -175,7 +176,7 @@ pub(crate) async fn fulltext(
     };
     let (grouped, single) = (pick(true), pick(false));
     let run = |nomination: Nomination| {
-        let cypher = if nomination.queries.len() == 1 {
+        let cypher = if nomination.disjoint {
             &single
         } else {
             &grouped
@@ -289,6 +290,8 @@ fn common_terms(stats: &bm25::Stats) -> Vec<bool> {
 struct Nomination {
     queries: Vec<String>,
     weights: Vec<f64>,
+    /// Each chunk matches one of the queries at most, and they come heaviest first.
+    disjoint: bool,
 }
 
 impl Nomination {
@@ -307,14 +310,16 @@ impl Nomination {
     /// every chunk the one before held, and the last is every term's postings. Without common
     /// terms that is the only one. Otherwise, first the rare terms' chunks (common terms only
     /// add weight there); then also the chunks holding every common term, the heaviest of
-    /// those without a rare one (a query of common terms alone starts here); then every term.
-    /// A common term's postings are tens of thousands of chunks at 100k, and an intersection
-    /// of them is walked by skipping, so a query of words like `new from slice` no longer
-    /// walks them all unless too few chunks hold them together.
+    /// those without a rare one (a query of common terms alone starts here); for three or
+    /// more common terms alone, then also the chunks holding all of them but one; then every
+    /// term. A common term's postings are tens of thousands of chunks at 100k, and an
+    /// intersection of them is walked by skipping, so a query of words like `new from slice`
+    /// no longer walks them all unless too few chunks hold them together, or all but one.
     fn tiers(terms: &[bm25::Term], idf: &[f64], common: &[bool]) -> Vec<Nomination> {
         let every_term = Nomination {
             queries: terms.iter().map(bm25::Term::index_query).collect(),
             weights: idf.to_vec(),
+            disjoint: terms.len() == 1,
         };
         if !common.iter().any(|&c| c) {
             return vec![every_term];
@@ -331,6 +336,7 @@ impl Nomination {
         let mut rare_first = Nomination {
             queries: Vec::with_capacity(terms.len() + 1),
             weights: Vec::with_capacity(terms.len() + 1),
+            disjoint: false,
         };
         if !rare.is_empty() {
             let any_rare = format!("({})", rare.join("|"));
@@ -356,14 +362,42 @@ impl Nomination {
             every_common
                 .queries
                 .push(format!("{}{without_rare}", commons.join(" ")));
-            every_common.weights.push(
-                idf.iter()
-                    .zip(common)
-                    .filter(|(_, common)| **common)
-                    .map(|(w, _)| w)
-                    .sum(),
-            );
-            tiers.push(every_common);
+            let common_idf: Vec<f64> = idf
+                .iter()
+                .zip(common)
+                .filter(|(_, common)| **common)
+                .map(|(w, _)| *w)
+                .collect();
+            let all_common: f64 = common_idf.iter().sum();
+            every_common.weights.push(all_common);
+            every_common.disjoint = rare.is_empty();
+            tiers.push(every_common.clone());
+            // Common terms alone: a chunk holding all but one of them, and not that one,
+            // matches one query here, so the tier needs no grouping; it spares walking
+            // their postings when few chunks hold them all.
+            if rare.is_empty() && commons.len() >= 3 {
+                let mut all_but_one: Vec<(String, f64)> = (0..commons.len())
+                    .map(|left_out| {
+                        let others: Vec<&str> = commons
+                            .iter()
+                            .enumerate()
+                            .filter(|(i, _)| *i != left_out)
+                            .map(|(_, q)| q.as_str())
+                            .collect();
+                        (
+                            format!("{} -({})", others.join(" "), commons[left_out]),
+                            all_common - common_idf[left_out],
+                        )
+                    })
+                    .collect();
+                all_but_one.sort_by(|a, b| b.1.total_cmp(&a.1));
+                let mut coordination = every_common;
+                for (query, weight) in all_but_one {
+                    coordination.queries.push(query);
+                    coordination.weights.push(weight);
+                }
+                tiers.push(coordination);
+            }
         }
         tiers.push(every_term);
         tiers
@@ -510,18 +544,43 @@ mod tests {
         assert_eq!(t[1].weights, [7.0, 2.0, 3.0, 10.0]);
         assert_eq!(queries(&t[2]), ["\"tokio\"", "\"runtime\"", "\"threads\""]);
 
-        // Only common terms: the chunks holding all of them, then every posting.
+        // Only common terms: the chunks holding all of them, then also those holding all but
+        // one (each in one query, heaviest first, so no grouping), then every posting.
         let t = tiers(
             &["new", "from", "slice"],
             true,
             &[1.0, 2.0, 3.0],
             &[true; 3],
         );
-        assert_eq!(t.len(), 2);
+        assert_eq!(t.len(), 3);
         assert_eq!(queries(&t[0]), ["new from slice"]);
         assert_eq!(t[0].weights, [6.0]);
-        assert_eq!(queries(&t[1]), ["new", "from", "slice"]);
-        assert_eq!(t[1].weights, [1.0, 2.0, 3.0]);
+        assert!(t[0].disjoint);
+        assert_eq!(
+            queries(&t[1]),
+            [
+                "new from slice",
+                "from slice -(new)",
+                "new slice -(from)",
+                "new from -(slice)"
+            ]
+        );
+        assert_eq!(t[1].weights, [6.0, 5.0, 4.0, 3.0]);
+        assert!(t[1].disjoint);
+        assert_eq!(queries(&t[2]), ["new", "from", "slice"]);
+        assert_eq!(t[2].weights, [1.0, 2.0, 3.0]);
+        assert!(!t[2].disjoint);
+
+        // Two common terms alone: all but one of them is one term's postings, the last tier.
+        let t = tiers(&["new", "slice"], true, &[1.0, 3.0], &[true; 2]);
+        assert_eq!(t.len(), 2);
+        assert_eq!(queries(&t[0]), ["new slice"]);
+        assert!(t[0].disjoint && !t[1].disjoint);
+
+        // One term: its postings, once each.
+        let t = tiers(&["new"], true, &[1.0], &[true]);
+        assert_eq!(t.len(), 1);
+        assert!(t[0].disjoint);
     }
 
     #[test]

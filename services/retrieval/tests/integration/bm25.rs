@@ -683,4 +683,9 @@ async fn common_terms_nominate_only_when_rarer_nominations_cannot_fill_the_pool(
     let got = files_of_hits("cone cfour").await;
     assert!(all_in(&got[..3], &["pairs"]), "{got:?}");
     assert!(all_in(&got[3..], &["commons", "cfours"]), "{got:?}");
+    // Three common terms no chunk holds together: the chunks holding two of them (the three
+    // pairs with the rarer cfour first) fill the pool without walking every posting.
+    let got = files_of_hits("cone ctwo cfour").await;
+    assert!(all_in(&got[..3], &["pairs"]), "{got:?}");
+    assert!(all_in(&got[3..], &["commons"]), "{got:?}");
 }
