@@ -31,7 +31,7 @@ const COMMON_TERM_SHARE: f64 = 0.02;
 const COMMON_TERM_FLOOR: u64 = 1_000;
 /// The last nomination tier (every posting of every term) is walked only when the tiers
 /// before it nominated fewer chunks than the largest page a search may ask for. What it adds
-/// holds no rare term and not every common one, so it rarely outranks what they nominated,
+/// holds no rare term and fewer common ones, so it rarely outranks what they nominated,
 /// and beside vector hits fusion weighs it by its small match share. Walking a word held by
 /// most chunks (`rs`, in 92% of the 100k bench's) cost 200+ ms. On that bench's 1,000
 /// queries the lane's top 8 stayed the same for 999 and fused kg_search's for 992.
@@ -99,9 +99,9 @@ pub(crate) use crate::filters::LaneFilters;
 /// RediSearch's score is no BM25 (an OR of terms scores by its best term; no tf saturation
 /// or length normalisation), so it only picks the pool: the [`CANDIDATE_POOL`] chunks that
 /// hold the most query terms weighted by idf (BM25 without tf and length), its own score
-/// breaking ties; common terms nominate only beside a rare one or all together, while
-/// those fill the pool, and alone only when those do not fill a page ([`COMMON_TERM_SHARE`],
-/// [`Nomination::tiers`]).
+/// breaking ties; common terms nominate only beside a rare one or all together (or all but
+/// one), while those fill the pool, and alone only when those do not fill a page
+/// ([`COMMON_TERM_SHARE`], [`Nomination::tiers`]).
 /// BM25 then re-scores the pool from the chunks' text, every query term counted, each chunk
 /// by its best passage ([`bm25::best_passage`]), and the lane keeps its [`LANE_POOL`] best
 /// distinct texts with their copies.
