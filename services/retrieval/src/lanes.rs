@@ -174,10 +174,10 @@ pub(crate) async fn fulltext(
             file = file_predicate.text,
         )
     };
-    let (grouped, single) = (pick(true), pick(false));
+    let (grouped, ungrouped) = (pick(true), pick(false));
     let run = |nomination: Nomination| {
         let cypher = if nomination.disjoint {
-            &single
+            &ungrouped
         } else {
             &grouped
         };
