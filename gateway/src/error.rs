@@ -73,7 +73,12 @@ impl ClientError {
             ErrorCode::Timeout => {
                 format!("the {service} service did not answer in time; retry shortly")
             }
-            _ => format!("the {service} service failed: {}", status.message()),
+            // The transport's own words (a decode error, a size limit) are logged above,
+            // not shown: they are not written for the caller.
+            _ => format!(
+                "the {service} service failed ({}); the details are in the gateway log",
+                code.as_str()
+            ),
         };
         Self::new(code, message)
     }
@@ -121,6 +126,21 @@ mod tests {
                 "message": "the retrieval service is unavailable; retry shortly",
                 "retryable": true,
             })
+        );
+
+        let err = ClientError::from_status(
+            "retrieval",
+            &tonic::Status::resource_exhausted("decoded message length too large: 5000 > 4096"),
+        );
+        assert_eq!(
+            err.code,
+            ErrorCode::from_grpc_code(tonic::Code::ResourceExhausted)
+        );
+        assert!(!err.message.contains("5000"), "{}", err.message);
+        assert!(
+            err.message.starts_with("the retrieval service failed ("),
+            "{}",
+            err.message
         );
     }
 }

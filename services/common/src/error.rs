@@ -167,12 +167,25 @@ pub const INTERNAL_MESSAGE: &str = "internal error; the details are in the serve
 pub fn to_status<E: ErrorExt + ?Sized>(err: &E) -> tonic::Status {
     let code = err.code();
     let message = if code.is_server_fault() {
-        tracing::error!(error = %err, code = %code, "request failed");
+        tracing::error!(error = %detail(err), code = %code, "request failed");
         INTERNAL_MESSAGE.to_owned()
     } else {
         err.to_string()
     };
     status_with_code(code, message)
+}
+
+/// An error's message and every source in its chain, for logs only: driver and endpoint text
+/// rides along as a source and never in a client-visible message.
+pub fn detail<E: std::error::Error + ?Sized>(err: &E) -> String {
+    let mut out = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        out.push_str(": ");
+        out.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    out
 }
 
 /// A status for a code and a client-safe message.

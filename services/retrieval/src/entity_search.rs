@@ -157,7 +157,7 @@ pub(crate) async fn entity_search(
             }
             Err(err) if requested == Mode::Text => return Err(err),
             Err(err) => {
-                tracing::warn!(namespace = ns, error = %err, "entity search: text side failed");
+                tracing::warn!(namespace = ns, error = %err.detail(), "entity search: text side failed");
                 sides.push(side_failed("text", &err));
                 first_failure = Some(err);
                 None
@@ -184,7 +184,7 @@ pub(crate) async fn entity_search(
             }
             Err(err) if requested == Mode::Vector => return Err(err),
             Err(err) => {
-                tracing::warn!(namespace = ns, error = %err, "entity search: vector side failed");
+                tracing::warn!(namespace = ns, error = %err.detail(), "entity search: vector side failed");
                 sides.push(side_failed("vector", &err));
                 first_failure.get_or_insert(err);
                 None

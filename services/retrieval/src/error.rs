@@ -4,7 +4,9 @@ use kg_common::access::NameError;
 use kg_common::caller::CallerError;
 use kg_common::error::{ErrorCode, ErrorExt};
 use kg_common::grpc::ServeError;
+use kg_embed::EmbedError;
 use kg_stores::StoreError;
+use kg_stores::vector::VectorError;
 
 /// Errors of the retrieval service. Messages of client-visible variants are safe to show.
 #[derive(Debug, thiserror::Error)]
@@ -27,9 +29,14 @@ pub enum RetrievalError {
     /// The gRPC server stopped with an error.
     #[error(transparent)]
     Serve(#[from] ServeError),
-    /// A backing service (the embedder, the vector index) failed; the lane soft-fails.
-    #[error("{0}")]
-    Unavailable(String),
+    /// The embedder failed. Its text (an endpoint address, the start of an answer) is kept
+    /// for the log ([`RetrievalError::detail`]); the message names only what failed.
+    #[error("{}", embed_summary(.0))]
+    Embed(#[source] EmbedError),
+    /// The vector index (dense or sparse) failed. Its client-visible variants hold no engine
+    /// text, and the `Internal` one is masked before it leaves the service.
+    #[error(transparent)]
+    Vector(#[from] VectorError),
     /// The service was built with parts that do not fit together.
     #[error("{0}")]
     Config(String),
@@ -55,6 +62,12 @@ pub(crate) const INDEX_MISSING: &str = "index_missing";
 impl RetrievalError {
     pub(crate) fn invalid(message: impl Into<String>) -> Self {
         RetrievalError::InvalidArgument(message.into())
+    }
+
+    /// The error with its sources, for the server log only: the embedder's text (its API key
+    /// already masked) and driver errors ride along as sources, never in the message.
+    pub(crate) fn detail(&self) -> String {
+        kg_common::error::detail(self)
     }
 
     /// The code a soft-failed lane reports in its trace: [`INDEX_MISSING`] for a missing
@@ -90,7 +103,8 @@ impl ErrorExt for RetrievalError {
             RetrievalError::Caller(err) => err.code(),
             RetrievalError::Name(err) => err.code(),
             RetrievalError::Store(err) => err.code(),
-            RetrievalError::Unavailable(_) => ErrorCode::Unavailable,
+            RetrievalError::Embed(err) => err.code(),
+            RetrievalError::Vector(err) => err.code(),
             RetrievalError::IndexMissing { .. } | RetrievalError::FailedPrecondition(_) => {
                 ErrorCode::FailedPrecondition
             }
@@ -101,7 +115,71 @@ impl ErrorExt for RetrievalError {
     }
 }
 
+/// What a client may read of an embedder failure: the kind and, for an HTTP endpoint, its
+/// status, never the endpoint or its answer.
+fn embed_summary(err: &EmbedError) -> String {
+    match err {
+        EmbedError::Config(_) | EmbedError::Model(_) => {
+            "the embedder is not set up correctly; the details are in the server log".to_owned()
+        }
+        EmbedError::Unavailable(_) => {
+            "the embedding endpoint is unavailable; retry shortly".to_owned()
+        }
+        EmbedError::Status { status, .. } => {
+            format!("the embedding endpoint answered HTTP {status}")
+        }
+        EmbedError::Inference(_) | EmbedError::InvalidResponse(_) => {
+            "the embedder failed; the details are in the server log".to_owned()
+        }
+    }
+}
+
 kg_common::impl_status_from!(RetrievalError);
 
 /// Shorthand for results of this crate.
 pub type Result<T, E = RetrievalError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backend_text_stays_in_the_log_and_codes_follow_the_backend() {
+        let cases = [
+            (
+                RetrievalError::Embed(EmbedError::Unavailable(
+                    "error sending request for url (http://10.1.2.3:8081/v1/embeddings)".into(),
+                )),
+                ErrorCode::Unavailable,
+                "10.1.2.3",
+            ),
+            (
+                RetrievalError::Embed(EmbedError::Status {
+                    status: 429,
+                    detail: "{\"error\":\"quota of team-7 exceeded\"}".into(),
+                }),
+                ErrorCode::Unavailable,
+                "team-7",
+            ),
+            (
+                RetrievalError::Embed(EmbedError::InvalidResponse("<html>proxy</html>".into())),
+                ErrorCode::Internal,
+                "proxy",
+            ),
+            (
+                RetrievalError::Vector(VectorError::Internal {
+                    detail: "qdrant: 500 segment /var/lib/q failed".into(),
+                }),
+                ErrorCode::Internal,
+                "/var/lib/q",
+            ),
+        ];
+        for (err, code, secret) in cases {
+            assert_eq!(err.code(), code, "{err:?}");
+            assert!(err.detail().contains(secret), "the log keeps it: {err:?}");
+            let shown = tonic::Status::from(err);
+            assert!(!shown.message().contains(secret), "{}", shown.message());
+        }
+    }
+}

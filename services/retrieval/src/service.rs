@@ -330,7 +330,7 @@ impl RetrievalService {
                     });
                 }
                 Err(err) => {
-                    tracing::warn!(namespace = %request.namespace, lane = lane.as_str(), error = %err, "lane failed");
+                    tracing::warn!(namespace = %request.namespace, lane = lane.as_str(), error = %err.detail(), "lane failed");
                     traces.push(LaneTrace {
                         lane: lane.as_str().to_owned(),
                         ok: false,

@@ -64,7 +64,7 @@ impl SparseLane {
                     self.index
                         .search(access, scope, vector, pool)
                         .await
-                        .map_err(|e| RetrievalError::Unavailable(format!("sparse search: {e}")))
+                        .map_err(RetrievalError::Vector)
                 }
             })
             .await?;

@@ -79,7 +79,7 @@ impl VectorLane {
                 .embedder
                 .embed_query(missing.clone())
                 .await
-                .map_err(|e| RetrievalError::Unavailable(format!("embedding: {e}")))?;
+                .map_err(RetrievalError::Embed)?;
             if vectors.len() != missing.len() {
                 return Err(RetrievalError::UnexpectedReply(format!(
                     "the embedder returned {} vectors for {} texts",
@@ -112,7 +112,7 @@ impl VectorLane {
             .embedder
             .embed_query(vec![query.to_owned()])
             .await
-            .map_err(|e| RetrievalError::Unavailable(format!("query embedding: {e}")))?;
+            .map_err(RetrievalError::Embed)?;
         vectors.into_iter().next().ok_or_else(|| {
             RetrievalError::UnexpectedReply("the embedder returned no vector".into())
         })
@@ -168,7 +168,7 @@ impl VectorLane {
                     self.index
                         .search(access, scope, vector, pool)
                         .await
-                        .map_err(|e| RetrievalError::Unavailable(format!("vector search: {e}")))
+                        .map_err(RetrievalError::Vector)
                 }
             })
             .await

@@ -120,14 +120,7 @@ pub enum StoreError {
 impl StoreError {
     /// Full text for logs: the message plus every source in the chain.
     pub fn detail(&self) -> String {
-        let mut out = self.to_string();
-        let mut source = std::error::Error::source(self);
-        while let Some(err) = source {
-            out.push_str(": ");
-            out.push_str(&err.to_string());
-            source = err.source();
-        }
-        out
+        kg_common::error::detail(self)
     }
 
     pub(crate) fn unavailable(store: StoreKind, source: impl Into<BoxError>) -> Self {

@@ -375,11 +375,52 @@ async fn a_failing_lane_soft_fails_while_another_answers(env: &Env) {
 
     // With the failing lane alone there is no answer to give: the search fails with the
     // lane's stable code rather than pass an outage off as "nothing found".
+    vector_alone_fails_showing(&service, &who, "vector index is unavailable").await;
+
+    // An embedding endpoint nobody listens on: the client learns what failed, never the
+    // endpoint or the transport's words, which stay in the log.
+    let options = kg_embed::OpenAiOptions {
+        dims: Some(64),
+        max_retries: 0,
+        ..kg_embed::OpenAiOptions::new(format!("http://127.0.0.1:{closed}/v1"), "m")
+    };
+    let unreachable: SharedEmbedder =
+        Arc::new(kg_embed::OpenAiEmbedder::connect(options).await.unwrap());
+    let dead = ServerIndex::connect(&format!("http://127.0.0.1:{closed}"), None, "kg", 64).unwrap();
+    let service = RetrievalService::new(env.store.clone())
+        .with_vectors(VectorIndex::Server(dead), unreachable)
+        .unwrap();
+    vector_alone_fails_showing(
+        &service,
+        &who,
+        "the embedding endpoint is unavailable; retry shortly",
+    )
+    .await;
+    let soft = service
+        .search_for(&who, search(ns, query, &["fulltext", "vector"]))
+        .await
+        .unwrap();
+    let vector = lane(&soft, "vector");
+    assert_eq!(vector.error_code, ErrorCode::Unavailable.as_str());
+    assert!(!vector.message.contains("127.0.0.1"), "{}", vector.message);
+}
+
+/// A search of the vector lane alone on the "lanes" namespace fails with `unavailable` and
+/// shows the client `message`, which names no address.
+async fn vector_alone_fails_showing(
+    service: &RetrievalService,
+    who: &kg_proto::v1::CallerContext,
+    message: &str,
+) {
     let err = service
-        .search_for(&who, search(ns, query, &["vector"]))
+        .search_for(
+            who,
+            search("lanes", "Acme and Zephyr contract", &["vector"]),
+        )
         .await
         .unwrap_err();
     assert_eq!(err.code(), ErrorCode::Unavailable);
+    assert_eq!(tonic::Status::from(err).message(), message);
 }
 
 async fn vector_widening_reports_the_cap(env: &Env) {
