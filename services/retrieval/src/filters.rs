@@ -11,6 +11,9 @@
 //!   with no effective window at all does not match (it never said when it applies).
 //! - `relation_type_ids`: the chunk mentions an entity taking part in a REL of one of the
 //!   types, stated by a file the caller may read (access predicate on the edge).
+//!
+//! Errors name a field as the JSON of kg_search and of the proto spell it (`filters.dateFrom`),
+//! the name a caller wrote, not the Rust one.
 
 use kg_common::access::{cypher_predicate, normalize_folder_prefix};
 use kg_proto::v1::{AccessFilter, SearchFilters};
@@ -42,22 +45,23 @@ impl LaneFilters {
         let Some(filters) = filters else {
             return Ok(Self::default());
         };
-        let date_from = date("date_from", filters.date_from.as_deref())?;
-        let date_to = date("date_to", filters.date_to.as_deref())?;
+        let date_from = date("dateFrom", filters.date_from.as_deref())?;
+        let date_to = date("dateTo", filters.date_to.as_deref())?;
         if let (Some(from), Some(to)) = (&date_from, &date_to)
             && from > to
         {
             return Err(RetrievalError::invalid(format!(
-                "filters.date_from {from} is after filters.date_to {to}"
+                "filters.dateFrom {from} is after filters.dateTo {to}"
             )));
         }
         Ok(Self {
-            folder_prefix: normalize_folder_prefix(&filters.folder_prefix)?,
+            folder_prefix: normalize_folder_prefix(&filters.folder_prefix)
+                .map_err(|err| RetrievalError::invalid(format!("filters.folderPrefix: {err}")))?,
             collections: list("collections", &filters.collections)?,
             date_from,
             date_to,
-            effective_at: date("effective_at", filters.effective_at.as_deref())?,
-            relation_type_ids: list("relation_type_ids", &filters.relation_type_ids)?,
+            effective_at: date("effectiveAt", filters.effective_at.as_deref())?,
+            relation_type_ids: list("relationTypeIds", &filters.relation_type_ids)?,
         })
     }
 
@@ -245,7 +249,7 @@ mod tests {
             .unwrap_err()
             .to_string();
             assert!(
-                err.contains("filters.date_from") && err.contains("YYYY-MM-DD"),
+                err.contains("filters.dateFrom") && err.contains("YYYY-MM-DD"),
                 "{bad}: {err}"
             );
         }
@@ -264,7 +268,7 @@ mod tests {
         })
         .unwrap_err()
         .to_string();
-        assert!(err.contains("after filters.date_to"));
+        assert!(err.contains("after filters.dateTo"));
     }
 
     #[test]

@@ -662,14 +662,14 @@ mod tests {
                 date_from: Some("2024".into()),
                 ..Default::default()
             }))
-            .contains("filters.date_from `2024` is not a date")
+            .contains("filters.dateFrom `2024` is not a date")
         );
         assert!(
             err(filters(SearchFilters {
                 folder_prefix: "a/../b".into(),
                 ..Default::default()
             }))
-            .contains("invalid path")
+            .contains("filters.folderPrefix: invalid path")
         );
 
         let ok = plan(&SearchRequest {

@@ -298,11 +298,11 @@ async fn filters_against_real_falkordb() {
     for (filters, needle) in [
         (
             f(|x| x.date_from = Some("2024-1-1".into())),
-            "filters.date_from `2024-1-1` is not a date; expected YYYY-MM-DD",
+            "filters.dateFrom `2024-1-1` is not a date; expected YYYY-MM-DD",
         ),
         (
             f(|x| x.effective_at = Some("2023-02-29".into())),
-            "filters.effective_at",
+            "filters.effectiveAt",
         ),
         (
             f(|x| x.collections = vec![String::new()]),
@@ -313,7 +313,7 @@ async fn filters_against_real_falkordb() {
                 x.date_from = Some("2025-01-01".into());
                 x.date_to = Some("2024-01-01".into());
             }),
-            "is after filters.date_to",
+            "is after filters.dateTo",
         ),
     ] {
         let mut request = search(NS, "retention", ft);
