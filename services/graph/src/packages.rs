@@ -134,7 +134,8 @@ impl GraphService {
              RETURN c.chunkKey, c.fileId, c.path, c.text, c.contextHeader, c.chunkIndex, \
                     c.charStart, c.charEnd, c.pageStart, c.pageEnd, c.lineStart, c.lineEnd, c.tokenCount, \
                     prev.chunkKey, nxt.chunkKey, f.documentDate, \
-                    s.outlineKey, s.title, s.depth, s.order"
+                    s.outlineKey, s.title, s.depth, s.order, \
+                    f.effectiveFrom, f.effectiveTo, f.collections"
         ));
         let rows = self.read(scope, &q).await?;
         let mut out = HashMap::with_capacity(rows.rows.len());
@@ -168,6 +169,9 @@ impl GraphService {
                     next_chunk_key: row.opt_str(14)?.map(str::to_owned),
                 },
                 document_date: row.opt_str(15)?.map(str::to_owned),
+                effective_from: row.opt_str(20)?.map(str::to_owned),
+                effective_to: row.opt_str(21)?.map(str::to_owned),
+                collections: crate::hop::strings(row.list(22)?)?,
                 section,
             };
             // A key matches one chunk; keep the first row should the graph ever hold two.
@@ -277,6 +281,10 @@ struct ChunkRow {
     context_header: String,
     position: Position,
     document_date: Option<String>,
+    /// The file's effective window and collections, as its metadata set them.
+    effective_from: Option<String>,
+    effective_to: Option<String>,
+    collections: Vec<String>,
     section: Option<OutlineRef>,
 }
 
@@ -410,9 +418,16 @@ fn package(
         rel_neighbors: Vec::new(),
         dates: Some(Dates {
             document_date: chunk.document_date.as_deref().map(|d| sanitize_text(d, 64)),
-            effective_from: None,
-            effective_to: None,
-            collections: Vec::new(),
+            effective_from: chunk
+                .effective_from
+                .as_deref()
+                .map(|d| sanitize_text(d, 64)),
+            effective_to: chunk.effective_to.as_deref().map(|d| sanitize_text(d, 64)),
+            collections: chunk
+                .collections
+                .iter()
+                .map(|c| sanitize_text(c, TITLE_CAP))
+                .collect(),
         }),
         similar_files: Vec::new(),
         score: None,
@@ -454,6 +469,9 @@ mod tests {
                 ..Default::default()
             },
             document_date: Some("2024-05-01".into()),
+            effective_from: Some("2024-01-01".into()),
+            effective_to: None,
+            collections: vec!["policies\u{202E}".into(), "hr".into()],
             section,
         }
     }
@@ -509,10 +527,11 @@ mod tests {
         let text = pkg.text.unwrap();
         assert_eq!(text.text, "hello world");
         assert_eq!(text.citation, "demo/guides/a.md › S1 › S2 › S3 (pp. 3–4)");
-        assert_eq!(
-            pkg.dates.unwrap().document_date.as_deref(),
-            Some("2024-05-01")
-        );
+        let dates = pkg.dates.unwrap();
+        assert_eq!(dates.document_date.as_deref(), Some("2024-05-01"));
+        assert_eq!(dates.effective_from.as_deref(), Some("2024-01-01"));
+        assert_eq!(dates.effective_to, None);
+        assert_eq!(dates.collections, ["policies", "hr"]);
     }
 
     #[test]
