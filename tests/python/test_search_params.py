@@ -336,6 +336,43 @@ async def test_every_filter_narrows_the_search(mesh: Mesh, corpus: str) -> None:
             await expect_rejected(
                 client, "kg_search", {"query": QUERY, "namespaces": [corpus], "filters": bad}, {"invalid_argument"}
             )
+        # A refusal names the field as the caller spelled it.
+        for bad, field in (
+            ({"dateFrom": "2024-02-30"}, "filters.dateFrom"),
+            ({"dateFrom": "2025-01-01", "dateTo": "2024-01-01"}, "filters.dateTo"),
+            ({"effectiveAt": "soon"}, "filters.effectiveAt"),
+            ({"folderPrefix": "a/../b"}, "filters.folderPrefix"),
+            ({"relationTypeIds": ["r"] * 65}, "filters.relationTypeIds"),
+        ):
+            outcome = await call_tool(
+                client, "kg_search", {"query": QUERY, "namespaces": [corpus], "lanes": ["fulltext"], "filters": bad}
+            )
+            error = outcome.error()
+            assert error["code"] == "invalid_argument" and field in error["message"], (bad, error)
+
+
+async def test_packages_carry_dates_and_every_package_tool_takes_a_token_budget(mesh: Mesh, corpus: str) -> None:
+    async with mcp_http(mesh.mcp_url, mesh.admin_token) as client:
+        result = await search(client, query=QUERY, lanes=["fulltext"])
+        dates = {hit["path"]: hit["dates"] for hit in result["results"]}
+        assert dates["contracts/acme-zephyr.md"] == {
+            "documentDate": "2024-03-15",
+            "effectiveFrom": "2024-04-01",
+            "effectiveTo": "2025-03-31",
+            "collections": ["legal"],
+        }, dates
+        assert dates["people/staff.md"]["collections"] == ["hr"], dates
+        assert "effectiveFrom" not in dates["people/staff.md"], dates
+        # kg_open and kg_hop take tokenBudget as kg_search does.
+        file_id = next(hit["fileId"] for hit in result["results"] if hit["path"] == "contracts/acme-zephyr.md")
+        opened = await call_ok(client, "kg_open", {"namespace": corpus, "fileId": file_id, "tokenBudget": 1})
+        assert opened["tokenBudget"]["budget"] == 1 and opened["tokenBudget"]["truncated"], opened
+        first = opened["packages"][0]
+        assert first.get("textTruncated") or first.get("textOmitted"), first
+        assert opened["packages"][0]["dates"]["collections"] == ["legal"], opened["packages"][0]
+        found = await call_ok(client, "kg_entity_search", {"text": "Acme", "namespaces": [corpus], "tokenBudget": 1})
+        assert found["trace"]["tokenBudget"]["budget"] == 1, found["trace"]
+        assert found["trace"]["tokenBudget"]["truncated"], found["trace"]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -222,9 +222,22 @@ fn dedup(values: Vec<String>) -> Vec<String> {
     out
 }
 
+/// `tokenBudget`, which every tool returning chunk packages takes: absent, or 1 to
+/// [`MAX_TOKEN_BUDGET`].
+pub(crate) fn token_budget(raw: Option<Int>) -> Result<Option<u32>, ClientError> {
+    raw.map(|v| bounded("tokenBudget", Some(v), 1, 0, MAX_TOKEN_BUDGET))
+        .transpose()
+}
+
 /// Validates `kg_search` arguments.
 pub(crate) fn search_args(args: &Map<String, Value>) -> Result<SearchArgs, ClientError> {
-    let raw: RawSearch = parse(args)?;
+    // The caps table lists topK with the package caps, so `caps.topK` is topK too.
+    let mut args = args.clone();
+    let caps_top_k = args
+        .get_mut("caps")
+        .and_then(Value::as_object_mut)
+        .and_then(|caps| caps.remove("topK"));
+    let raw: RawSearch = parse(&args)?;
     let query = raw.query.trim().to_owned();
     if query.is_empty() {
         return Err(ClientError::invalid(
@@ -256,11 +269,23 @@ pub(crate) fn search_args(args: &Map<String, Value>) -> Result<SearchArgs, Clien
         .iter()
         .map(|l| lane("lanes", l))
         .collect::<Result<Vec<_>, _>>()?;
-    let top_k = bounded("topK", raw.top_k, 1, TOP_K.0, TOP_K.1)?;
-    let token_budget = match raw.token_budget {
-        None => None,
-        Some(v) => Some(bounded("tokenBudget", Some(v), 1, 0, MAX_TOKEN_BUDGET)?),
+    let top_k = match caps_top_k {
+        None => bounded("topK", raw.top_k, 1, TOP_K.0, TOP_K.1)?,
+        Some(value) => {
+            let value: Int = serde_json::from_value(value)
+                .map_err(|err| ClientError::invalid(format!("caps.topK: {err}")))?;
+            let in_caps = bounded("caps.topK", Some(value), 1, TOP_K.0, TOP_K.1)?;
+            match raw.top_k {
+                Some(Int(top)) if top != i64::from(in_caps) => {
+                    return Err(ClientError::invalid(format!(
+                        "topK is {top} and caps.topK is {in_caps}; pass one of them"
+                    )));
+                }
+                _ => in_caps,
+            }
+        }
     };
+    let token_budget = token_budget(raw.token_budget)?;
     let ranking = raw.ranking.map(ranking).transpose()?;
     Ok(SearchArgs {
         query,
@@ -307,6 +332,7 @@ struct RawOpen {
     file_id: Option<String>,
     limit: Option<Int>,
     caps: Option<RawCaps>,
+    token_budget: Option<Int>,
 }
 
 /// Validated `kg_open` arguments.
@@ -316,6 +342,7 @@ pub(crate) struct OpenArgs {
     pub(crate) key: Key,
     pub(crate) limit: u32,
     pub(crate) caps: PackageCaps,
+    pub(crate) token_budget: Option<u32>,
 }
 
 /// Validates `kg_open` arguments: exactly one key.
@@ -351,6 +378,7 @@ pub(crate) fn open_args(args: &Map<String, Value>) -> Result<OpenArgs, ClientErr
         key,
         limit: bounded("limit", raw.limit, 1, OPEN_LIMIT.0, OPEN_LIMIT.1)?,
         caps: caps(raw.caps)?,
+        token_budget: token_budget(raw.token_budget)?,
     })
 }
 
@@ -716,6 +744,16 @@ mod tests {
         assert_eq!(ranking.lane_weights.get("fulltext"), Some(&2.0));
         assert_eq!(ranking.min_score, Some(0.2));
         assert_eq!((args.caps.mentions, args.caps.similar), (Some(0), Some(16)));
+
+        // topK may sit with the package caps, as the caps table lists it.
+        let args =
+            search_args(&obj(json!({"query": "q", "caps": {"topK": 12, "rel": 3}}))).unwrap();
+        assert_eq!((args.top_k, args.caps.rel), (12, Some(3)));
+        let args = search_args(&obj(
+            json!({"query": "q", "topK": 12, "caps": {"topK": 12.0}}),
+        ))
+        .unwrap();
+        assert_eq!(args.top_k, 12);
     }
 
     #[test]
@@ -749,6 +787,18 @@ mod tests {
                 json!({"query": "q", "caps": {"bogus": 1}})
             )))
             .contains("bogus")
+        );
+        assert!(
+            refused(search_args(&obj(
+                json!({"query": "q", "caps": {"topK": 33}})
+            )))
+            .contains("caps.topK must be from 1 to 32")
+        );
+        assert!(
+            refused(search_args(&obj(
+                json!({"query": "q", "topK": 5, "caps": {"topK": 6}})
+            )))
+            .contains("pass one of them")
         );
         assert!(
             refused(search_args(&obj(json!({"query": "q", "lanes": ["magic"]}))))
@@ -871,6 +921,18 @@ mod tests {
             .contains("limit")
         );
         assert!(refused(open_args(&obj(json!({"chunkKey": "c"})))).contains("namespace"));
+        assert_eq!(args.token_budget, None);
+        let args = open_args(&obj(
+            json!({"namespace": "demo", "chunkKey": "c", "tokenBudget": 300}),
+        ))
+        .unwrap();
+        assert_eq!(args.token_budget, Some(300));
+        assert!(
+            refused(open_args(&obj(
+                json!({"namespace": "demo", "chunkKey": "c", "tokenBudget": 0})
+            )))
+            .contains("tokenBudget must be from 1")
+        );
     }
 
     #[test]

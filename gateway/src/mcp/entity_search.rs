@@ -5,15 +5,19 @@
 use futures::future::join_all;
 use kg_proto::v1::entity_search_response::Side;
 use kg_proto::v1::{
-    EntityHit, EntitySearchRequest, Grounding, PackageCaps, PackagesRequest, SearchFilters,
+    ChunkPackage, EntityHit, EntitySearchRequest, Grounding, PackageCaps, PackagesRequest,
+    SearchFilters,
 };
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use super::args::{Int, MAX_NAMESPACES, RawCaps, bounded, caps, namespace, parse};
-use super::package::{number, package_json};
-use super::registry::{ToolEntry, ToolKind, caps_input, namespace_input, package_schema};
-use super::search::interleave;
+use super::args::{Int, MAX_NAMESPACES, RawCaps, bounded, caps, namespace, parse, token_budget};
+use super::package::{clean, number, package_json};
+use super::registry::{
+    ToolEntry, ToolKind, caps_input, namespace_input, package_schema, token_budget_input,
+    token_budget_output,
+};
+use super::search::{apply_token_budget, interleave};
 use super::tools::resolve_namespaces;
 use crate::error::ClientError;
 use crate::state::{Caller, GatewayState};
@@ -76,8 +80,8 @@ pub(crate) fn grounding_json(grounding: &Grounding) -> Value {
     let mut out = json!({
         "namespace": grounding.namespace,
         "entities": grounding.entities.iter().map(|e| json!({
-            "entityKey": e.entity_key, "name": e.name, "typeId": e.type_id,
-            "phrase": e.phrase, "degree": e.degree, "role": e.role,
+            "entityKey": e.entity_key, "name": clean(&e.name), "typeId": e.type_id,
+            "phrase": clean(&e.phrase), "degree": e.degree, "role": e.role,
         })).collect::<Vec<_>>(),
         "pair": grounding.pair,
         "directCount": grounding.direct_count,
@@ -98,6 +102,7 @@ struct RawEntitySearch {
     evidence_limit: Option<Int>,
     caps: Option<RawCaps>,
     mode: Option<String>,
+    token_budget: Option<Int>,
 }
 
 /// Validated `kg_entity_search` arguments.
@@ -110,6 +115,8 @@ pub(crate) struct EntitySearchArgs {
     pub(crate) caps: PackageCaps,
     /// text | vector | hybrid; empty lets the service pick (hybrid with embeddings).
     pub(crate) mode: String,
+    /// Caps the evidence packages' text, in hit order.
+    pub(crate) token_budget: Option<u32>,
 }
 
 pub(crate) fn entity_search_args(
@@ -161,6 +168,7 @@ pub(crate) fn entity_search_args(
             EVIDENCE_LIMIT.1,
         )?,
         caps: caps(raw.caps)?,
+        token_budget: token_budget(raw.token_budget)?,
     })
 }
 
@@ -217,24 +225,77 @@ pub(crate) async fn run(
         return Err(err);
     }
     let winners = interleave(lists, args.limit as usize);
-    let evidence = evidence_packages(state, caller, &namespaces, &winners, &args).await;
+    let (evidence, evidence_failures) =
+        evidence_packages(state, caller, &namespaces, &winners, &args).await;
+    Ok(entity_result(
+        &namespaces,
+        trace,
+        &winners,
+        &Evidence {
+            packages: evidence,
+            failures: evidence_failures,
+            per_hit: args.evidence_limit as usize,
+            token_budget: args.token_budget,
+        },
+    ))
+}
+
+/// What [`evidence_packages`] read, how many packages a hit shows and the text budget.
+struct Evidence {
+    packages: std::collections::HashMap<(String, String), ChunkPackage>,
+    failures: Vec<(usize, ClientError)>,
+    per_hit: usize,
+    token_budget: Option<u32>,
+}
+
+/// The tool result: the interleaved hits with their evidence, names sanitised, and the trace
+/// with each namespace whose evidence could not be read.
+fn entity_result(
+    namespaces: &[String],
+    mut trace: Vec<Value>,
+    winners: &[(usize, EntityHit)],
+    evidence: &Evidence,
+) -> Value {
+    for (index, err) in &evidence.failures {
+        if let Some(entry) = trace.get_mut(*index) {
+            entry["evidence"] = json!({"ok": false, "errorCode": err.code.as_str()});
+        }
+    }
+    // Each hit's evidence in hit order, so a token budget keeps the best hits' text.
+    let per_hit: Vec<Vec<ChunkPackage>> = winners
+        .iter()
+        .map(|(index, hit)| {
+            let ns = namespaces.get(*index).map_or("", String::as_str);
+            hit.evidence_chunk_keys
+                .iter()
+                .take(evidence.per_hit)
+                .filter_map(|key| evidence.packages.get(&(ns.to_owned(), key.clone())))
+                .cloned()
+                .collect()
+        })
+        .collect();
+    let mut flat: Vec<ChunkPackage> = per_hit.into_iter().flatten().collect();
+    let budget = evidence
+        .token_budget
+        .map(|b| apply_token_budget(&mut flat, b));
+    let mut flat = flat.into_iter();
     let hits: Vec<Value> = winners
         .iter()
         .map(|(index, hit)| {
             let ns = namespaces.get(*index).map_or("", String::as_str);
-            let packages: Vec<Value> = hit
+            let shown = hit
                 .evidence_chunk_keys
                 .iter()
-                .take(args.evidence_limit as usize)
-                .filter_map(|key| evidence.get(&(ns.to_owned(), key.clone())))
-                .cloned()
-                .collect();
+                .take(evidence.per_hit)
+                .filter(|key| evidence.packages.contains_key(&(ns.to_owned(), (*key).clone())))
+                .count();
+            let packages: Vec<Value> = flat.by_ref().take(shown).map(|p| package_json(&p)).collect();
             json!({
                 "namespace": ns,
                 "entityKey": hit.entity_key,
-                "name": hit.name,
+                "name": clean(&hit.name),
                 "typeId": hit.type_id,
-                "typeLabels": hit.type_labels,
+                "typeLabels": hit.type_labels.iter().map(|label| clean(label)).collect::<Vec<_>>(),
                 "degree": hit.degree,
                 "role": hit.role,
                 "score": number(hit.score),
@@ -243,7 +304,11 @@ pub(crate) async fn run(
             })
         })
         .collect();
-    Ok(json!({"hits": hits, "trace": {"namespaces": trace}}))
+    let mut trace = json!({"namespaces": trace});
+    if let Some(report) = budget {
+        trace["tokenBudget"] = json!(report);
+    }
+    json!({"hits": hits, "trace": trace})
 }
 
 /// One side of a namespace's entity search, as `trace.namespaces[].sides[]` shows it.
@@ -256,15 +321,19 @@ fn side_json(side: &Side) -> Value {
     out
 }
 
-/// Evidence packages by (namespace, chunk key); a namespace whose Packages call fails
-/// contributes none (its hits keep their keys and say evidenceTruncated).
+/// Evidence packages by (namespace, chunk key), and the namespaces (by index) whose Packages
+/// call failed: those contribute none, their hits say evidenceTruncated and their trace
+/// entry says why.
 async fn evidence_packages(
     state: &GatewayState,
     caller: &Caller,
     namespaces: &[String],
     winners: &[(usize, EntityHit)],
     args: &EntitySearchArgs,
-) -> std::collections::HashMap<(String, String), Value> {
+) -> (
+    std::collections::HashMap<(String, String), ChunkPackage>,
+    Vec<(usize, ClientError)>,
+) {
     let mut keys: Vec<Vec<String>> = vec![Vec::new(); namespaces.len()];
     for (index, hit) in winners {
         if let Some(list) = keys.get_mut(*index) {
@@ -289,27 +358,31 @@ async fn evidence_packages(
         });
         async move {
             if empty {
-                return Vec::new();
+                return Ok(Vec::new());
             }
-            match client.packages(request).await {
-                Ok(response) => response.into_inner().packages,
-                Err(status) => {
-                    tracing::warn!(code = ?status.code(), "entity evidence packages soft-failed");
-                    Vec::new()
-                }
-            }
+            client
+                .packages(request)
+                .await
+                .map(|response| response.into_inner().packages)
+                .map_err(|status| ClientError::from_status("graph", &status))
         }
     });
     let mut out = std::collections::HashMap::new();
-    for (ns, packages) in namespaces.iter().zip(join_all(calls).await) {
-        for package in packages {
-            out.insert(
-                (ns.clone(), package.chunk_key.clone()),
-                package_json(&package),
-            );
+    let mut failures = Vec::new();
+    for (index, (ns, result)) in namespaces.iter().zip(join_all(calls).await).enumerate() {
+        match result {
+            Ok(packages) => {
+                for package in packages {
+                    out.insert((ns.clone(), package.chunk_key.clone()), package);
+                }
+            }
+            Err(err) => {
+                tracing::warn!(namespace = %ns, code = %err.code, "entity evidence packages soft-failed");
+                failures.push((index, err));
+            }
         }
     }
-    out
+    (out, failures)
 }
 
 /// The tool definition, built by the registry's `entry`.
@@ -328,9 +401,10 @@ pub(crate) fn tool_entry(
 
 const DESCRIPTION: &str = "Named-entity entry: find entities by name or alias, by text and/or vector similarity, then read the chunks that mention them. \
 mode: text (full-text over entity names and aliases; an exact name or alias ranks first), vector (entities of the chunks nearest in meaning: finds an entity from a paraphrase), \
-hybrid (both fused; the default when embeddings are configured, else text). trace.namespaces[].mode is the mode that answered: hybrid reports text or vector when one side failed, and sides[] says why. \
+hybrid (both fused; the default when embeddings are configured, else text). trace.namespaces[].mode is the mode that answered: hybrid reports text or vector when one side failed, and sides[] says why; trace.namespaces[].evidence says when a namespace's evidence packages could not be read (its hits keep evidenceTruncated). \
 Each hit has entityKey, name, typeId, typeLabels, degree (how many chunks you may read mention it), role and evidence: the first mentioning chunks as chunk packages, so answers stay citation-backed. \
 role: bridge (at most 25 mentioning chunks: specific enough to connect the question to evidence), filter (26-250: narrows a question, does not connect chunks), ignore (over 250: too common to connect anything). \
+tokenBudget caps the evidence text as in kg_search, in hit order, reported in trace.tokenBudget. \
 Only entities mentioned by a chunk you may read are returned. Continue with kg_open {entityKey} for more mentions or kg_hop from the entityKey.";
 
 fn input_schema() -> Value {
@@ -346,6 +420,7 @@ fn input_schema() -> Value {
             "caps": caps_input(),
             "mode": {"type": "string", "enum": MODES,
                      "description": "text, vector or hybrid; omit for hybrid when embeddings are configured, else text. vector without embeddings is an error."},
+            "tokenBudget": token_budget_input(),
         },
         "required": ["text"],
         "additionalProperties": false
@@ -367,11 +442,15 @@ fn output_schema() -> Value {
                 "namespaces": {"type": "array", "items": {"type": "object", "properties": {
                     "namespace": {"type": "string"}, "ok": {"type": "boolean"}, "errorCode": {"type": "string"},
                     "mode": {"type": "string", "enum": MODES},
+                    "evidence": {"type": "object", "properties": {
+                        "ok": {"type": "boolean"}, "errorCode": {"type": "string"}
+                    }, "required": ["ok", "errorCode"]},
                     "sides": {"type": "array", "items": {"type": "object", "properties": {
                         "side": {"type": "string", "enum": ["text", "vector"]}, "ok": {"type": "boolean"},
                         "candidates": {"type": "integer"}, "errorCode": {"type": "string"}, "message": {"type": "string"}
                     }, "required": ["side", "ok"]}}
-                }, "required": ["namespace", "ok"]}}
+                }, "required": ["namespace", "ok"]}},
+                "tokenBudget": token_budget_output()
             }, "required": ["namespaces"]}
         },
         "required": ["hits", "trace"]
@@ -386,6 +465,100 @@ mod tests {
 
     fn args(value: Value) -> Map<String, Value> {
         value.as_object().unwrap().clone()
+    }
+
+    #[test]
+    fn failed_evidence_is_traced_and_names_are_sanitised() {
+        let namespaces = vec!["a".to_owned(), "b".to_owned()];
+        let hit = |key: &str, name: &str| EntityHit {
+            entity_key: key.into(),
+            name: name.into(),
+            type_id: "org".into(),
+            type_labels: vec!["Org\u{202E}anisation".into()],
+            degree: 2,
+            role: "bridge".into(),
+            score: 0.5,
+            evidence_chunk_keys: vec![format!("{key}#0")],
+            ..Default::default()
+        };
+        let trace = vec![
+            json!({"namespace": "a", "ok": true, "mode": "text", "sides": []}),
+            json!({"namespace": "b", "ok": true, "mode": "text", "sides": []}),
+        ];
+        let winners = vec![(0, hit("e1", "Acme\u{1b}[31m")), (1, hit("e2", "Zephyr"))];
+        let mut packages = std::collections::HashMap::new();
+        packages.insert(
+            ("a".to_owned(), "e1#0".to_owned()),
+            ChunkPackage {
+                chunk_key: "e1#0".into(),
+                file_id: "f1".into(),
+                path: "a.md".into(),
+                ..Default::default()
+            },
+        );
+        let evidence = Evidence {
+            packages,
+            failures: vec![(1, ClientError::new(kg_common::ErrorCode::Timeout, "slow"))],
+            per_hit: 3,
+            token_budget: None,
+        };
+        let result = entity_result(&namespaces, trace, &winners, &evidence);
+        assert_eq!(result["hits"][0]["name"], "Acme");
+        assert_eq!(result["hits"][0]["typeLabels"], json!(["Organisation"]));
+        assert_eq!(result["hits"][0]["evidenceTruncated"], false);
+        assert_eq!(result["hits"][1]["evidence"], json!([]));
+        assert_eq!(result["hits"][1]["evidenceTruncated"], true);
+        assert!(result["trace"]["namespaces"][0].get("evidence").is_none());
+        assert_eq!(
+            result["trace"]["namespaces"][1]["evidence"],
+            json!({"ok": false, "errorCode": "timeout"})
+        );
+        let schema = output_schema();
+        super::super::registry::check_schema(&schema, &result, "$").unwrap();
+        assert!(result["trace"].get("tokenBudget").is_none());
+
+        // A budget spends on the first hit's evidence first.
+        let text = |words: &str| {
+            Some(kg_proto::v1::ChunkText {
+                text: words.into(),
+                ..Default::default()
+            })
+        };
+        let mut packages = std::collections::HashMap::new();
+        for (ns, key, words) in [
+            ("a", "e1#0", "four words of text"),
+            ("b", "e2#0", "more words here"),
+        ] {
+            packages.insert(
+                (ns.to_owned(), key.to_owned()),
+                ChunkPackage {
+                    chunk_key: key.into(),
+                    text: text(words),
+                    ..Default::default()
+                },
+            );
+        }
+        let evidence = Evidence {
+            packages,
+            failures: Vec::new(),
+            per_hit: 3,
+            token_budget: Some(5),
+        };
+        let trace = vec![
+            json!({"namespace": "a", "ok": true}),
+            json!({"namespace": "b", "ok": true}),
+        ];
+        let result = entity_result(&namespaces, trace, &winners, &evidence);
+        super::super::registry::check_schema(&schema, &result, "$").unwrap();
+        assert_eq!(
+            result["hits"][0]["evidence"][0]["text"],
+            "four words of text"
+        );
+        assert_eq!(result["hits"][1]["evidence"][0]["textOmitted"], true);
+        assert_eq!(
+            result["trace"]["tokenBudget"],
+            json!({"budget": 5, "used": 5, "omitted": 1, "truncated": true})
+        );
     }
 
     #[test]

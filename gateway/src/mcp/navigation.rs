@@ -5,15 +5,16 @@
 use kg_common::sanitize::sanitize_text;
 use kg_proto::v1::{
     FileEntitiesRequest, FileEntitiesResponse, FileTriplesRequest, FileTriplesResponse, HopKind,
-    HopRequest, OntologyRequest, OntologyResponse, PackageCaps, PackagesResponse,
+    HopRequest, OntologyRequest, OntologyResponse, PackageCaps,
 };
 use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
-use super::args::{Int, OPEN_LIMIT, RawCaps, bounded, caps, key, namespace, parse};
-use super::package::package_json;
-use super::registry::{ToolEntry, ToolKind, caps_input, namespace_input, packages_output};
-use super::tools::require_readable;
+use super::args::{Int, OPEN_LIMIT, RawCaps, bounded, caps, key, namespace, parse, token_budget};
+use super::registry::{
+    ToolEntry, ToolKind, caps_input, namespace_input, packages_output, token_budget_input,
+};
+use super::tools::{packages_result, require_readable};
 use crate::error::ClientError;
 use crate::state::{Caller, GatewayState};
 
@@ -50,6 +51,7 @@ struct RawHop {
     kind: String,
     limit: Option<Int>,
     caps: Option<RawCaps>,
+    token_budget: Option<Int>,
 }
 
 /// Validated `kg_hop` arguments.
@@ -60,6 +62,7 @@ pub(crate) struct HopArgs {
     pub(crate) kind: HopKind,
     pub(crate) limit: u32,
     pub(crate) caps: PackageCaps,
+    pub(crate) token_budget: Option<u32>,
 }
 
 /// Validates `kg_hop` arguments.
@@ -83,6 +86,7 @@ pub(crate) fn hop_args(args: &Map<String, Value>) -> Result<HopArgs, ClientError
         kind,
         limit: bounded("limit", raw.limit, 1, OPEN_LIMIT.0, OPEN_LIMIT.1)?,
         caps: caps(raw.caps)?,
+        token_budget: token_budget(raw.token_budget)?,
     })
 }
 
@@ -216,7 +220,7 @@ pub(crate) async fn run(
                 .await
                 .map_err(graph_error)?
                 .into_inner();
-            Ok(packages_result(&response))
+            Ok(packages_result(response, args.token_budget))
         }
         ToolKind::Ontology => {
             let namespace = ontology_args(args)?;
@@ -254,15 +258,6 @@ pub(crate) async fn run(
             "{other:?} is not a navigation tool"
         ))),
     }
-}
-
-fn packages_result(response: &PackagesResponse) -> Value {
-    let returned = response.packages.len() as u64;
-    json!({
-        "packages": response.packages.iter().map(package_json).collect::<Vec<_>>(),
-        "total": response.total.max(returned),
-        "truncated": response.truncated,
-    })
 }
 
 fn ontology_result(response: &OntologyResponse) -> Value {
@@ -379,6 +374,7 @@ prev_chunk (the chunks before it, in order), similar (first chunks of files simi
 related to them by a typed relation stated in a file you may read), same_type (chunks mentioning other entities of the same type). From an outlineKey: \
 outline_child (first chunk of each subsection), outline_parent (the parent section's chunks), outline_siblings (first chunk of each sibling section). \
 Returns {packages, total, truncated} in the kg_search package shape; limit defaults to 8 (hard max 32) and caps sets per-package list sizes. \
+tokenBudget caps the returned text as in kg_search, reported in tokenBudget. \
 A chunk or section you cannot read is not_found; an entity no readable chunk mentions has no neighbours.";
 
 const ONTOLOGY_DESCRIPTION: &str = "Read the published type box (TBox) of one namespace: its entity types (typeId, label, aliases, side) and relation types \
@@ -448,6 +444,7 @@ fn hop_input() -> Value {
             "limit": {"type": "integer", "minimum": 1, "maximum": OPEN_LIMIT.1, "default": OPEN_LIMIT.0,
                       "description": "Most packages to return (hard max 32)."},
             "caps": caps_input(),
+            "tokenBudget": token_budget_input(),
         },
         "required": ["namespace", "fromKey", "kind"],
         "additionalProperties": false,

@@ -21,7 +21,8 @@ use serde_json::{Map, Value, json};
 /// Cap on short fields (titles, names, keys).
 const SHORT_FIELD_CAP: usize = 1024;
 
-fn clean(text: &str) -> Value {
+/// A short untrusted string (a title, a name), sanitised into a JSON string.
+pub(crate) fn clean(text: &str) -> Value {
     Value::String(sanitized(text, SHORT_FIELD_CAP).into_owned())
 }
 
@@ -499,7 +500,7 @@ mod tests {
                         truncated: true,
                     },
                     ListCount {
-                        list: "rel\u{202e}".into(),
+                        list: "relNeighbors\u{202e}".into(),
                         total: 2,
                         truncated: false,
                     },
@@ -525,7 +526,7 @@ mod tests {
                 "relNeighbors": [{"sourceEntityKey": "a", "relationTypeId": "b", "targetEntityKey": "c", "targetName": "d", "statedInFileId": "e", "sourceName": "f", "direction": "out", "entityKey": "g", "otherEntityKey": "h", "otherName": "i", "otherTypeId": "j", "statedInChunkKey": "k"}],
                 "dates": {"documentDate": "2024-01-01", "effectiveTo": "2025", "collections": ["x", "y"]},
                 "similarFiles": [{"fileId": "sf", "path": "sp", "score": 0.0}, {"fileId": "sf2", "path": "sp2", "score": 0.25}],
-                "counts": {"mentions": {"total": 30, "truncated": true}, "rel": {"total": 2, "truncated": false}}
+                "counts": {"mentions": {"total": 30, "truncated": true}, "relNeighbors": {"total": 2, "truncated": false}}
             }"#,
         )
         .unwrap();

@@ -149,7 +149,7 @@ Takes no arguments. Returns {namespaces: [{name, permission}]}.";
 
 const SEARCH_DESCRIPTION: &str = "Find the chunks of text that answer a question, across one or more namespaces, when you do not yet know the file or key. \
 Runs retrieval lanes (default fulltext, vector, graph_expand) fused with reciprocal rank fusion; several namespaces interleave by rank, never by raw score. \
-Add co_annotation to lanes when you want chunks that mention two entities named in the question: trace.grounding then lists per namespace the grounded entities with roles, the chosen pair, directCount, bridgeCount or a reason (no_grounded_entities, too_few_bridges, no_evidence). \
+Add co_annotation to lanes when you want chunks that mention two entities named in the question: trace.grounding then lists per namespace the grounded entities with roles, the chosen pair, directCount, bridgeCount or a reason (no_grounded_entities, too_few_bridges, no_evidence; or the error code, such as index_missing or unavailable, when the lane or the namespace failed). \
 filters narrow every lane: collections (any of), folderPrefix, dateFrom/dateTo (documentDate, YYYY-MM-DD), effectiveAt (inside the effective window), relationTypeIds (chunks whose entities take part in such a relation). \
 Returns up to topK chunk packages (default 8, hard max 32), best first. Each package has the chunk text, contextHeader (Document › Heading trail), \
 citation (namespace/path › section, pages when known) to quote in your answer, position (chunkIndex, char and line span, tokenCount, prevChunkKey/nextChunkKey) \
@@ -163,7 +163,8 @@ Naming a namespace you may not read is an error. Next steps: kg_open {chunkKey} 
 const OPEN_DESCRIPTION: &str = "Open chunk packages when you already hold a key: pass namespace and exactly one of chunkKey (that chunk), \
 outlineKey (the chunks of that section, in order), entityKey (chunks that mention the entity) or fileId (the file's chunks in order). \
 Use it after kg_search (prevChunkKey/nextChunkKey to read on) or kg_outline (outlineKey to read a section). \
-Returns {packages, total, truncated} in the same package shape as kg_search; limit defaults to 8 (hard max 32) and truncated says more exist.";
+Returns {packages, total, truncated} in the same package shape as kg_search; limit defaults to 8 (hard max 32) and truncated says more exist. \
+tokenBudget caps the returned text as in kg_search (packages keep their order, the one that overflows is cut, later ones lose their text), reported in tokenBudget.";
 
 const OUTLINE_DESCRIPTION: &str = "Read a file's table of contents: its sections in document order with outlineKey, title, depth, order, parentKey, \
 line and page starts and how many chunks each covers. Use it to navigate a long file, then kg_open {namespace, outlineKey} to read one section. \
@@ -209,6 +210,28 @@ pub(super) fn caps_input() -> Value {
     })
 }
 
+pub(super) fn token_budget_input() -> Value {
+    json!({"type": "integer", "minimum": 1, "maximum": MAX_TOKEN_BUDGET,
+           "description": "Estimated token cap on the returned chunk text."})
+}
+
+pub(super) fn token_budget_output() -> Value {
+    json!({"type": "object", "properties": {
+        "budget": {"type": "integer"}, "used": {"type": "integer"},
+        "omitted": {"type": "integer"}, "truncated": {"type": "boolean"}
+    }, "required": ["budget", "used", "omitted", "truncated"]})
+}
+
+/// kg_search's caps: the package caps, and topK, which the caps table lists with them.
+fn search_caps_input() -> Value {
+    let mut caps = caps_input();
+    caps["properties"]["topK"] = json!({
+        "type": "integer", "minimum": 1, "maximum": TOP_K.1, "default": TOP_K.0,
+        "description": "The same as topK: how many packages to return (hard max 32). Pass it in one place, or the same value in both.",
+    });
+    caps
+}
+
 pub(super) fn namespace_input() -> Value {
     json!({"type": "string", "description": "A namespace you may read (see kg_namespaces).", "pattern": "^[a-z0-9][a-z0-9_-]{0,62}$"})
 }
@@ -227,8 +250,7 @@ fn search_input() -> Value {
             "lanes": {"type": "array", "items": {"type": "string", "enum": KNOWN_LANES},
                       "description": "Retrieval lanes to run; omit for the defaults. A lane that is not available soft-fails and is reported in trace."},
             "topK": {"type": "integer", "minimum": 1, "maximum": TOP_K.1, "default": TOP_K.0, "description": "How many packages to return (hard max 32)."},
-            "tokenBudget": {"type": "integer", "minimum": 1, "maximum": MAX_TOKEN_BUDGET,
-                            "description": "Estimated token cap on the returned chunk text."},
+            "tokenBudget": token_budget_input(),
             "ranking": {
                 "type": "object",
                 "properties": {
@@ -241,7 +263,7 @@ fn search_input() -> Value {
                 },
                 "additionalProperties": false
             },
-            "caps": caps_input(),
+            "caps": search_caps_input(),
             "filters": super::entity_search::filters_input(),
         },
         "required": ["query"],
@@ -260,6 +282,7 @@ fn open_input() -> Value {
             "fileId": {"type": "string", "description": "Open the file's chunks in order."},
             "limit": {"type": "integer", "minimum": 1, "maximum": OPEN_LIMIT.1, "default": OPEN_LIMIT.0, "description": "Most packages to return (hard max 32)."},
             "caps": caps_input(),
+            "tokenBudget": token_budget_input(),
         },
         "required": ["namespace"],
         "additionalProperties": false,
@@ -395,7 +418,9 @@ pub(crate) fn package_schema() -> Value {
             "similarFiles": {"type": "array", "items": {"type": "object", "properties": {
                 "fileId": string, "path": string, "score": {"type": "number"}
             }}},
-            "counts": {"type": "object", "additionalProperties": {"type": "object", "properties": {
+            "counts": {"type": "object",
+                       "description": "Present when a cap clipped a list: by the list's name in this package (mentions, relNeighbors, ancestors, siblings, children, similarFiles), its total and truncated.",
+                       "additionalProperties": {"type": "object", "properties": {
                 "total": int, "truncated": {"type": "boolean"}
             }}},
             "duplicates": {
@@ -434,10 +459,7 @@ fn search_output() -> Value {
                         "namespace": {"type": "string"}, "ok": {"type": "boolean"}, "errorCode": {"type": "string"},
                         "stage": {"type": "string", "enum": ["search", "packages"]}
                     }, "required": ["namespace", "ok"]}},
-                    "tokenBudget": {"type": "object", "properties": {
-                        "budget": {"type": "integer"}, "used": {"type": "integer"},
-                        "omitted": {"type": "integer"}, "truncated": {"type": "boolean"}
-                    }, "required": ["budget", "used", "omitted", "truncated"]},
+                    "tokenBudget": token_budget_output(),
                     "grounding": {"type": "array", "items": {"type": "object", "properties": {
                         "namespace": {"type": "string"}, "entities": {"type": "array"}, "pair": {"type": "array", "items": {"type": "string"}},
                         "directCount": {"type": "integer"}, "bridgeCount": {"type": "integer"}, "reason": {"type": "string"}
@@ -468,7 +490,8 @@ pub(super) fn packages_output() -> Value {
         "properties": {
             "packages": {"type": "array", "items": package_schema()},
             "total": {"type": "integer"},
-            "truncated": {"type": "boolean"}
+            "truncated": {"type": "boolean"},
+            "tokenBudget": token_budget_output()
         },
         "required": ["packages", "total", "truncated"],
     })

@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, HashMap};
 use futures::future::join_all;
 use kg_common::ErrorCode;
 use kg_proto::v1::{
-    CallerContext, ChunkPackage, OpenRequest, OutlineRequest, OutlineResponse, PackagesRequest,
-    PackagesResponse, SearchHit, SearchRequest, SearchResponse,
+    CallerContext, ChunkPackage, Grounding, OpenRequest, OutlineRequest, OutlineResponse,
+    PackagesRequest, PackagesResponse, SearchHit, SearchRequest, SearchResponse,
 };
 use serde::Serialize;
 use serde_json::value::RawValue;
@@ -203,6 +203,33 @@ impl SearchRound {
             .map(|o| std::mem::take(&mut o.hits))
             .collect();
         interleave(lists, top_k)
+    }
+
+    /// When co_annotation was asked for, every namespace has its grounding entry, in
+    /// namespace order: one whose search failed gets an empty one whose reason is the
+    /// failure's code, so a caller can tell "no evidence" from "not searched".
+    fn ground_failed_namespaces(&mut self, lanes: &[String]) {
+        if !lanes.iter().any(|lane| lane == "co_annotation") {
+            return;
+        }
+        let mut reported = std::mem::take(&mut self.grounding);
+        for outcome in &self.outcomes {
+            if let Some(at) = reported
+                .iter()
+                .position(|g| g["namespace"] == outcome.namespace.as_str())
+            {
+                self.grounding.push(reported.swap_remove(at));
+            } else if let Some((code, _)) = outcome.error {
+                self.grounding
+                    .push(super::entity_search::grounding_json(&Grounding {
+                        namespace: outcome.namespace.clone(),
+                        reason: code.as_str().to_owned(),
+                        ..Default::default()
+                    }));
+            }
+        }
+        // Entries for namespaces no outcome names (none today) are kept, not dropped.
+        self.grounding.append(&mut reported);
     }
 }
 
@@ -418,6 +445,7 @@ async fn search(
         }
     });
     let mut round = collect_searches(&namespaces, join_all(calls).await)?;
+    round.ground_failed_namespaces(&args.lanes);
     let winners = round.winners(args.top_k as usize);
 
     // Packages per namespace, in parallel, for that namespace's winners.
@@ -472,16 +500,23 @@ async fn open(
         .await
         .map_err(|status| ClientError::from_status("graph", &status))?
         .into_inner();
-    Ok(packages_result(&response))
+    Ok(packages_result(response, args.token_budget))
 }
 
-fn packages_result(response: &PackagesResponse) -> Value {
+/// The `{packages, total, truncated}` result of kg_open and kg_hop, with `tokenBudget` when
+/// the caller set one.
+pub(crate) fn packages_result(mut response: PackagesResponse, token_budget: Option<u32>) -> Value {
     let returned = response.packages.len() as u64;
-    json!({
+    let budget = token_budget.map(|b| apply_token_budget(&mut response.packages, b));
+    let mut result = json!({
         "packages": response.packages.iter().map(package_json).collect::<Vec<_>>(),
         "total": response.total.max(returned),
         "truncated": response.truncated,
-    })
+    });
+    if let Some(report) = budget {
+        result["tokenBudget"] = json!(report);
+    }
+    result
 }
 
 async fn outline(
@@ -670,6 +705,63 @@ mod tests {
             json!([{"namespace": "a", "entities": [], "pair": [], "directCount": 0,
                     "bridgeCount": 0, "reason": "too_few_bridges"}])
         );
+    }
+
+    #[test]
+    fn a_namespace_that_failed_still_has_its_grounding_entry() {
+        let grounded = |ns: &str| {
+            let mut answer = response(Vec::new(), 0);
+            answer.grounding = Some(kg_proto::v1::Grounding {
+                namespace: ns.into(),
+                reason: "too_few_bridges".into(),
+                ..Default::default()
+            });
+            answer
+        };
+        let namespaces = ["a".to_owned(), "b".to_owned(), "c".to_owned()];
+        let lanes = ["co_annotation".to_owned()];
+        let mut round = collect_searches(
+            &namespaces,
+            vec![
+                Ok(grounded("a")),
+                Err(ClientError::new(ErrorCode::FailedPrecondition, "no index")),
+                Ok(grounded("c")),
+            ],
+        )
+        .unwrap();
+        round.ground_failed_namespaces(&lanes);
+        let reasons: Vec<(Value, Value)> = round
+            .grounding
+            .iter()
+            .map(|g| (g["namespace"].clone(), g["reason"].clone()))
+            .collect();
+        assert_eq!(
+            reasons,
+            [
+                (json!("a"), json!("too_few_bridges")),
+                (json!("b"), json!("failed_precondition")),
+                (json!("c"), json!("too_few_bridges")),
+            ]
+        );
+        let result = assembled(
+            round,
+            &[],
+            vec![Ok(Vec::new()), Ok(Vec::new()), Ok(Vec::new())],
+            None,
+        );
+        conforms("kg_search", &result);
+
+        // Without co_annotation nothing is added.
+        let mut round = collect_searches(
+            &namespaces[..2],
+            vec![
+                Ok(response(Vec::new(), 0)),
+                Err(ClientError::new(ErrorCode::Timeout, "slow")),
+            ],
+        )
+        .unwrap();
+        round.ground_failed_namespaces(&["fulltext".to_owned()]);
+        assert!(round.grounding.is_empty());
     }
 
     #[test]
@@ -901,14 +993,31 @@ mod tests {
             chunk_key: "c9".into(),
             ..Default::default()
         };
-        conforms(
-            "kg_open",
-            &packages_result(&PackagesResponse {
-                packages: vec![full_package(), minimal],
-                total: 5,
-                truncated: true,
+        let long = ChunkPackage {
+            chunk_key: "c10".into(),
+            text: Some(kg_proto::v1::ChunkText {
+                text: "one two three four five six seven eight".into(),
+                ..Default::default()
             }),
+            ..Default::default()
+        };
+        let opened = PackagesResponse {
+            packages: vec![full_package(), minimal, long],
+            total: 5,
+            truncated: true,
+        };
+        let unbudgeted = packages_result(opened.clone(), None);
+        conforms("kg_open", &unbudgeted);
+        assert!(unbudgeted.get("tokenBudget").is_none());
+        // The first text fits the one-token budget; the next loses its text, as in kg_search.
+        let budgeted = packages_result(opened, Some(1));
+        conforms("kg_hop", &budgeted);
+        assert_eq!(
+            budgeted["tokenBudget"],
+            json!({"budget": 1, "used": 1, "omitted": 1, "truncated": true})
         );
+        assert_eq!(budgeted["packages"][0]["text"], "body");
+        assert_eq!(budgeted["packages"][2]["textOmitted"], true);
 
         let outline = OutlineResponse {
             file_id: "f1".into(),
