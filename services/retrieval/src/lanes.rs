@@ -36,6 +36,10 @@ const COMMON_TERM_FLOOR: u64 = 1_000;
 /// most chunks (`rs`, in 92% of the 100k bench's) cost 200+ ms. On that bench's 1,000
 /// queries the lane's top 8 stayed the same for 999 and fused kg_search's for 992.
 const WIDEN_TO_EVERY_POSTING_BELOW: usize = crate::service::TOP_K.1 as usize;
+/// The last tier fills the pool from the chunks the tiers before it left out, one query per
+/// set of common terms they may hold, when there are at most this many such sets (three
+/// common terms); with more it walks every posting grouped.
+const MAX_FILL_QUERIES: usize = 8;
 
 /// A retrieval lane by its wire name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -126,7 +130,6 @@ pub(crate) async fn fulltext(
     let mut params = Params::new();
     params.extend(node_predicate.params);
     params.extend(file_predicate.params);
-    params.insert("pool".into(), Value::from(CANDIDATE_POOL as i64));
     let folder_clause = filters.where_clauses("node", "f", &mut params);
     let relation = filters.relation_stage("node", "node, i, score", access, &mut params);
     // The chunk's own access predicate decides readability (a Chunk carries the properties
@@ -175,7 +178,7 @@ pub(crate) async fn fulltext(
         )
     };
     let (grouped, ungrouped) = (pick(true), pick(false));
-    let run = |nomination: Nomination| {
+    let run = |nomination: Nomination, pool: usize| {
         let cypher = if nomination.disjoint {
             &ungrouped
         } else {
@@ -184,6 +187,7 @@ pub(crate) async fn fulltext(
         let mut params = params.clone();
         params.insert("queries".into(), Value::from(nomination.queries));
         params.insert("weights".into(), Value::from(nomination.weights));
+        params.insert("pool".into(), Value::from(pool as i64));
         async move {
             store
                 .ro_query(namespace, cypher, &params, LANE_TIMEOUT_MS)
@@ -191,12 +195,19 @@ pub(crate) async fn fulltext(
         }
     };
     // Each tier nominates more candidates than the one before; the first to fill the pool
-    // is the pool, and the last is walked only to fill a page.
+    // is the pool, and the last is walked only to fill a page. A filling tier nominates
+    // only chunks the tier before left out, so its rows follow that tier's.
     let mut rows = Rows::default();
     let tiers = Nomination::tiers(&terms, &idf, &common_terms(&stats));
     let count = tiers.len();
     for (tier, nomination) in tiers.into_iter().enumerate() {
-        rows = run(nomination).await?;
+        if nomination.fills {
+            let room = CANDIDATE_POOL.saturating_sub(rows.rows.len());
+            let more = run(nomination, room).await?;
+            rows.rows.extend(more.rows);
+        } else {
+            rows = run(nomination, CANDIDATE_POOL).await?;
+        }
         if rows.rows.len() >= Nomination::enough(tier, count) {
             break;
         }
@@ -292,6 +303,8 @@ struct Nomination {
     weights: Vec<f64>,
     /// Each chunk matches one of the queries at most, and they come heaviest first.
     disjoint: bool,
+    /// Nominates only chunks the tier before did not, to add to its candidates.
+    fills: bool,
 }
 
 impl Nomination {
@@ -307,19 +320,22 @@ impl Nomination {
     }
 
     /// The nominations to try in turn until one nominates [`Nomination::enough`]; each holds
-    /// every chunk the one before held, and the last is every term's postings. Without common
-    /// terms that is the only one. Otherwise, first the rare terms' chunks (common terms only
-    /// add weight there); then also the chunks holding every common term, the heaviest of
-    /// those without a rare one (a query of common terms alone starts here); for three or
-    /// more common terms alone, then also the chunks holding all of them but one; then every
-    /// term. A common term's postings are tens of thousands of chunks at 100k, and an
-    /// intersection of them is walked by skipping, so a query of words like `new from slice`
-    /// no longer walks them all unless too few chunks hold them together, or all but one.
+    /// every chunk the one before held, and the last holds every term's postings. Without
+    /// common terms that is the only one. Otherwise, first the rare terms' chunks (common
+    /// terms only add weight there); then also the chunks holding every common term, the
+    /// heaviest of those without a rare one (a query of common terms alone starts here); for
+    /// three or more common terms alone, then also the chunks holding all of them but one;
+    /// then the rest, which for up to three common terms is a fill ([`Nomination::fill`]):
+    /// only the chunks left out, added to the tier before's without grouping. A common term's
+    /// postings are tens of thousands of chunks at 100k, and an intersection of them is walked
+    /// by skipping, so a query of words like `new from slice` no longer walks them all unless
+    /// too few chunks hold them together, or all but one.
     fn tiers(terms: &[bm25::Term], idf: &[f64], common: &[bool]) -> Vec<Nomination> {
         let every_term = Nomination {
             queries: terms.iter().map(bm25::Term::index_query).collect(),
             weights: idf.to_vec(),
             disjoint: terms.len() == 1,
+            fills: false,
         };
         if !common.iter().any(|&c| c) {
             return vec![every_term];
@@ -332,11 +348,18 @@ impl Nomination {
                 rare.push(term.index_query());
             }
         }
+        let common_idf: Vec<f64> = idf
+            .iter()
+            .zip(common)
+            .filter(|(_, common)| **common)
+            .map(|(w, _)| *w)
+            .collect();
         let mut tiers = Vec::with_capacity(3);
         let mut rare_first = Nomination {
             queries: Vec::with_capacity(terms.len() + 1),
             weights: Vec::with_capacity(terms.len() + 1),
             disjoint: false,
+            fills: false,
         };
         if !rare.is_empty() {
             let any_rare = format!("({})", rare.join("|"));
@@ -362,12 +385,6 @@ impl Nomination {
             every_common
                 .queries
                 .push(format!("{}{without_rare}", commons.join(" ")));
-            let common_idf: Vec<f64> = idf
-                .iter()
-                .zip(common)
-                .filter(|(_, common)| **common)
-                .map(|(w, _)| *w)
-                .collect();
             let all_common: f64 = common_idf.iter().sum();
             every_common.weights.push(all_common);
             every_common.disjoint = rare.is_empty();
@@ -399,8 +416,65 @@ impl Nomination {
                 tiers.push(coordination);
             }
         }
-        tiers.push(every_term);
+        // A single common term alone has one tier: its postings, with nothing to fill.
+        let fill = if tiers.is_empty() {
+            None
+        } else {
+            Self::fill(&rare, &commons, &common_idf)
+        };
+        tiers.push(fill.unwrap_or(every_term));
         tiers
+    }
+
+    /// The last tier as a fill: the chunks holding no rare term and a set of common terms
+    /// the tiers before did not cover (all of them when there are two or more; all but one
+    /// when there are three or more and no rare term), one query per set, so each chunk
+    /// matches one query and the sets' weights order it without grouping. None when that
+    /// takes more than [`MAX_FILL_QUERIES`] queries.
+    fn fill(rare: &[String], commons: &[String], common_idf: &[f64]) -> Option<Nomination> {
+        let k = commons.len();
+        if k == 0 || k >= usize::BITS as usize {
+            return None;
+        }
+        let covered =
+            |size: usize| (size == k && k >= 2) || (size + 1 == k && k >= 3 && rare.is_empty());
+        let mut sets: Vec<(String, f64)> = Vec::new();
+        for mask in 1usize..(1 << k) {
+            let size = mask.count_ones() as usize;
+            if covered(size) {
+                continue;
+            }
+            if sets.len() == MAX_FILL_QUERIES {
+                return None;
+            }
+            let (mut held, mut excluded, mut weight) = (Vec::new(), Vec::new(), 0.0);
+            for (i, query) in commons.iter().enumerate() {
+                if mask & (1 << i) != 0 {
+                    held.push(query.as_str());
+                    weight += common_idf[i];
+                } else {
+                    excluded.push(query.as_str());
+                }
+            }
+            excluded.extend(rare.iter().map(String::as_str));
+            let query = if excluded.is_empty() {
+                held.join(" ")
+            } else {
+                format!("{} -({})", held.join(" "), excluded.join("|"))
+            };
+            sets.push((query, weight));
+        }
+        if sets.is_empty() {
+            return None;
+        }
+        sets.sort_by(|a, b| b.1.total_cmp(&a.1));
+        let (queries, weights) = sets.into_iter().unzip();
+        Some(Nomination {
+            queries,
+            weights,
+            disjoint: true,
+            fills: true,
+        })
     }
 }
 
@@ -513,7 +587,10 @@ mod tests {
             ["tokio", "(tokio|threads) runtime", "threads"]
         );
         assert_eq!(t[0].weights, [7.0, 2.0, 3.0]);
-        assert_eq!(queries(&t[1]), ["tokio", "runtime", "threads"]);
+        // Then it fills: its chunks without a rare term, after the rare terms' chunks.
+        assert_eq!(queries(&t[1]), ["runtime -(tokio|threads)"]);
+        assert_eq!(t[1].weights, [2.0]);
+        assert!(t[1].disjoint && t[1].fills && !t[0].fills);
 
         // Two common terms and a rare one: the chunks holding both common terms and no rare
         // one join the second tier with both weights (those with the rare term have them).
@@ -542,7 +619,16 @@ mod tests {
             ]
         );
         assert_eq!(t[1].weights, [7.0, 2.0, 3.0, 10.0]);
-        assert_eq!(queries(&t[2]), ["\"tokio\"", "\"runtime\"", "\"threads\""]);
+        // Then the chunks holding one of the two common terms and no rare one, heaviest first.
+        assert_eq!(
+            queries(&t[2]),
+            [
+                "\"tokio\" -(\"threads\"|\"runtime\")",
+                "\"threads\" -(\"tokio\"|\"runtime\")"
+            ]
+        );
+        assert_eq!(t[2].weights, [7.0, 3.0]);
+        assert!(t[2].disjoint && t[2].fills);
 
         // Only common terms: the chunks holding all of them, then also those holding all but
         // one (each in one query, heaviest first, so no grouping), then every posting.
@@ -567,20 +653,35 @@ mod tests {
         );
         assert_eq!(t[1].weights, [6.0, 5.0, 4.0, 3.0]);
         assert!(t[1].disjoint);
-        assert_eq!(queries(&t[2]), ["new", "from", "slice"]);
-        assert_eq!(t[2].weights, [1.0, 2.0, 3.0]);
-        assert!(!t[2].disjoint);
+        assert_eq!(
+            queries(&t[2]),
+            [
+                "slice -(new|from)",
+                "from -(new|slice)",
+                "new -(from|slice)"
+            ]
+        );
+        assert_eq!(t[2].weights, [3.0, 2.0, 1.0]);
+        assert!(t[2].disjoint && t[2].fills);
+
+        // Four common terms alone: the sets left (each term alone, each pair) take ten
+        // queries, over the fill's limit, so every posting is walked and grouped.
+        let t = tiers(&["a1", "b2", "c3", "d4"], true, &[1.0; 4], &[true; 4]);
+        assert_eq!(t.len(), 3);
+        assert_eq!(queries(&t[2]), ["a1", "b2", "c3", "d4"]);
+        assert!(!t[2].disjoint && !t[2].fills);
 
         // Two common terms alone: all but one of them is one term's postings, the last tier.
         let t = tiers(&["new", "slice"], true, &[1.0, 3.0], &[true; 2]);
         assert_eq!(t.len(), 2);
         assert_eq!(queries(&t[0]), ["new slice"]);
-        assert!(t[0].disjoint && !t[1].disjoint);
+        assert_eq!(queries(&t[1]), ["slice -(new)", "new -(slice)"]);
+        assert!(t[0].disjoint && t[1].disjoint && t[1].fills);
 
         // One term: its postings, once each.
         let t = tiers(&["new"], true, &[1.0], &[true]);
         assert_eq!(t.len(), 1);
-        assert!(t[0].disjoint);
+        assert!(t[0].disjoint && !t[0].fills);
     }
 
     #[test]
