@@ -261,7 +261,8 @@ fn entity_result(
             entry["evidence"] = json!({"ok": false, "errorCode": err.code.as_str()});
         }
     }
-    // Each hit's evidence in hit order, so a token budget keeps the best hits' text.
+    // Each hit's evidence in hit order, so a token budget keeps the best hits' text; the
+    // budget runs over them all at once, then each hit takes its own back.
     let per_hit: Vec<Vec<ChunkPackage>> = winners
         .iter()
         .map(|(index, hit)| {
@@ -274,22 +275,18 @@ fn entity_result(
                 .collect()
         })
         .collect();
+    let counts: Vec<usize> = per_hit.iter().map(Vec::len).collect();
     let mut flat: Vec<ChunkPackage> = per_hit.into_iter().flatten().collect();
     let budget = evidence
         .token_budget
         .map(|b| apply_token_budget(&mut flat, b));
-    let mut flat = flat.into_iter();
+    let mut flat = flat.iter();
     let hits: Vec<Value> = winners
         .iter()
-        .map(|(index, hit)| {
+        .zip(counts)
+        .map(|((index, hit), count)| {
             let ns = namespaces.get(*index).map_or("", String::as_str);
-            let shown = hit
-                .evidence_chunk_keys
-                .iter()
-                .take(evidence.per_hit)
-                .filter(|key| evidence.packages.contains_key(&(ns.to_owned(), (*key).clone())))
-                .count();
-            let packages: Vec<Value> = flat.by_ref().take(shown).map(|p| package_json(&p)).collect();
+            let packages: Vec<Value> = flat.by_ref().take(count).map(package_json).collect();
             json!({
                 "namespace": ns,
                 "entityKey": hit.entity_key,
