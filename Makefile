@@ -84,11 +84,12 @@ QUALITY_RUNS := target/bench-quality
 bench-quality-pooled: deps
 	$(CARGO) build --release --bin kgmesh
 	mkdir -p $(QUALITY_RUNS)
-	$(PYTHON) bench/quality/run.py --dump-runs $(QUALITY_RUNS)/docs-qa.json $(BENCH_ARGS)
+	$(PYTHON) bench/quality/run.py --dump-runs $(QUALITY_RUNS)/docs-qa.json \
+		--dump-lanes $(QUALITY_RUNS)/docs-qa.lanes.json $(BENCH_ARGS)
 	$(PYTHON) bench/quality/run.py --dataset bench/quality/npm-docs-qa \
-		--dump-runs $(QUALITY_RUNS)/npm-docs-qa.json $(BENCH_ARGS)
+		--dump-runs $(QUALITY_RUNS)/npm-docs-qa.json --dump-lanes $(QUALITY_RUNS)/npm-docs-qa.lanes.json $(BENCH_ARGS)
 	$(PYTHON) bench/quality/run.py --dataset bench/quality/npm-libs-qa \
-		--dump-runs $(QUALITY_RUNS)/npm-libs-qa.json $(BENCH_ARGS)
+		--dump-runs $(QUALITY_RUNS)/npm-libs-qa.json --dump-lanes $(QUALITY_RUNS)/npm-libs-qa.lanes.json $(BENCH_ARGS)
 	$(PYTHON) bench/quality/pooled.py ../shared/bench/docs-qa $(QUALITY_RUNS)/docs-qa.json \
 		bench/quality/npm-docs-qa $(QUALITY_RUNS)/npm-docs-qa.json \
 		bench/quality/npm-libs-qa $(QUALITY_RUNS)/npm-libs-qa.json

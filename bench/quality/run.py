@@ -366,6 +366,8 @@ class LaneRun:
     ranked: dict[str, Ranked] = field(default_factory=dict)
     latencies: list[float] = field(default_factory=list)
     unavailable: set[str] = field(default_factory=set)
+    # Per question, per hit: the lanes that ranked it, their ranks and own scores (hit `lanes`).
+    lane_ranks: dict[str, list[list[dict[str, Any]]]] = field(default_factory=dict)
 
 
 async def kg_runs(mesh: Mesh, dataset: Dataset, lane_runs: list[LaneRun]) -> None:
@@ -390,6 +392,7 @@ async def kg_runs(mesh: Mesh, dataset: Dataset, lane_runs: list[LaneRun]) -> Non
                         for hit in data.get("results", [])
                     ]
                 )
+                run.lane_ranks[query["_id"]] = [hit.get("lanes", []) for hit in data.get("results", [])]
 
 
 def pick_binary(explicit: str | None) -> Path:
@@ -421,6 +424,11 @@ def main() -> int:
         "--dump-runs", type=Path,
         help="also write every run's rankings (query id -> [[corpus-id, chunk text], ...]) as JSON, "
         "for offline analysis such as fusion experiments",
+    )
+    parser.add_argument(
+        "--dump-lanes", type=Path,
+        help="also write, for every kgmesh run, each hit's lane ranks and the lanes' own scores "
+        "(run -> query id -> [[{lane, rank, score}, ...] per hit]), e.g. to replay score-aware fusion",
     )
     parser.add_argument(
         "--fulltext-backend",
@@ -483,6 +491,8 @@ def main() -> int:
             args.dump_runs.write_text(
                 json.dumps({name: {qid: r.chunks for qid, r in by_q.items()} for name, by_q in runs.items()})
             )
+        if args.dump_lanes:
+            args.dump_lanes.write_text(json.dumps({run.name: run.lane_ranks for run in lane_runs}))
         print_table(table, notes)
         print(
             "\nfile level: nDCG@10, R@8 (files ranked by their best chunk); chunk level: hit@8, MRR@8 "

@@ -435,6 +435,12 @@ async def test_ranking_rrf_k_lane_weights_and_min_score(mesh: Mesh, corpus: str)
         # One lane: rank r displays (k + 1) / (k + r).
         assert plain["results"][0]["score"] == pytest.approx(1.0)
         assert plain["results"][1]["score"] == pytest.approx(61 / 62)
+        # Each hit says which lanes ranked it, where, and the lane's own score before fusion.
+        assert [[(lane["lane"], lane["rank"]) for lane in r["lanes"]] for r in plain["results"]] == [
+            [("fulltext", i)] for i in range(1, len(plain["results"]) + 1)
+        ]
+        bm25 = [r["lanes"][0]["score"] for r in plain["results"]]
+        assert bm25 == sorted(bm25, reverse=True) and bm25[-1] > 0, bm25
         small_k = await search(client, query=QUERY, lanes=["fulltext"], ranking={"rrfK": 1})
         assert paths(small_k) == paths(plain), "k changes scores, not a single lane's order"
         assert small_k["results"][1]["score"] == pytest.approx(2 / 3)
@@ -458,6 +464,16 @@ async def test_ranking_rrf_k_lane_weights_and_min_score(mesh: Mesh, corpus: str)
         )
         assert loud["results"][0]["chunkKey"] == co_only["results"][0]["chunkKey"]
         assert loud["results"][0]["score"] == pytest.approx(1.0)
+        # The contract names both organisations: co_annotation ranks it first with its direct
+        # score (2); where the full-text lane ranked it too, the rank is the one its own list has.
+        contract = loud["results"][0]
+        ranked_by = {lane["lane"]: lane for lane in contract["lanes"]}
+        assert (ranked_by["co_annotation"]["rank"], ranked_by["co_annotation"]["score"]) == (1, 2.0), contract["lanes"]
+        fulltext_keys = [r["chunkKey"] for r in fulltext_only["results"]]
+        if contract["chunkKey"] in fulltext_keys:
+            assert ranked_by["fulltext"]["rank"] == fulltext_keys.index(contract["chunkKey"]) + 1, contract["lanes"]
+        elif "fulltext" in ranked_by:
+            assert ranked_by["fulltext"]["rank"] > len(fulltext_keys), contract["lanes"]
         for bad in ({"rrfK": 0}, {"minScore": 1.5}, {"laneWeights": {"bm25": 1}}, {"laneWeights": {"fulltext": -1}}):
             await expect_rejected(
                 client, "kg_search", {"query": QUERY, "namespaces": [corpus], "ranking": bad}, {"invalid_argument"}

@@ -11,8 +11,8 @@ use std::borrow::Cow;
 
 use kg_common::sanitize::{DEFAULT_FIELD_CAP, sanitized};
 use kg_proto::v1::{
-    ChunkPackage, ListCounts, Mention, OutlineRef, OutlineSection, Permission, RelNeighbor,
-    SearchHit, SimilarFile,
+    ChunkPackage, LaneRank, ListCounts, Mention, OutlineRef, OutlineSection, Permission,
+    RelNeighbor, SearchHit, SimilarFile,
 };
 use serde::Serialize;
 use serde::ser::{SerializeMap, Serializer};
@@ -105,6 +105,25 @@ impl<'a> Duplicates<'a> {
     }
 }
 
+/// Why a search hit ranked where it did: each lane that ranked the chunk, its rank there
+/// (1-based, within the hit's namespace) and the lane's own score before fusion.
+#[derive(Serialize)]
+struct LaneRankJson<'a> {
+    lane: &'a str,
+    rank: u32,
+    score: Finite,
+}
+
+impl<'a> LaneRankJson<'a> {
+    fn of(rank: &'a LaneRank) -> Self {
+        Self {
+            lane: &rank.lane,
+            rank: rank.rank,
+            score: Finite(rank.raw_score),
+        }
+    }
+}
+
 /// One chunk package in the shared JSON shape, borrowed from the proto message; a
 /// search result also lists its folded copies.
 #[derive(Serialize)]
@@ -133,6 +152,8 @@ pub(crate) struct PackageJson<'a> {
     counts: Option<CountsJson<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     duplicates: Option<Duplicates<'a>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    lanes: Vec<LaneRankJson<'a>>,
 }
 
 #[derive(Serialize)]
@@ -367,6 +388,7 @@ impl<'a> PackageJson<'a> {
                 .filter(|c| !c.lists.is_empty())
                 .map(CountsJson),
             duplicates: None,
+            lanes: Vec::new(),
         }
     }
 
@@ -374,6 +396,7 @@ impl<'a> PackageJson<'a> {
     pub(crate) fn of_hit(p: &'a ChunkPackage, hit: &'a SearchHit) -> Self {
         Self {
             duplicates: Duplicates::of(hit),
+            lanes: hit.lanes.iter().map(LaneRankJson::of).collect(),
             ..Self::of(p)
         }
     }
@@ -536,8 +559,8 @@ mod tests {
         );
         assert_eq!(package_json(&full), expected);
 
-        // A search hit also lists its folded copies, last.
-        let hit = SearchHit {
+        // A search hit also lists its folded copies and the lanes that ranked it, last.
+        let mut hit = SearchHit {
             duplicate_count: 3,
             duplicates: vec![DuplicateCopy {
                 chunk_key: "k".into(),
@@ -553,8 +576,22 @@ mod tests {
             serde_json::to_value(PackageJson::of_hit(&full, &hit)).unwrap(),
             with_copies
         );
+        hit.lanes = vec![
+            LaneRank {
+                lane: "fulltext".into(),
+                rank: 1,
+                raw_score: 7.25,
+            },
+            LaneRank {
+                lane: "vector".into(),
+                rank: 8,
+                raw_score: f64::NAN,
+            },
+        ];
         let text = serde_json::to_string(&PackageJson::of_hit(&full, &hit)).unwrap();
-        assert!(text.ends_with(r#""copies":[{"chunkKey":"k","fileId":"f","path":"p"}]}}"#));
+        assert!(text.ends_with(
+            r#""copies":[{"chunkKey":"k","fileId":"f","path":"p"}]},"lanes":[{"lane":"fulltext","rank":1,"score":7.25},{"lane":"vector","rank":8,"score":0.0}]}"#
+        ));
 
         // A package missing its parts shows them empty.
         assert_eq!(

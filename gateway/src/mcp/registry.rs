@@ -433,6 +433,13 @@ pub(crate) fn package_schema() -> Value {
                     }, "required": ["chunkKey", "fileId", "path"]}}
                 },
                 "required": ["count", "copies"]
+            },
+            "lanes": {
+                "type": "array",
+                "description": "Search hits only: each lane that ranked this chunk, its rank there (1-based, within the hit's namespace) and the lane's own score before fusion (fulltext: BM25 of its best passage, or the sparse index's score; vector: cosine similarity; graph_expand: the summed idf weight of the entities it shares with the best hits; co_annotation: 2 for a chunk naming both entities, 1 for one a relation away). A hit ranked by one lane alone was found only lexically or only by meaning.",
+                "items": {"type": "object", "properties": {
+                    "lane": {"type": "string", "enum": KNOWN_LANES}, "rank": int, "score": {"type": "number"}
+                }, "required": ["lane", "rank", "score"]}
             }
         },
         "required": ["namespace", "chunkKey", "fileId", "path", "text", "contextHeader", "citation", "position", "outline",
