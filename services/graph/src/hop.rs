@@ -184,7 +184,8 @@ impl GraphService {
         let text = match kind {
             HopKind::Mentions => format!(
                 "UNWIND $entities AS ek \
-                 MATCH (c:Chunk)-[:MENTIONS]->(:Entity {{entityKey: ek}}) \
+                 MATCH (e:Entity {{entityKey: ek}}) WITH ek, e \
+                 MATCH (c:Chunk)-[:MENTIONS]->(e) \
                  WHERE {pc} AND c.chunkKey <> $exclude \
                  WITH c, count(DISTINCT ek) AS shared \
                  WITH c, shared ORDER BY shared DESC, c.path, c.chunkIndex \
@@ -195,7 +196,8 @@ impl GraphService {
                 let pr = q.access(scope.access, "r", Node::Content);
                 format!(
                     "UNWIND $entities AS ek \
-                     MATCH (:Entity {{entityKey: ek}})-[r:REL]-(x:Entity) \
+                     MATCH (e:Entity {{entityKey: ek}}) WITH e \
+                     MATCH (e)-[r:REL]-(x:Entity) \
                      WHERE r.enabled = true AND {pr} \
                      MATCH (c:Chunk)-[:MENTIONS]->(x) WHERE {pc} AND c.chunkKey <> $exclude \
                      WITH DISTINCT c \
@@ -206,7 +208,8 @@ impl GraphService {
             }
             _ => format!(
                 "UNWIND $types AS tid \
-                 MATCH (c:Chunk)-[:MENTIONS]->(x:Entity {{typeId: tid}}) \
+                 MATCH (x:Entity {{typeId: tid}}) WITH x \
+                 MATCH (c:Chunk)-[:MENTIONS]->(x) \
                  WHERE {pc} AND c.chunkKey <> $exclude AND NOT x.entityKey IN $entities \
                  WITH DISTINCT c \
                  WITH c ORDER BY c.path, c.chunkIndex \

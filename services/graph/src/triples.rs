@@ -50,7 +50,8 @@ impl GraphService {
         q.param("entities", list);
         let matching = format!(
             "UNWIND $entities AS sk \
-             MATCH (s:Entity {{entityKey: sk}})-[r:REL]->(t:Entity) \
+             MATCH (s:Entity {{entityKey: sk}}) WITH s \
+             MATCH (s)-[r:REL]->(t:Entity) \
              WHERE t.entityKey IN $entities AND r.enabled = true AND {pr}"
         );
         q.set_text(format!(

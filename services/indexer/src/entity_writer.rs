@@ -366,7 +366,8 @@ pub async fn set_relation_flags(
             ns,
             "MATCH (f:FileRef {fileId: $fileId}) WHERE f.entityKeys IS NOT NULL \
              UNWIND f.entityKeys AS k \
-             MATCH (:Entity {entityKey: k})-[r:REL {fileId: $fileId}]->(:Entity) \
+             MATCH (s:Entity {entityKey: k}) WITH s \
+             MATCH (s)-[r:REL {fileId: $fileId}]->(:Entity) \
              SET r.enabled = $enabled, r.hidden = $hidden",
             &params,
         )
@@ -430,7 +431,8 @@ async fn clear_file(
         graph
             .query(
                 ns,
-                "UNWIND $keys AS k MATCH (:Entity {entityKey: k})-[r:REL {fileId: $fileId}]->(:Entity) DELETE r",
+                "UNWIND $keys AS k MATCH (s:Entity {entityKey: k}) WITH s \
+                 MATCH (s)-[r:REL {fileId: $fileId}]->(:Entity) DELETE r",
                 &params,
             )
             .await?;

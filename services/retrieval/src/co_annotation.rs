@@ -267,7 +267,8 @@ async fn direct(
 ) -> Result<Vec<LaneHit>> {
     let (params, chunk, file, clauses, relation) = evidence_params(access, filters, a, b);
     let cypher = format!(
-        "MATCH (:Entity {{entityKey: $a}})<-[:MENTIONS]-(c:Chunk)-[:MENTIONS]->(:Entity {{entityKey: $b}}) \
+        "MATCH (ea:Entity {{entityKey: $a}}), (eb:Entity {{entityKey: $b}}) WITH ea, eb \
+         MATCH (ea)<-[:MENTIONS]-(c:Chunk)-[:MENTIONS]->(eb) \
          WHERE {chunk} \
          MATCH (c)-[:PART_OF]->(f:FileRef) WHERE {file}{clauses} \
          {relation} \
@@ -302,7 +303,8 @@ async fn bridged(
     );
     let cypher = format!(
         "UNWIND $pairs AS p \
-         MATCH (:Entity {{entityKey: p[0]}})<-[:MENTIONS]-(c:Chunk)-[:MENTIONS]->(m:Entity)-[r:REL]-(:Entity {{entityKey: p[1]}}) \
+         MATCH (ea:Entity {{entityKey: p[0]}}), (eb:Entity {{entityKey: p[1]}}) WITH p, ea, eb \
+         MATCH (ea)<-[:MENTIONS]-(c:Chunk)-[:MENTIONS]->(m:Entity)-[r:REL]-(eb) \
          WHERE {chunk} AND {edge} AND m.entityKey <> p[0] AND m.entityKey <> p[1] \
          MATCH (c)-[:PART_OF]->(f:FileRef) WHERE {file}{clauses} \
          {relation} \

@@ -546,7 +546,8 @@ async fn evidence_chunks(
     params.insert("n".into(), Value::from(per_entity as i64));
     let cypher = format!(
         "UNWIND $keys AS k \
-         MATCH (:Entity {{entityKey: k}})<-[:MENTIONS]-(c:Chunk) WHERE {chunk} \
+         MATCH (e:Entity {{entityKey: k}}) WITH k, e \
+         MATCH (e)<-[:MENTIONS]-(c:Chunk) WHERE {chunk} \
          MATCH (c)-[:PART_OF]->(f:FileRef) WHERE {file} \
          WITH DISTINCT k, c ORDER BY c.path, c.chunkIndex, c.chunkKey \
          WITH k, collect(c.chunkKey) AS cs \

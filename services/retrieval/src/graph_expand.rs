@@ -4,7 +4,8 @@
 //! Seeds are the first [`SEED_HITS`] full-text hits of the same request with distinct texts
 //! (the full-text lane runs for them when it was not requested). Every entity a seed mentions
 //! gets an idf-like weight `ln(1 + N / df)`, where `N` is the namespace's chunk count and `df`
-//! the number of chunks the caller may read that mention the entity, so a rare entity pulls
+//! the number of chunks the caller may read that mention the entity (counted only up to
+//! [`crate::roles::ROLE_DEGREE_CAP`], which already makes it `ignore`), so a rare entity pulls
 //! harder than a common one. Entities whose role is `ignore` (see [`crate::roles`]) are dropped
 //! outright, and each remaining entity contributes at most [`PER_ENTITY_CAP`] chunks, so one
 //! ubiquitous entity cannot flood the lane. A candidate's score is the sum of the weights of the seed
@@ -20,7 +21,7 @@ use crate::error::{Result, RetrievalError};
 use crate::filters::LaneFilters;
 use crate::fusion::LaneHit;
 use crate::lanes::{self, LANE_POOL};
-use crate::roles::{Role, degrees};
+use crate::roles::{Role, role_degrees};
 
 /// Full-text hits whose entities seed the expansion.
 pub(crate) const SEED_HITS: usize = 5;
@@ -58,7 +59,7 @@ pub(crate) async fn graph_expand(
         return Ok(Vec::new());
     }
     let (degree, total) = tokio::try_join!(
-        degrees(store, namespace, access, &entities),
+        role_degrees(store, namespace, access, &entities),
         chunk_count(store, namespace)
     )?;
     let total = total.max(1);
@@ -89,7 +90,8 @@ pub(crate) async fn graph_expand(
     params.insert("pool".into(), Value::from(LANE_POOL as i64));
     let cypher = format!(
         "UNWIND $ents AS x \
-         MATCH (:Entity {{entityKey: x[0]}})<-[:MENTIONS]-(c:Chunk) \
+         MATCH (e:Entity {{entityKey: x[0]}}) WITH x, e \
+         MATCH (e)<-[:MENTIONS]-(c:Chunk) \
          WHERE {chunk} AND NOT c.chunkKey IN $seeds \
          MATCH (c)-[:PART_OF]->(f:FileRef) WHERE {file}{filter_clauses} \
          {relation} \

@@ -55,14 +55,42 @@ impl Role {
     }
 }
 
+/// Highest degree [`role_degrees`] counts to: one past [`FILTER_MAX_DEGREE`], enough to tell
+/// every role apart and to know every `bridge` and `filter` degree exactly.
+pub(crate) const ROLE_DEGREE_CAP: u64 = FILTER_MAX_DEGREE + 1;
+
 /// Degree of each entity in `keys` for this caller: chunks it may read (access predicate on
 /// the chunk and its FileRef) that mention the entity. Entities no readable chunk mentions are
-/// absent from the map, so callers can drop them without learning they exist.
+/// absent from the map, so callers can drop them without learning they exist. Walks every
+/// mention of every entity: for a degree that is reported (kg_entity_search).
 pub(crate) async fn degrees(
     store: &GraphStore,
     namespace: &str,
     access: &AccessFilter,
     keys: &[String],
+) -> Result<HashMap<String, u64>> {
+    count_degrees(store, namespace, access, keys, None).await
+}
+
+/// [`degrees`] counted only up to [`ROLE_DEGREE_CAP`]: an `ignore` entity reads
+/// `ROLE_DEGREE_CAP`. A hub entity (mentioned in thousands of chunks) then costs a walk of
+/// its first mentions, not of all of them, which is all the lanes need: they drop `ignore`
+/// entities and weigh the others by their exact degree.
+pub(crate) async fn role_degrees(
+    store: &GraphStore,
+    namespace: &str,
+    access: &AccessFilter,
+    keys: &[String],
+) -> Result<HashMap<String, u64>> {
+    count_degrees(store, namespace, access, keys, Some(ROLE_DEGREE_CAP)).await
+}
+
+async fn count_degrees(
+    store: &GraphStore,
+    namespace: &str,
+    access: &AccessFilter,
+    keys: &[String],
+    cap: Option<u64>,
 ) -> Result<HashMap<String, u64>> {
     if keys.is_empty() {
         return Ok(HashMap::new());
@@ -76,14 +104,29 @@ pub(crate) async fn degrees(
         "keys".into(),
         Value::Array(keys.iter().map(|k| Value::from(k.as_str())).collect()),
     );
-    let cypher = format!(
-        "UNWIND $keys AS k \
-         MATCH (:Entity {{entityKey: k}})<-[:MENTIONS]-(c:Chunk) WHERE {chunk} \
-         MATCH (c)-[:PART_OF]->(f:FileRef) WHERE {file} \
-         RETURN k, count(DISTINCT c)",
+    // The entity is bound on its own (index lookup) before the walk: written as one pattern,
+    // FalkorDB plans it from a scan of every Chunk.
+    let readable = format!(
+        "MATCH (e)<-[:MENTIONS]-(c:Chunk) WHERE {chunk} \
+         MATCH (c)-[:PART_OF]->(f:FileRef) WHERE {file}",
         chunk = chunk.text,
         file = file.text,
     );
+    let cypher = match cap {
+        // The subquery's LIMIT stops each entity's walk at the cap.
+        Some(cap) => {
+            params.insert("cap".into(), Value::from(cap));
+            format!(
+                "UNWIND $keys AS k MATCH (e:Entity {{entityKey: k}}) \
+                 CALL {{ WITH e {readable} WITH DISTINCT c LIMIT $cap RETURN count(c) AS degree }} \
+                 RETURN k, degree"
+            )
+        }
+        None => format!(
+            "UNWIND $keys AS k MATCH (e:Entity {{entityKey: k}}) WITH k, e \
+             {readable} RETURN k, count(DISTINCT c)"
+        ),
+    };
     let rows = store
         .ro_query(namespace, &cypher, &params, DEGREE_TIMEOUT_MS)
         .await?;

@@ -176,3 +176,85 @@ async fn graph_expand_against_real_falkordb() {
     no_secret(&narrowed);
     assert_eq!(narrowed.hits[0].chunk_key, "b#0");
 }
+
+/// The lane counts an entity's degree only up to one past the `filter` role's maximum, so a
+/// hub entity does not cost a walk of all its mentions. The count must stop at readable,
+/// distinct chunks: mentions the caller may not read, and second mentions in one chunk, do
+/// not bring the entity to the cap; and kg_entity_search still reports the exact degree.
+#[tokio::test]
+async fn graph_expand_counts_readable_distinct_chunks_up_to_the_ignore_role() {
+    const NS: &str = "expand-cap";
+    let env = start().await;
+    let s = &env.store;
+    entity_index(s, NS).await;
+    write(
+        s,
+        NS,
+        "seed",
+        "docs/seed.md",
+        &["Rotate the gateway certificates."],
+        DocumentMeta::default(),
+    )
+    .await;
+    let open: Vec<String> = (0..200).map(|i| format!("Gateway note {i}.")).collect();
+    let refs: Vec<&str> = open.iter().map(String::as_str).collect();
+    write(s, NS, "gw", "docs/gw.md", &refs, DocumentMeta::default()).await;
+    let hidden: Vec<String> = (0..100).map(|i| format!("Gateway secret {i}.")).collect();
+    let refs: Vec<&str> = hidden.iter().map(String::as_str).collect();
+    write(
+        s,
+        NS,
+        "gwsecret",
+        "secret/gw.md",
+        &refs,
+        DocumentMeta::default(),
+    )
+    .await;
+    let gateway = entity(s, NS, "component", "Gateway", &[]).await;
+    mention(s, NS, "seed#0", &gateway).await;
+    for i in 0..200 {
+        // Two mentions in each chunk: 400 edges, 200 chunks.
+        mention(s, NS, &format!("gw#{i}"), &gateway).await;
+        mention(s, NS, &format!("gw#{i}"), &gateway).await;
+    }
+    for i in 0..100 {
+        mention(s, NS, &format!("gwsecret#{i}"), &gateway).await;
+    }
+    let query = "rotate gateway certificates";
+
+    // Full reader: 301 readable chunks, over the filter role's 250: ignored, nothing expands.
+    let full = env
+        .service
+        .search_for(&caller(NS, |_| {}), search(NS, query, &["graph_expand"]))
+        .await
+        .unwrap();
+    assert!(lane(&full, "graph_expand").ok);
+    assert!(full.hits.is_empty(), "{:?}", keys(&full));
+
+    // Restricted reader: 201 readable chunks (the 100 denied ones and the second mentions do
+    // not count), a filter entity that expands to its per-entity cap.
+    let limited = env
+        .service
+        .search_for(&restricted(NS), search(NS, query, &["graph_expand"]))
+        .await
+        .unwrap();
+    no_secret(&limited);
+    assert_eq!(limited.hits.len(), 25, "{:?}", keys(&limited));
+    assert!(limited.hits.iter().all(|h| h.file_id == "gw"));
+
+    // The reported degree is exact past the cap.
+    let found = env
+        .service
+        .entity_search_for(
+            &caller(NS, |_| {}),
+            kg_proto::v1::EntitySearchRequest {
+                namespace: NS.into(),
+                text: "gateway".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let hit = found.hits.iter().find(|h| h.entity_key == gateway).unwrap();
+    assert_eq!((hit.degree, hit.role.as_str()), (301, "ignore"));
+}
