@@ -8,12 +8,17 @@ labels, degree, role, evidence packages, limits), every filter, co_annotation gr
 ranking.rrfK / laneWeights / minScore, interleaving by rank over several namespaces, caps over
 the hard max failing closed, tokenBudget, trace.missingOffsets for chunks that lost their
 offsets, and a namespace whose graph breaks mid-test soft-failing while the others answer.
+Last, the plan of every graph query the indexer and the read tools send (no scan of a whole
+label but four named ones).
 """
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -646,3 +651,183 @@ async def test_missing_offsets_and_a_broken_namespace_soft_fails(mesh: Mesh, cor
         restored = await search(client, query=QUERY, lanes=["fulltext"], namespaces=[NS_FRAGILE])
         assert len(restored["results"]) == 3
 
+
+
+# ---------------------------------------------------------------------------------------------
+# Query plans
+# ---------------------------------------------------------------------------------------------
+
+# A plan that starts from every node of one of these labels walks the whole namespace, however
+# small the answer: FalkorDB plans `(c:Chunk)-[:MENTIONS]->(e:Entity {entityKey: $key})` from a
+# scan of every Chunk (2 s at 100k chunks for a key nobody mentions) unless the entity is bound
+# by its index in a clause of its own. Results cannot show it and a small graph hides the cost,
+# so the plans themselves are checked.
+SCANNED_LABELS = ("Chunk", "Entity", "OutlineNode", "FileRef", "EntityType")
+# Queries whose work is the whole label by design, each with why.
+WHOLE_LABEL_QUERIES: dict[str, str] = {
+    "MATCH (et:EntityType) WHERE NOT et.typeId IN $typeIds": "a TBox publish drops the types it no longer "
+    "declares; the label holds the TBox's own types",
+    "MATCH (n:Entity) WHERE n.declared = true AND NOT n.entityKey IN $keys": "a TBox publish un-declares the "
+    "entities it dropped, once per publish",
+    "RETURN count(node), count(node.wordCount)": "BM25's N and avgdl are over every readable chunk by "
+    "definition; cached per caller scope for a minute (bm25::STATS_TTL)",
+    "OPTIONAL MATCH (n:Entity) WITH fulltext, n LIMIT 1": "does the namespace have any entity: the scan "
+    "stops at the first",
+}
+# Index creation has no plan to check.
+SCHEMA_CHANGE = re.compile(r"(CREATE|DROP) (FULLTEXT |VECTOR )?INDEX|CALL db\.idx\.fulltext\.(create|drop)", re.I)
+FULL_SCAN = re.compile(r"(Node By Label Scan \| \(\w*:(?:" + "|".join(SCANNED_LABELS) + r")\)|All Node Scan)")
+
+
+class GraphMonitor:
+    """The commands FalkorDB receives while open, from Redis's MONITOR feed."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.lines: list[str] = []
+        self._sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+        self._stream = self._sock.makefile("rb")
+        self._thread = threading.Thread(target=self._read, daemon=True)
+
+    def __enter__(self) -> GraphMonitor:
+        self._sock.sendall(b"*1\r\n$7\r\nMONITOR\r\n")
+        assert self._stream.readline() == b"+OK\r\n", "MONITOR refused"
+        self._sock.settimeout(None)
+        self._thread.start()
+        return self
+
+    def _read(self) -> None:
+        for line in self._stream:
+            self.lines.append(line.decode("ascii", errors="replace").rstrip("\r\n"))
+
+    def __exit__(self, *_: object) -> None:
+        # A marker sent after the calls: once the feed shows it, every earlier command is in.
+        marker = f"plan-audit-{threading.get_ident()}-{len(self.lines)}"
+        redis(self.port, "ECHO", marker)
+        deadline = time.monotonic() + 30
+        while not any(marker in line for line in self.lines) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+        self._thread.join(timeout=5)
+
+    def graph_queries(self, graph: str) -> list[str]:
+        """Distinct query texts (parameters included) sent to `graph`, in order."""
+        seen: dict[str, None] = {}
+        for line in self.lines:
+            args = monitor_args(line)
+            if len(args) >= 3 and args[0].upper() in ("GRAPH.QUERY", "GRAPH.RO_QUERY") and args[1] == graph:
+                seen.setdefault(args[2], None)
+        return list(seen)
+
+
+def monitor_args(line: str) -> list[str]:
+    """The quoted arguments of one MONITOR line, unescaped (Redis writes bytes outside
+    printable ASCII as \\xHH)."""
+    args: list[str] = []
+    start = line.find('] "')
+    i = start + 2 if start >= 0 else len(line)
+    while i < len(line):
+        if line[i] != '"':
+            i += 1
+            continue
+        raw = bytearray()
+        i += 1
+        while i < len(line) and line[i] != '"':
+            if line[i] == "\\" and i + 1 < len(line):
+                nxt = line[i + 1]
+                if nxt == "x":
+                    raw.append(int(line[i + 2 : i + 4], 16))
+                    i += 4
+                    continue
+                raw += {"n": b"\n", "r": b"\r", "t": b"\t", "a": b"\a", "b": b"\b"}.get(nxt, nxt.encode())
+                i += 2
+                continue
+            raw += line[i].encode()
+            i += 1
+        args.append(raw.decode(errors="replace"))
+        i += 1
+    return args
+
+
+async def _sweep_graph_tools(client: Any, namespace: str) -> None:
+    """Every read tool that queries the graph, with chunk, entity and outline keys."""
+    ns = [namespace]
+    for lanes in (["fulltext", "graph_expand"], ["co_annotation"]):
+        for query in ("Acme and Zephyr contract", "Dana Scully and Zephyr"):
+            await call_ok(client, "kg_search", {"query": query, "namespaces": ns, "lanes": lanes})
+    for filters in (
+        {"relationTypeIds": ["works_at"]},
+        {"collections": ["legal"], "folderPrefix": "contracts/", "dateFrom": "2020-01-01", "effectiveAt": "2024-06-01"},
+    ):
+        await call_ok(client, "kg_search", {"query": QUERY, "namespaces": ns, "filters": filters})
+    for text in ("Acme", "Initech"):
+        await call_ok(client, "kg_entity_search", {"text": text, "namespaces": ns})
+    hits = (await call_ok(client, "kg_search", {"query": "Acme", "namespaces": ns, "lanes": ["fulltext"]}))["results"]
+    assert hits, "the sweep needs a readable chunk"
+    chunk_key, file_id = hits[0]["chunkKey"], hits[0]["fileId"]
+    for kind in ("next_chunk", "prev_chunk", "mentions", "rel", "same_type"):
+        await call_ok(client, "kg_hop", {"namespace": namespace, "fromKey": chunk_key, "kind": kind})
+    for entity in ("ent:org:acme", "ent:org:nobody"):
+        for kind in ("mentions", "rel", "same_type"):
+            await call_tool(client, "kg_hop", {"namespace": namespace, "fromKey": entity, "kind": kind})
+        await call_tool(client, "kg_open", {"namespace": namespace, "entityKey": entity})
+    await call_ok(client, "kg_open", {"namespace": namespace, "chunkKey": chunk_key})
+    await call_ok(client, "kg_open", {"namespace": namespace, "fileId": file_id})
+    outline = await call_ok(client, "kg_outline", {"namespace": namespace, "fileId": file_id})
+    for section in outline["sections"][:2]:
+        await call_ok(client, "kg_open", {"namespace": namespace, "outlineKey": section["outlineKey"]})
+        for kind in ("outline_child", "outline_parent", "outline_siblings"):
+            await call_tool(client, "kg_hop", {"namespace": namespace, "fromKey": section["outlineKey"], "kind": kind})
+    await call_ok(client, "kg_file_entities", {"namespace": namespace, "fileId": file_id})
+    await call_ok(client, "kg_file_triples", {"namespace": namespace, "fileId": file_id})
+
+
+async def test_no_query_plans_a_scan_of_the_namespace(
+    mesh: Mesh, make_principal: Callable[..., Principal], tmp_path: Path
+) -> None:
+    """Each query the indexer sends while a TBox is published and the corpus ingested, and
+    each query the read tools send, as a full reader and as one limited to two folders (whose
+    access predicate has parameters), is planned from an index or a bound node."""
+    namespace = "sparams-plans"
+    tbox = tmp_path / "tbox.yaml"
+    tbox.write_text(TBOX, encoding="utf-8")
+    root = tmp_path / "corpus"
+    _write_corpus(root)
+    reader = make_principal("plans-reader")
+    port = _falkordb_port(mesh)
+    with GraphMonitor(port) as monitor:
+        _tbox(mesh, "draft", "--namespace", namespace, "--file", str(tbox))
+        _tbox(mesh, "review", "--namespace", namespace)
+        _tbox(mesh, "publish", "--namespace", namespace)
+        mesh.ingest(root, namespace)
+        for prefix in ("contracts/", "people/"):
+            mesh.grant(reader.id, namespace, "read", prefix=prefix)
+        for token in (mesh.admin_token, reader.token):
+            async with mcp_http(mesh.mcp_url, token) as client:
+                await _sweep_graph_tools(client, namespace)
+    # The check itself: the shape that took 2 s at 100k chunks (kg_hop from an entity key, before
+    # the entity was bound first) is caught on this small graph.
+    regressed = redis(
+        port,
+        "GRAPH.EXPLAIN",
+        graph_key(namespace),
+        "CYPHER key='ent:org:acme' MATCH (c:Chunk)-[:MENTIONS]->(e:Entity {entityKey: $key}) "
+        "WHERE c.enabled = true RETURN e.typeId LIMIT 1",
+    )
+    assert isinstance(regressed, list) and any(FULL_SCAN.search(step) for step in regressed), regressed
+    queries = monitor.graph_queries(graph_key(namespace))
+    # The ingest writes files, chunks, outlines, entities, mentions and relations; the sweep
+    # reaches the full-text, expansion, co-annotation, filter, package, hop, open, outline and
+    # file-entity queries. Far fewer means the feed was not read.
+    assert len(queries) >= 40, f"only {len(queries)} graph queries seen: {queries}"
+    scans: list[str] = []
+    for query in queries:
+        if SCHEMA_CHANGE.match(query) or any(allowed in query for allowed in WHOLE_LABEL_QUERIES):
+            continue
+        plan = redis(port, "GRAPH.EXPLAIN", graph_key(namespace), query)
+        assert isinstance(plan, list), f"EXPLAIN failed: {plan} for {query[:300]}"
+        scanned = [step.strip() for step in plan if FULL_SCAN.search(step)]
+        if scanned:
+            scans.append(f"{scanned} <- {query[:600]}")
+    assert not scans, "queries planned from a scan of the namespace:\n" + "\n".join(scans)

@@ -105,8 +105,7 @@ impl GraphService {
         keys_and_total(&self.read(scope, &q).await?)
     }
 
-    /// Readable chunks that MENTION the entity, by path then position. Entities are written
-    /// by a later release; until then this honestly finds none.
+    /// Readable chunks that MENTION the entity, by path then position.
     async fn entity_chunks(
         &self,
         scope: &Scope<'_>,
@@ -117,8 +116,10 @@ impl GraphService {
         let pc = q.access(scope.access, "c", Node::Content);
         q.param("entityKey", entity_key)
             .param("limit", limit as i64);
+        // Entity bound by its index first, as in hop.rs: one pattern scans every Chunk.
         q.set_text(format!(
-            "MATCH (c:Chunk)-[:MENTIONS]->(:Entity {{entityKey: $entityKey}}) WHERE {pc} \
+            "MATCH (e:Entity {{entityKey: $entityKey}}) WITH e \
+             MATCH (c:Chunk)-[:MENTIONS]->(e) WHERE {pc} \
              WITH DISTINCT c \
              WITH c ORDER BY c.path, c.chunkIndex \
              WITH collect(c.chunkKey) AS keys \
