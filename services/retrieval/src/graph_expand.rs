@@ -21,7 +21,7 @@ use crate::error::{Result, RetrievalError};
 use crate::filters::LaneFilters;
 use crate::fusion::LaneHit;
 use crate::lanes::{self, LANE_POOL};
-use crate::roles::{Role, role_degrees};
+use crate::roles::{Role, seed_role_degrees};
 
 /// Full-text hits whose entities seed the expansion.
 pub(crate) const SEED_HITS: usize = 5;
@@ -54,23 +54,18 @@ pub(crate) async fn graph_expand(
     if seeds.is_empty() {
         return Ok(Vec::new());
     }
-    let entities = seed_entities(store, namespace, access, &seeds).await?;
-    if entities.is_empty() {
-        return Ok(Vec::new());
-    }
-    let (degree, total) = tokio::try_join!(
-        role_degrees(store, namespace, access, &entities),
+    // The seeds' entities with their degrees in one query, beside the chunk count.
+    let (entities, total) = tokio::try_join!(
+        seed_role_degrees(store, namespace, access, &seeds),
         chunk_count(store, namespace)
     )?;
     let total = total.max(1);
     let weighted: Vec<Value> = entities
         .iter()
-        .filter_map(|key| {
-            let df = *degree.get(key)?;
-            (Role::of(df) != Role::Ignore).then(|| {
-                let weight = (1.0 + total as f64 / df as f64).ln();
-                Value::Array(vec![Value::from(key.as_str()), Value::from(weight)])
-            })
+        .filter(|(_, df)| Role::of(*df) != Role::Ignore)
+        .map(|(key, df)| {
+            let weight = (1.0 + total as f64 / *df as f64).ln();
+            Value::Array(vec![Value::from(key.as_str()), Value::from(weight)])
         })
         .collect();
     if weighted.is_empty() {
@@ -124,32 +119,6 @@ fn seed_keys(fulltext_hits: &[LaneHit]) -> Vec<String> {
         .take(SEED_HITS)
         .map(|h| h.chunk_key.clone())
         .collect()
-}
-
-/// Distinct entities the (readable) seed chunks mention, in key order.
-async fn seed_entities(
-    store: &GraphStore,
-    namespace: &str,
-    access: &AccessFilter,
-    seeds: &[String],
-) -> Result<Vec<String>> {
-    let seed = cypher_predicate(access, "s", "path", "acl_s_");
-    let mut params = Params::new();
-    params.extend(seed.params);
-    params.insert("seeds".into(), strings(seeds));
-    let cypher = format!(
-        "MATCH (s:Chunk)-[:MENTIONS]->(e:Entity) WHERE s.chunkKey IN $seeds AND {pred} \
-         RETURN DISTINCT e.entityKey ORDER BY e.entityKey",
-        pred = seed.text
-    );
-    let rows = store
-        .ro_query(namespace, &cypher, &params, TIMEOUT_MS)
-        .await?;
-    Ok(rows
-        .rows
-        .iter()
-        .filter_map(|r| r.first().and_then(Value::as_str).map(str::to_owned))
-        .collect())
 }
 
 /// All chunks of the namespace (a label count: cheap, and the same for every caller).

@@ -55,8 +55,8 @@ impl Role {
     }
 }
 
-/// Highest degree [`role_degrees`] counts to: one past [`FILTER_MAX_DEGREE`], enough to tell
-/// every role apart and to know every `bridge` and `filter` degree exactly.
+/// Highest degree [`seed_role_degrees`] counts to: one past [`FILTER_MAX_DEGREE`], enough to
+/// tell every role apart and to know every `bridge` and `filter` degree exactly.
 pub(crate) const ROLE_DEGREE_CAP: u64 = FILTER_MAX_DEGREE + 1;
 
 /// Degree of each entity in `keys` for this caller: chunks it may read (access predicate on
@@ -69,66 +69,86 @@ pub(crate) async fn degrees(
     access: &AccessFilter,
     keys: &[String],
 ) -> Result<HashMap<String, u64>> {
-    count_degrees(store, namespace, access, keys, None).await
-}
-
-/// [`degrees`] counted only up to [`ROLE_DEGREE_CAP`]: an `ignore` entity reads
-/// `ROLE_DEGREE_CAP`. A hub entity (mentioned in thousands of chunks) then costs a walk of
-/// its first mentions, not of all of them, which is all the lanes need: they drop `ignore`
-/// entities and weigh the others by their exact degree.
-pub(crate) async fn role_degrees(
-    store: &GraphStore,
-    namespace: &str,
-    access: &AccessFilter,
-    keys: &[String],
-) -> Result<HashMap<String, u64>> {
-    count_degrees(store, namespace, access, keys, Some(ROLE_DEGREE_CAP)).await
-}
-
-async fn count_degrees(
-    store: &GraphStore,
-    namespace: &str,
-    access: &AccessFilter,
-    keys: &[String],
-    cap: Option<u64>,
-) -> Result<HashMap<String, u64>> {
     if keys.is_empty() {
         return Ok(HashMap::new());
     }
-    let chunk = cypher_predicate(access, "c", "path", "acl_c_");
-    let file = cypher_predicate(access, "f", "vfsPath", "acl_f_");
     let mut params = Params::new();
-    params.extend(chunk.params);
-    params.extend(file.params);
     params.insert(
         "keys".into(),
         Value::Array(keys.iter().map(|k| Value::from(k.as_str())).collect()),
     );
+    let readable = readable_mentions(access, &mut params);
     // The entity is bound on its own (index lookup) before the walk: written as one pattern,
     // FalkorDB plans it from a scan of every Chunk.
-    let readable = format!(
+    let cypher = format!(
+        "UNWIND $keys AS k MATCH (e:Entity {{entityKey: k}}) WITH k, e \
+         {readable} RETURN k, count(DISTINCT c)"
+    );
+    Ok(degree_rows(store, namespace, &cypher, &params)
+        .await?
+        .into_iter()
+        .collect())
+}
+
+/// The entities the readable `seeds` chunks mention, each with its [`degrees`] counted only
+/// up to [`ROLE_DEGREE_CAP`] (an `ignore` entity reads `ROLE_DEGREE_CAP`), in entity-key
+/// order; entities no readable chunk mentions are left out. One round trip for what
+/// graph_expand needs before it expands: a hub entity (mentioned in thousands of chunks) costs
+/// a walk of its first mentions, not of all of them, and the lane drops `ignore` entities and
+/// weighs the others by their exact degree.
+pub(crate) async fn seed_role_degrees(
+    store: &GraphStore,
+    namespace: &str,
+    access: &AccessFilter,
+    seeds: &[String],
+) -> Result<Vec<(String, u64)>> {
+    if seeds.is_empty() {
+        return Ok(Vec::new());
+    }
+    let seed = cypher_predicate(access, "s", "path", "acl_s_");
+    let mut params = Params::new();
+    params.extend(seed.params);
+    params.insert(
+        "seeds".into(),
+        Value::Array(seeds.iter().map(|k| Value::from(k.as_str())).collect()),
+    );
+    params.insert("cap".into(), Value::from(ROLE_DEGREE_CAP));
+    let readable = readable_mentions(access, &mut params);
+    // The subquery's LIMIT stops each entity's walk at the cap.
+    let cypher = format!(
+        "MATCH (s:Chunk)-[:MENTIONS]->(e:Entity) WHERE s.chunkKey IN $seeds AND {seed} \
+         WITH DISTINCT e \
+         CALL {{ WITH e {readable} WITH DISTINCT c LIMIT $cap RETURN count(c) AS degree }} \
+         RETURN e.entityKey, degree ORDER BY e.entityKey",
+        seed = seed.text,
+    );
+    degree_rows(store, namespace, &cypher, &params).await
+}
+
+/// The readable chunks `c` (and their files `f`) that mention the entity bound to `e`, with
+/// the access predicates' parameters added to `params`.
+fn readable_mentions(access: &AccessFilter, params: &mut Params) -> String {
+    let chunk = cypher_predicate(access, "c", "path", "acl_c_");
+    let file = cypher_predicate(access, "f", "vfsPath", "acl_f_");
+    params.extend(chunk.params);
+    params.extend(file.params);
+    format!(
         "MATCH (e)<-[:MENTIONS]-(c:Chunk) WHERE {chunk} \
          MATCH (c)-[:PART_OF]->(f:FileRef) WHERE {file}",
         chunk = chunk.text,
         file = file.text,
-    );
-    let cypher = match cap {
-        // The subquery's LIMIT stops each entity's walk at the cap.
-        Some(cap) => {
-            params.insert("cap".into(), Value::from(cap));
-            format!(
-                "UNWIND $keys AS k MATCH (e:Entity {{entityKey: k}}) \
-                 CALL {{ WITH e {readable} WITH DISTINCT c LIMIT $cap RETURN count(c) AS degree }} \
-                 RETURN k, degree"
-            )
-        }
-        None => format!(
-            "UNWIND $keys AS k MATCH (e:Entity {{entityKey: k}}) WITH k, e \
-             {readable} RETURN k, count(DISTINCT c)"
-        ),
-    };
+    )
+}
+
+/// `[entityKey, degree]` rows, those of degree 0 left out.
+async fn degree_rows(
+    store: &GraphStore,
+    namespace: &str,
+    cypher: &str,
+    params: &Params,
+) -> Result<Vec<(String, u64)>> {
     let rows = store
-        .ro_query(namespace, &cypher, &params, DEGREE_TIMEOUT_MS)
+        .ro_query(namespace, cypher, params, DEGREE_TIMEOUT_MS)
         .await?;
     rows.rows
         .iter()
