@@ -14,15 +14,13 @@
 //! avgdl from the readable chunks (avgdl from their stored `wordCount`, or for chunks indexed
 //! before it from a sample of them), df per term from the index with the query
 //! that nominates it (the quoted word, or the bare word the index expands to its stem, as tf
-//! counts). They are cached in-process per (server, namespace, access predicate) for
-//! [`STATS_TTL`]; the cache holds counts only, never text. A Chunk carries the access
-//! properties of its file, so the statistics never traverse to the FileRef: the df of a
-//! common term walks tens of thousands of postings, and a traversal for each cost three
-//! quarters of the query at 100k chunks.
+//! counts). They are cached in-process per (server, namespace, access predicate) for a
+//! minute ([`crate::scope_cache`]). A Chunk carries the access properties of its file, so
+//! the statistics never traverse to the FileRef: the df of a common term walks tens of
+//! thousands of postings, and a traversal for each cost three quarters of the query at 100k
+//! chunks.
 
-use std::collections::HashMap;
-use std::sync::{LazyLock, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::sync::LazyLock;
 
 use kg_common::access::CypherPredicate;
 use kg_stores::chunk_text::words;
@@ -31,6 +29,7 @@ use rust_stemmers::{Algorithm, Stemmer};
 use serde_json::Value;
 
 use crate::error::{Result, RetrievalError};
+use crate::scope_cache::{ScopeCache, scope_key};
 
 /// Term-frequency saturation.
 pub(crate) const K1: f64 = 1.2;
@@ -45,9 +44,6 @@ pub(crate) const B: f64 = 0.75;
 pub(crate) const PASSAGE_TOKENS: usize = 100;
 /// Passages overlap by half, so a term pair straddling one passage's end is in the next.
 pub(crate) const PASSAGE_STRIDE: usize = PASSAGE_TOKENS / 2;
-/// How long cached statistics are trusted: a fresh ingest shifts scores, never hits, so a
-/// minute of staleness is harmless.
-pub(crate) const STATS_TTL: Duration = Duration::from_secs(60);
 /// Chunks without a stored `wordCount` (indexed before it) measure avgdl on at most this many
 /// readable chunks: counting words is the costly part (~0.1 ms a chunk in FalkorDB), and the
 /// mean of a thousand is close enough.
@@ -299,88 +295,14 @@ struct Corpus {
     avgdl: f64,
 }
 
-#[derive(Debug)]
-struct Scope {
-    corpus: Option<(Corpus, Instant)>,
-    df: HashMap<String, (u64, Instant)>,
-    used: Instant,
-}
-
-/// Statistics by scope key; counts only.
-#[derive(Debug)]
-struct StatsCache {
-    scopes: Mutex<HashMap<String, Scope>>,
-}
-
-static CACHE: LazyLock<StatsCache> = LazyLock::new(|| StatsCache {
-    scopes: Mutex::new(HashMap::new()),
-});
-
-fn fresh(at: Instant, now: Instant) -> bool {
-    now.saturating_duration_since(at) < STATS_TTL
-}
-
-impl StatsCache {
-    /// The cached corpus statistics and per-term df (`None` where missing or stale).
-    fn get(&self, key: &str, terms: &[String]) -> (Option<Corpus>, Vec<Option<u64>>) {
-        let now = Instant::now();
-        let mut scopes = self.scopes.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some(scope) = scopes.get_mut(key) else {
-            return (None, vec![None; terms.len()]);
-        };
-        scope.used = now;
-        let corpus = scope
-            .corpus
-            .filter(|(_, at)| fresh(*at, now))
-            .map(|(c, _)| c);
-        let df = terms
-            .iter()
-            .map(|t| {
-                scope
-                    .df
-                    .get(t)
-                    .filter(|(_, at)| fresh(*at, now))
-                    .map(|(df, _)| *df)
-            })
-            .collect();
-        (corpus, df)
-    }
-
-    fn put(&self, key: &str, corpus: Option<Corpus>, df: &[(String, u64)]) {
-        let now = Instant::now();
-        let mut scopes = self.scopes.lock().unwrap_or_else(PoisonError::into_inner);
-        if !scopes.contains_key(key) && scopes.len() >= MAX_SCOPES {
-            scopes.retain(|_, s| fresh(s.used, now));
-            if scopes.len() >= MAX_SCOPES {
-                let oldest = scopes
-                    .iter()
-                    .min_by_key(|(_, s)| s.used)
-                    .map(|(k, _)| k.clone());
-                if let Some(oldest) = oldest {
-                    scopes.remove(&oldest);
-                }
-            }
-        }
-        let scope = scopes.entry(key.to_owned()).or_insert_with(|| Scope {
-            corpus: None,
-            df: HashMap::new(),
-            used: now,
-        });
-        scope.used = now;
-        if let Some(corpus) = corpus {
-            scope.corpus = Some((corpus, now));
-        }
-        if scope.df.len() + df.len() > MAX_TERMS_PER_SCOPE {
-            scope.df.retain(|_, (_, at)| fresh(*at, now));
-            if scope.df.len() + df.len() > MAX_TERMS_PER_SCOPE {
-                scope.df.clear();
-            }
-        }
-        for (term, count) in df {
-            scope.df.insert(term.clone(), (*count, now));
-        }
-    }
-}
+/// Corpus statistics by scope (one item each, [`CORPUS_ITEM`]).
+static CORPUS_CACHE: LazyLock<ScopeCache<Corpus>> =
+    LazyLock::new(|| ScopeCache::new(MAX_SCOPES, 1));
+/// The one item of a scope in [`CORPUS_CACHE`].
+const CORPUS_ITEM: &str = "";
+/// Document frequencies by scope, then by the term's full-text query.
+static DF_CACHE: LazyLock<ScopeCache<u64>> =
+    LazyLock::new(|| ScopeCache::new(MAX_SCOPES, MAX_TERMS_PER_SCOPE));
 
 /// BM25 statistics of `terms` over the chunks `node` (a Chunk access predicate compiled for
 /// variable `node`) admits, from the cache when fresh; otherwise asked from FalkorDB (only
@@ -391,10 +313,15 @@ pub(crate) async fn stats(
     node: &CypherPredicate,
     terms: &[Term],
 ) -> Result<Stats> {
-    let key = scope_key(store, namespace, node);
+    let key = scope_key(store, namespace, &[node]);
     // Keyed by the full-text query df counts: a stemmed `rule` and a quoted one differ.
     let queries: Vec<String> = terms.iter().map(Term::index_query).collect();
-    let (cached_corpus, cached_df) = CACHE.get(&key, &queries);
+    let cached_corpus = CORPUS_CACHE
+        .get(&key, &[CORPUS_ITEM.to_owned()])
+        .into_iter()
+        .next()
+        .flatten();
+    let cached_df = DF_CACHE.get(&key, &queries);
     let missing: Vec<usize> = (0..terms.len())
         .filter(|&i| cached_df[i].is_none())
         .collect();
@@ -424,31 +351,17 @@ pub(crate) async fn stats(
         to_cache.push((queries[i].clone(), count));
     }
     // An empty scope is not remembered: its first ingest must count at once.
-    let corpus_to_cache = (corpus_fetched && corpus.docs > 0).then_some(corpus);
-    if corpus.docs > 0 && (corpus_to_cache.is_some() || !to_cache.is_empty()) {
-        CACHE.put(&key, corpus_to_cache, &to_cache);
+    if corpus.docs > 0 {
+        if corpus_fetched {
+            CORPUS_CACHE.put(&key, &[(CORPUS_ITEM.to_owned(), corpus)]);
+        }
+        DF_CACHE.put(&key, &to_cache);
     }
     Ok(Stats {
         docs: corpus.docs,
         avgdl: corpus.avgdl,
         df,
     })
-}
-
-/// Server, namespace and the predicate with its parameters: two callers share cached
-/// statistics only when they read exactly the same chunks.
-fn scope_key(store: &GraphStore, namespace: &str, node: &CypherPredicate) -> String {
-    let params = Value::Array(
-        node.params
-            .iter()
-            .map(|(name, value)| Value::Array(vec![Value::from(name.as_str()), value.clone()]))
-            .collect(),
-    );
-    format!(
-        "{}\u{0}{namespace}\u{0}{}\u{0}{params}",
-        store.server_identity(),
-        node.text,
-    )
 }
 
 fn with_predicate(node: &CypherPredicate) -> Params {
@@ -693,32 +606,5 @@ mod tests {
         let (got, _) = best_passage("", &text, &terms, &idf, 100.0);
         let both = score(&[1, 1], &idf, 100.0, 100.0);
         assert!((got - both).abs() < 1e-12, "{got} {both}");
-    }
-
-    #[test]
-    fn cache_is_per_scope_bounded_and_holds_counts() {
-        let cache = StatsCache {
-            scopes: Mutex::new(HashMap::new()),
-        };
-        let corpus = Corpus {
-            docs: 5,
-            avgdl: 3.0,
-        };
-        cache.put("a", Some(corpus), &[("x".into(), 2)]);
-        let (got, df) = cache.get("a", &terms(&["x", "y"]));
-        assert_eq!(got, Some(corpus));
-        assert_eq!(df, [Some(2), None]);
-        assert_eq!(cache.get("b", &terms(&["x"])), (None, vec![None]));
-        for i in 0..MAX_SCOPES + 10 {
-            cache.put(&format!("s{i}"), Some(corpus), &[]);
-        }
-        assert!(cache.scopes.lock().unwrap().len() <= MAX_SCOPES);
-        let many: Vec<(String, u64)> = (0..MAX_TERMS_PER_SCOPE + 1)
-            .map(|i| (format!("t{i}"), 1))
-            .collect();
-        cache.put("a", None, &many[..MAX_TERMS_PER_SCOPE]);
-        cache.put("a", None, &many[MAX_TERMS_PER_SCOPE..]);
-        let scopes = cache.scopes.lock().unwrap();
-        assert!(scopes.get("a").unwrap().df.len() <= MAX_TERMS_PER_SCOPE);
     }
 }

@@ -21,6 +21,7 @@ mod graph_expand;
 mod grpc;
 mod lanes;
 pub mod roles;
+mod scope_cache;
 mod service;
 mod sparse_lane;
 mod vector_lane;

@@ -11,13 +11,15 @@
 //!   floods results, so graph_expand and co_annotation skip it.
 
 use std::collections::HashMap;
+use std::sync::LazyLock;
 
-use kg_common::access::cypher_predicate;
+use kg_common::access::{CypherPredicate, cypher_predicate};
 use kg_proto::v1::AccessFilter;
 use kg_stores::graph::{GraphStore, Params};
 use serde_json::Value;
 
 use crate::error::{Result, RetrievalError};
+use crate::scope_cache::{ScopeCache, scope_key};
 
 /// Server-side limit on one degree query.
 const DEGREE_TIMEOUT_MS: u64 = 5_000;
@@ -77,7 +79,8 @@ pub(crate) async fn degrees(
         "keys".into(),
         Value::Array(keys.iter().map(|k| Value::from(k.as_str())).collect()),
     );
-    let readable = readable_mentions(access, &mut params);
+    let (chunk, file) = mention_predicates(access);
+    let readable = readable_mentions(chunk, file, &mut params);
     // The entity is bound on its own (index lookup) before the walk: written as one pattern,
     // FalkorDB plans it from a scan of every Chunk.
     let cypher = format!(
@@ -90,12 +93,23 @@ pub(crate) async fn degrees(
         .collect())
 }
 
+/// Capped degrees ([`seed_role_degrees`]) by access scope, then by entity key.
+static ROLE_DEGREES: LazyLock<ScopeCache<u64>> =
+    LazyLock::new(|| ScopeCache::new(MAX_CACHED_SCOPES, MAX_CACHED_ENTITIES));
+/// Access scopes whose capped degrees are cached at most.
+const MAX_CACHED_SCOPES: usize = 256;
+/// Cached capped degrees per access scope at most.
+const MAX_CACHED_ENTITIES: usize = 4_096;
+
 /// The entities the readable `seeds` chunks mention, each with its [`degrees`] counted only
 /// up to [`ROLE_DEGREE_CAP`] (an `ignore` entity reads `ROLE_DEGREE_CAP`), in entity-key
-/// order; entities no readable chunk mentions are left out. One round trip for what
-/// graph_expand needs before it expands: a hub entity (mentioned in thousands of chunks) costs
-/// a walk of its first mentions, not of all of them, and the lane drops `ignore` entities and
-/// weighs the others by their exact degree.
+/// order; entities no readable chunk mentions are left out. What graph_expand needs before it
+/// expands: a hub entity (mentioned in thousands of chunks) costs a walk of its first
+/// mentions, not of all of them, and the lane drops `ignore` entities and weighs the others
+/// by their exact degree. Capped degrees are cached per access scope for a minute
+/// ([`crate::scope_cache`]): hubs recur across questions, and their walk of [`ROLE_DEGREE_CAP`]
+/// chunks was most of the lane's time at 100k chunks; with every degree cached, the seeds'
+/// entities are the only query.
 pub(crate) async fn seed_role_degrees(
     store: &GraphStore,
     namespace: &str,
@@ -105,6 +119,53 @@ pub(crate) async fn seed_role_degrees(
     if seeds.is_empty() {
         return Ok(Vec::new());
     }
+    let entities = seed_entities(store, namespace, access, seeds).await?;
+    let (chunk, file) = mention_predicates(access);
+    let scope = scope_key(store, namespace, &[&chunk, &file]);
+    let cached = ROLE_DEGREES.get(&scope, &entities);
+    let missing: Vec<String> = entities
+        .iter()
+        .zip(&cached)
+        .filter(|(_, degree)| degree.is_none())
+        .map(|(key, _)| key.clone())
+        .collect();
+    let counted = if missing.is_empty() {
+        Vec::new()
+    } else {
+        let mut params = Params::new();
+        params.insert(
+            "keys".into(),
+            Value::Array(missing.iter().map(|k| Value::from(k.as_str())).collect()),
+        );
+        params.insert("cap".into(), Value::from(ROLE_DEGREE_CAP));
+        let readable = readable_mentions(chunk, file, &mut params);
+        // The subquery's LIMIT stops each entity's walk at the cap.
+        let cypher = format!(
+            "UNWIND $keys AS k MATCH (e:Entity {{entityKey: k}}) WITH e \
+             CALL {{ WITH e {readable} WITH DISTINCT c LIMIT $cap RETURN count(c) AS degree }} \
+             RETURN e.entityKey, degree"
+        );
+        degree_rows(store, namespace, &cypher, &params).await?
+    };
+    ROLE_DEGREES.put(&scope, &counted);
+    let counted: HashMap<String, u64> = counted.into_iter().collect();
+    Ok(entities
+        .into_iter()
+        .zip(cached)
+        .filter_map(|(key, cached)| {
+            let degree = cached.or_else(|| counted.get(&key).copied())?;
+            Some((key, degree))
+        })
+        .collect())
+}
+
+/// The distinct entities the readable `seeds` chunks mention, in entity-key order.
+async fn seed_entities(
+    store: &GraphStore,
+    namespace: &str,
+    access: &AccessFilter,
+    seeds: &[String],
+) -> Result<Vec<String>> {
     let seed = cypher_predicate(access, "s", "path", "acl_s_");
     let mut params = Params::new();
     params.extend(seed.params);
@@ -112,24 +173,36 @@ pub(crate) async fn seed_role_degrees(
         "seeds".into(),
         Value::Array(seeds.iter().map(|k| Value::from(k.as_str())).collect()),
     );
-    params.insert("cap".into(), Value::from(ROLE_DEGREE_CAP));
-    let readable = readable_mentions(access, &mut params);
-    // The subquery's LIMIT stops each entity's walk at the cap.
     let cypher = format!(
         "MATCH (s:Chunk)-[:MENTIONS]->(e:Entity) WHERE s.chunkKey IN $seeds AND {seed} \
-         WITH DISTINCT e \
-         CALL {{ WITH e {readable} WITH DISTINCT c LIMIT $cap RETURN count(c) AS degree }} \
-         RETURN e.entityKey, degree ORDER BY e.entityKey",
+         RETURN DISTINCT e.entityKey AS key ORDER BY key",
         seed = seed.text,
     );
-    degree_rows(store, namespace, &cypher, &params).await
+    let rows = store
+        .ro_query(namespace, &cypher, &params, DEGREE_TIMEOUT_MS)
+        .await?;
+    rows.rows
+        .iter()
+        .map(|row| match row.first().and_then(Value::as_str) {
+            Some(key) => Ok(key.to_owned()),
+            None => Err(RetrievalError::UnexpectedReply(format!(
+                "seed entity row {row:?}"
+            ))),
+        })
+        .collect()
+}
+
+/// The access predicates on a mentioning chunk `c` and its file `f`.
+fn mention_predicates(access: &AccessFilter) -> (CypherPredicate, CypherPredicate) {
+    (
+        cypher_predicate(access, "c", "path", "acl_c_"),
+        cypher_predicate(access, "f", "vfsPath", "acl_f_"),
+    )
 }
 
 /// The readable chunks `c` (and their files `f`) that mention the entity bound to `e`, with
 /// the access predicates' parameters added to `params`.
-fn readable_mentions(access: &AccessFilter, params: &mut Params) -> String {
-    let chunk = cypher_predicate(access, "c", "path", "acl_c_");
-    let file = cypher_predicate(access, "f", "vfsPath", "acl_f_");
+fn readable_mentions(chunk: CypherPredicate, file: CypherPredicate, params: &mut Params) -> String {
     params.extend(chunk.params);
     params.extend(file.params);
     format!(

@@ -258,3 +258,76 @@ async fn graph_expand_counts_readable_distinct_chunks_up_to_the_ignore_role() {
     let hit = found.hits.iter().find(|h| h.entity_key == gateway).unwrap();
     assert_eq!((hit.degree, hit.role.as_str()), (301, "ignore"));
 }
+
+/// The lane's capped degrees are cached per access scope for a minute: a second search by
+/// the same reader does not recount (an entity pushed past the `ignore` threshold meanwhile
+/// still expands), while a reader with another access scope counts its own, and
+/// kg_entity_search's reported degree is never cached.
+#[tokio::test]
+async fn graph_expand_caches_capped_degrees_per_access_scope() {
+    const NS: &str = "expand-cache";
+    let env = start().await;
+    let s = &env.store;
+    entity_index(s, NS).await;
+    write(
+        s,
+        NS,
+        "seed",
+        "docs/seed.md",
+        &["Rotate the gateway certificates."],
+        DocumentMeta::default(),
+    )
+    .await;
+    let notes: Vec<String> = (0..30).map(|i| format!("Gateway note {i}.")).collect();
+    let refs: Vec<&str> = notes.iter().map(String::as_str).collect();
+    write(s, NS, "gw", "docs/gw.md", &refs, DocumentMeta::default()).await;
+    let gateway = entity(s, NS, "component", "Gateway", &[]).await;
+    mention(s, NS, "seed#0", &gateway).await;
+    for i in 0..30 {
+        mention(s, NS, &format!("gw#{i}"), &gateway).await;
+    }
+    let query = "rotate gateway certificates";
+
+    // 31 readable chunks: a filter entity, expanded to its per-entity cap.
+    let full = caller(NS, |_| {});
+    assert_eq!(expanded(&env, &full, NS, query).await, 25);
+
+    // 300 more mentions make it an ignore entity (331 chunks).
+    let more: Vec<String> = (0..300).map(|i| format!("Gateway log {i}.")).collect();
+    let refs: Vec<&str> = more.iter().map(String::as_str).collect();
+    write(s, NS, "log", "docs/log.md", &refs, DocumentMeta::default()).await;
+    for i in 0..300 {
+        mention(s, NS, &format!("log#{i}"), &gateway).await;
+    }
+
+    // The same reader within the minute: the cached degree (31), still expanded.
+    assert_eq!(expanded(&env, &full, NS, query).await, 25);
+    // Another access scope counts afresh: ignore, nothing expands.
+    assert_eq!(expanded(&env, &restricted(NS), NS, query).await, 0);
+    // The reported degree is counted on every call.
+    let found = env
+        .service
+        .entity_search_for(
+            &full,
+            kg_proto::v1::EntitySearchRequest {
+                namespace: NS.into(),
+                text: "gateway".into(),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap();
+    let hit = found.hits.iter().find(|h| h.entity_key == gateway).unwrap();
+    assert_eq!((hit.degree, hit.role.as_str()), (331, "ignore"));
+}
+
+/// How many hits graph_expand alone returns for `who`.
+async fn expanded(env: &Env, who: &kg_proto::v1::CallerContext, ns: &str, query: &str) -> usize {
+    let response = env
+        .service
+        .search_for(who, search(ns, query, &["graph_expand"]))
+        .await
+        .unwrap();
+    assert!(lane(&response, "graph_expand").ok);
+    response.hits.len()
+}
