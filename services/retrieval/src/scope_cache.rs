@@ -127,6 +127,7 @@ pub(crate) fn scope_key(
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 
