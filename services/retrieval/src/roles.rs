@@ -64,15 +64,30 @@ pub(crate) const ROLE_DEGREE_CAP: u64 = FILTER_MAX_DEGREE + 1;
 /// Degree of each entity in `keys` for this caller: chunks it may read (access predicate on
 /// the chunk and its FileRef) that mention the entity. Entities no readable chunk mentions are
 /// absent from the map, so callers can drop them without learning they exist. Walks every
-/// mention of every entity: for a degree that is reported (kg_entity_search).
+/// mention of every entity: for a degree that is reported (kg_entity_search, the grounding).
 pub(crate) async fn degrees(
     store: &GraphStore,
     namespace: &str,
     access: &AccessFilter,
     keys: &[String],
 ) -> Result<HashMap<String, u64>> {
+    Ok(count_degrees(store, namespace, access, keys, None)
+        .await?
+        .into_iter()
+        .collect())
+}
+
+/// `[entityKey, degree]` for the entities in `keys` with a readable mention, each degree
+/// counted up to `cap` when one is given (the walk stops there) and exactly otherwise.
+async fn count_degrees(
+    store: &GraphStore,
+    namespace: &str,
+    access: &AccessFilter,
+    keys: &[String],
+    cap: Option<u64>,
+) -> Result<Vec<(String, u64)>> {
     if keys.is_empty() {
-        return Ok(HashMap::new());
+        return Ok(Vec::new());
     }
     let mut params = Params::new();
     params.insert(
@@ -83,14 +98,22 @@ pub(crate) async fn degrees(
     let readable = readable_mentions(chunk, file, &mut params);
     // The entity is bound on its own (index lookup) before the walk: written as one pattern,
     // FalkorDB plans it from a scan of every Chunk.
-    let cypher = format!(
-        "UNWIND $keys AS k MATCH (e:Entity {{entityKey: k}}) WITH k, e \
-         {readable} RETURN k, count(DISTINCT c)"
-    );
-    Ok(degree_rows(store, namespace, &cypher, &params)
-        .await?
-        .into_iter()
-        .collect())
+    let cypher = match cap {
+        None => format!(
+            "UNWIND $keys AS k MATCH (e:Entity {{entityKey: k}}) WITH k, e \
+             {readable} RETURN k, count(DISTINCT c)"
+        ),
+        Some(cap) => {
+            params.insert("cap".into(), Value::from(cap));
+            // The subquery's LIMIT stops each entity's walk at the cap.
+            format!(
+                "UNWIND $keys AS k MATCH (e:Entity {{entityKey: k}}) WITH e \
+                 CALL {{ WITH e {readable} WITH DISTINCT c LIMIT $cap RETURN count(c) AS degree }} \
+                 RETURN e.entityKey, degree"
+            )
+        }
+    };
+    degree_rows(store, namespace, &cypher, &params).await
 }
 
 /// Capped degrees ([`seed_role_degrees`]) by access scope, then by entity key.
@@ -129,24 +152,7 @@ pub(crate) async fn seed_role_degrees(
         .filter(|(_, degree)| degree.is_none())
         .map(|(key, _)| key.clone())
         .collect();
-    let counted = if missing.is_empty() {
-        Vec::new()
-    } else {
-        let mut params = Params::new();
-        params.insert(
-            "keys".into(),
-            Value::Array(missing.iter().map(|k| Value::from(k.as_str())).collect()),
-        );
-        params.insert("cap".into(), Value::from(ROLE_DEGREE_CAP));
-        let readable = readable_mentions(chunk, file, &mut params);
-        // The subquery's LIMIT stops each entity's walk at the cap.
-        let cypher = format!(
-            "UNWIND $keys AS k MATCH (e:Entity {{entityKey: k}}) WITH e \
-             CALL {{ WITH e {readable} WITH DISTINCT c LIMIT $cap RETURN count(c) AS degree }} \
-             RETURN e.entityKey, degree"
-        );
-        degree_rows(store, namespace, &cypher, &params).await?
-    };
+    let counted = count_degrees(store, namespace, access, &missing, Some(ROLE_DEGREE_CAP)).await?;
     ROLE_DEGREES.put(&scope, &counted);
     let counted: HashMap<String, u64> = counted.into_iter().collect();
     Ok(entities
