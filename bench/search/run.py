@@ -306,6 +306,11 @@ def main() -> int:
         "--slowest", type=int, default=0, help="also print this many slowest queries per lane set (gRPC Search)"
     )
     parser.add_argument(
+        "--pause-ms", type=int, default=0,
+        help="idle this long (untimed) before each timed search: an agent asking now and then; past "
+             "60000 every search finds the per-scope statistics cache expired",
+    )
+    parser.add_argument(
         "--ingest-only", action="store_true",
         help="build and ingest the namespace (or resume an interrupted ingest), then stop",
     )
@@ -403,6 +408,8 @@ def main() -> int:
                 command += ["--json", str(args.json.resolve())]
             if args.slowest:
                 command += ["--slowest", str(args.slowest)]
+            if args.pause_ms:
+                command += ["--pause-ms", str(args.pause_ms)]
             done = subprocess.run(
                 command, cwd=REPO_ROOT, env={**os.environ, "KGMESH_TOKEN": mesh.admin_token}, check=False,
             )

@@ -4,6 +4,7 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use kg_common::config::ConfigError;
 use kg_common::telemetry::TelemetryConfig;
@@ -15,6 +16,8 @@ use crate::mesh::MeshOptions;
 pub const DEFAULT_HTTP_ADDR: &str = "127.0.0.1:8080";
 /// Default data directory.
 pub const DEFAULT_DATA_DIR: &str = ".kgmesh";
+/// Longest `[retrieval] statistics_ttl_seconds`: a day.
+const MAX_STATISTICS_TTL_SECONDS: u64 = 86_400;
 
 /// What the file and the environment may set (`KGMESH_DATA_DIR`,
 /// `KGMESH_TELEMETRY__LOG_JSON`, ...). Unknown keys are errors.
@@ -83,6 +86,11 @@ pub struct RetrievalSection {
     /// Chunks whose text is the same fuse as one hit listing the others (default `true`);
     /// a request's `ranking.collapseDuplicates` overrides it.
     pub collapse_duplicates: Option<bool>,
+    /// Seconds BM25's corpus statistics, document frequencies and graph_expand's role
+    /// degrees are trusted per access scope before a search recounts them in the background
+    /// (default 60; 1..=86400). Older counts keep serving, up to ten times as long, while
+    /// they are recounted.
+    pub statistics_ttl_seconds: Option<u64>,
 }
 
 /// `[vector]`: embedded qdrant-edge under the data dir unless a server is named.
@@ -240,6 +248,13 @@ pub fn resolve(
             "retrieval.fusion_fulltext_full_match: expected a share from 0 to 1, got {share}"
         ));
     }
+    if let Some(seconds) = config.retrieval.statistics_ttl_seconds
+        && !(1..=MAX_STATISTICS_TTL_SECONDS).contains(&seconds)
+    {
+        problems.push(format!(
+            "retrieval.statistics_ttl_seconds: expected 1..={MAX_STATISTICS_TTL_SECONDS} seconds, got {seconds}"
+        ));
+    }
     problems.extend(config.indexer.llm.problems());
     let mut telemetry = config.telemetry;
     telemetry.log_json |= flags.log_json;
@@ -274,6 +289,10 @@ pub fn resolve(
                 .fusion_fulltext_full_match
                 .unwrap_or(kg_retrieval::DEFAULT_FUSION_FULLTEXT_FULL_MATCH),
             collapse_duplicates: config.retrieval.collapse_duplicates.unwrap_or(true),
+            statistics_ttl: config
+                .retrieval
+                .statistics_ttl_seconds
+                .map_or(kg_retrieval::DEFAULT_STATISTICS_TTL, Duration::from_secs),
             approval: crate::mesh::ApprovalOptions {
                 webhook_signing_secret_env: config.approval.webhook_signing_secret_env,
                 four_eyes: config.approval.four_eyes,
@@ -365,6 +384,32 @@ mod tests {
             "{:?}",
             err.problems
         );
+    }
+
+    #[test]
+    fn statistics_ttl_is_a_minute_unless_configured_within_a_day() {
+        let (options, _) = resolve(None, UpFlags::default()).unwrap();
+        assert_eq!(options.statistics_ttl, Duration::from_secs(60));
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("k.toml");
+        std::fs::write(&file, "[retrieval]\nstatistics_ttl_seconds = 300\n").unwrap();
+        let (options, _) = resolve(Some(&file), UpFlags::default()).unwrap();
+        assert_eq!(options.statistics_ttl, Duration::from_secs(300));
+        for bad in ["0", "86401"] {
+            std::fs::write(
+                &file,
+                format!("[retrieval]\nstatistics_ttl_seconds = {bad}\n"),
+            )
+            .unwrap();
+            let err = resolve(Some(&file), UpFlags::default()).unwrap_err();
+            assert!(
+                err.problems.iter().any(|p| p.contains(&format!(
+                    "retrieval.statistics_ttl_seconds: expected 1..=86400 seconds, got {bad}"
+                ))),
+                "{:?}",
+                err.problems
+            );
+        }
     }
 
     #[test]

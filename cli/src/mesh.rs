@@ -53,6 +53,9 @@ pub struct MeshOptions {
     /// Fold chunks with the same text into one hit (`[retrieval] collapse_duplicates`,
     /// default on).
     pub collapse_duplicates: bool,
+    /// How long per-scope counts are trusted before a background recount
+    /// (`[retrieval] statistics_ttl_seconds`, default 60 s).
+    pub statistics_ttl: std::time::Duration,
     /// The approval service (`[approval]`).
     pub approval: ApprovalOptions,
     /// Embeddings, vector index and indexer concurrency (`[embedding]`, `[vector]`, `[indexer]`).
@@ -371,7 +374,8 @@ impl Mesh {
             let mut service = kg_retrieval::RetrievalService::new(graph.clone())
                 .with_fulltext_stemming(options.fulltext_stemming)
                 .with_fusion_fulltext_full_match(options.fusion_fulltext_full_match)
-                .with_collapse_duplicates(options.collapse_duplicates);
+                .with_collapse_duplicates(options.collapse_duplicates)
+                .with_statistics_ttl(options.statistics_ttl);
             if let Some(vectors) = &vectors {
                 service = service.with_vectors(vectors.index.clone(), vectors.embedder.clone())?;
             }

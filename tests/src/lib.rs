@@ -25,6 +25,7 @@ pub async fn start_mesh() -> anyhow::Result<(Mesh, tempfile::TempDir)> {
         fulltext_stemming: false,
         fusion_fulltext_full_match: kg_retrieval::DEFAULT_FUSION_FULLTEXT_FULL_MATCH,
         collapse_duplicates: true,
+        statistics_ttl: kg_retrieval::DEFAULT_STATISTICS_TTL,
         approval: Default::default(),
         indexer: Default::default(),
     })

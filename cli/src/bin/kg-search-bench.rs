@@ -134,6 +134,11 @@ struct RunArgs {
     /// where a tail comes from.
     #[arg(long, default_value_t = 0)]
     slowest: usize,
+    /// Idle this many ms (untimed) before each timed search, gRPC and MCP alike: an agent
+    /// that asks now and then, not a stream. Past a minute, every search finds the lanes'
+    /// per-scope statistics cache expired.
+    #[arg(long, default_value_t = 0)]
+    pause_ms: u64,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -782,15 +787,21 @@ async fn both(
     set: &LaneSet,
     grpc_first: bool,
     top_k: u32,
+    pause: Duration,
 ) -> anyhow::Result<(DirectSample, (Duration, usize), Duration)> {
-    direct.fresh().await?;
     let namespace = direct.namespace.clone();
     let (d, m) = if grpc_first {
+        tokio::time::sleep(pause).await;
+        direct.fresh().await?;
         let d = direct.search(query, &set.lanes, top_k).await?;
+        tokio::time::sleep(pause).await;
         let m = mcp.kg_search(query, &namespace, &set.lanes, top_k).await?;
         (d, m)
     } else {
+        tokio::time::sleep(pause).await;
         let m = mcp.kg_search(query, &namespace, &set.lanes, top_k).await?;
+        tokio::time::sleep(pause).await;
+        direct.fresh().await?;
         let d = direct.search(query, &set.lanes, top_k).await?;
         (d, m)
     };
@@ -805,6 +816,7 @@ async fn client_loop(
     sets: Arc<Vec<LaneSet>>,
     next: Arc<AtomicUsize>,
     top_k: u32,
+    pause: Duration,
 ) -> anyhow::Result<(Vec<Sample>, Vec<Failure>)> {
     let mut samples = Vec::new();
     let mut failures = Vec::new();
@@ -816,7 +828,7 @@ async fn client_loop(
         for (set_index, set) in sets.iter().enumerate() {
             let grpc_first = (index + set_index).is_multiple_of(2);
             // A failed call is counted and reported, not timed; the run goes on.
-            match both(&mut direct, &mut mcp, query, set, grpc_first, top_k).await {
+            match both(&mut direct, &mut mcp, query, set, grpc_first, top_k, pause).await {
                 Ok((d, (mcp_time, mcp_hits), mcp_floor)) => samples.push(Sample {
                     lane_set: set_index,
                     query: index,
@@ -930,6 +942,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
                 set,
                 i.is_multiple_of(2),
                 args.top_k,
+                Duration::ZERO,
             )
             .await?;
         }
@@ -965,6 +978,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             sets.clone(),
             next.clone(),
             args.top_k,
+            Duration::from_millis(args.pause_ms),
         ));
     }
     let (mut samples, mut failures) = (Vec::new(), Vec::new());

@@ -15,12 +15,14 @@
 //! before it from a sample of them), df per term from the index with the query
 //! that nominates it (the quoted word, or the bare word the index expands to its stem, as tf
 //! counts). They are cached in-process per (server, namespace, access predicate) for a
-//! minute ([`crate::scope_cache`]). A Chunk carries the access properties of its file, so
+//! minute (`[retrieval] statistics_ttl_seconds`), then recounted in the background while the
+//! old counts serve ([`crate::scope_cache`]). A Chunk carries the access properties of its file, so
 //! the statistics never traverse to the FileRef: the df of a common term walks tens of
 //! thousands of postings, and a traversal for each cost three quarters of the query at 100k
 //! chunks.
 
 use std::sync::LazyLock;
+use std::time::Duration;
 
 use kg_common::access::CypherPredicate;
 use kg_stores::chunk_text::words;
@@ -29,7 +31,7 @@ use rust_stemmers::{Algorithm, Stemmer};
 use serde_json::Value;
 
 use crate::error::{Result, RetrievalError};
-use crate::scope_cache::{ScopeCache, scope_key};
+use crate::scope_cache::{Lookup, ScopeCache, scope_key};
 
 /// Term-frequency saturation.
 pub(crate) const K1: f64 = 1.2;
@@ -305,29 +307,31 @@ static DF_CACHE: LazyLock<ScopeCache<u64>> =
     LazyLock::new(|| ScopeCache::new(MAX_SCOPES, MAX_TERMS_PER_SCOPE));
 
 /// BM25 statistics of `terms` over the chunks `node` (a Chunk access predicate compiled for
-/// variable `node`) admits, from the cache when fresh; otherwise asked from FalkorDB (only
-/// the missing parts).
+/// variable `node`) admits, from the cache when it holds them; otherwise asked from FalkorDB
+/// (only the missing parts). Statistics older than `ttl` are still used, and recounted after
+/// this search in the background ([`ScopeCache::lookup`]).
 pub(crate) async fn stats(
     store: &GraphStore,
     namespace: &str,
     node: &CypherPredicate,
     terms: &[Term],
+    ttl: Duration,
 ) -> Result<Stats> {
     let key = scope_key(store, namespace, &[node]);
     // Keyed by the full-text query df counts: a stemmed `rule` and a quoted one differ.
     let queries: Vec<String> = terms.iter().map(Term::index_query).collect();
     let cached_corpus = CORPUS_CACHE
-        .get(&key, &[CORPUS_ITEM.to_owned()])
+        .lookup(&key, &[CORPUS_ITEM.to_owned()], ttl)
         .into_iter()
         .next()
-        .flatten();
-    let cached_df = DF_CACHE.get(&key, &queries);
+        .unwrap_or(Lookup::Missing);
+    let cached_df = DF_CACHE.lookup(&key, &queries, ttl);
     let missing: Vec<usize> = (0..terms.len())
-        .filter(|&i| cached_df[i].is_none())
+        .filter(|&i| cached_df[i].value().is_none())
         .collect();
 
     let corpus_query = async {
-        match cached_corpus {
+        match cached_corpus.value() {
             Some(corpus) => Ok((corpus, false)),
             None => corpus_stats(store, namespace, node)
                 .await
@@ -344,7 +348,7 @@ pub(crate) async fn stats(
     };
     let ((corpus, corpus_fetched), fetched_df) = tokio::try_join!(corpus_query, df_query)?;
 
-    let mut df: Vec<u64> = cached_df.iter().map(|d| d.unwrap_or(0)).collect();
+    let mut df: Vec<u64> = cached_df.iter().map(|d| d.value().unwrap_or(0)).collect();
     let mut to_cache = Vec::with_capacity(missing.len());
     for (&i, &count) in missing.iter().zip(&fetched_df) {
         df[i] = count;
@@ -353,15 +357,74 @@ pub(crate) async fn stats(
     // An empty scope is not remembered: its first ingest must count at once.
     if corpus.docs > 0 {
         if corpus_fetched {
-            CORPUS_CACHE.put(&key, &[(CORPUS_ITEM.to_owned(), corpus)]);
+            CORPUS_CACHE.put(&key, &[(CORPUS_ITEM.to_owned(), corpus)], ttl);
         }
-        DF_CACHE.put(&key, &to_cache);
+        DF_CACHE.put(&key, &to_cache, ttl);
     }
+    let stale_terms: Vec<String> = queries
+        .iter()
+        .zip(&cached_df)
+        .filter(|(_, cached)| cached.needs_refresh())
+        .map(|(query, _)| query.clone())
+        .collect();
+    if cached_corpus.needs_refresh() || !stale_terms.is_empty() {
+        recount_in_background(
+            store.clone(),
+            namespace.to_owned(),
+            node.clone(),
+            key,
+            cached_corpus.needs_refresh(),
+            stale_terms,
+            ttl,
+        );
+    }
+    // Counts of different ages may disagree after an ingest; N below a df would make that
+    // term's idf meaningless.
+    let docs = df.iter().copied().fold(corpus.docs, u64::max);
     Ok(Stats {
-        docs: corpus.docs,
+        docs,
         avgdl: corpus.avgdl,
         df,
     })
+}
+
+/// Recounts a scope's stale statistics (the corpus's when `corpus`, and the df of `terms`)
+/// off the request path and caches them. A failure leaves the stale counts in place; the
+/// next search past the claim ([`ScopeCache::lookup`]) tries again.
+fn recount_in_background(
+    store: GraphStore,
+    namespace: String,
+    node: CypherPredicate,
+    key: String,
+    corpus: bool,
+    terms: Vec<String>,
+    ttl: Duration,
+) {
+    tokio::spawn(async move {
+        if corpus {
+            match corpus_stats(&store, &namespace, &node).await {
+                Ok(counted) if counted.docs > 0 => {
+                    CORPUS_CACHE.put(&key, &[(CORPUS_ITEM.to_owned(), counted)], ttl);
+                }
+                // Emptied: forgotten, so a new ingest is counted at once.
+                Ok(_) => CORPUS_CACHE.forget(&key),
+                Err(err) => {
+                    tracing::warn!(namespace = %namespace, error = %err.detail(), "BM25 corpus statistics: recount failed");
+                }
+            }
+        }
+        if !terms.is_empty() {
+            match document_frequencies(&store, &namespace, &node, &terms).await {
+                Ok(counts) => {
+                    let counted: Vec<(String, u64)> = terms.into_iter().zip(counts).collect();
+                    DF_CACHE.put(&key, &counted, ttl);
+                }
+                Err(err) => {
+                    tracing::warn!(namespace = %namespace, error = %err.detail(), "BM25 document frequencies: recount failed");
+                }
+            }
+        }
+    });
 }
 
 fn with_predicate(node: &CypherPredicate) -> Params {

@@ -19,4 +19,9 @@ pub struct RetrievalConfig {
     /// (default on).
     #[serde(default)]
     pub collapse_duplicates: Option<bool>,
+    /// Seconds the counts cached per access scope (BM25 statistics, role degrees) are
+    /// trusted before a search recounts them in the background (default 60; see
+    /// [`crate::RetrievalService::with_statistics_ttl`]).
+    #[serde(default)]
+    pub statistics_ttl_seconds: Option<u64>,
 }

@@ -20,7 +20,7 @@ use serde_json::Value;
 use crate::error::{Result, RetrievalError};
 use crate::filters::LaneFilters;
 use crate::fusion::LaneHit;
-use crate::lanes::{self, LANE_POOL};
+use crate::lanes::{self, LANE_POOL, LaneSettings};
 use crate::roles::{Role, seed_role_degrees};
 
 /// Full-text hits whose entities seed the expansion.
@@ -39,14 +39,14 @@ pub(crate) async fn graph_expand(
     query_text: &str,
     filters: &LaneFilters,
     fulltext_hits: Option<&[LaneHit]>,
-    stemming: bool,
+    settings: LaneSettings,
 ) -> Result<Vec<LaneHit>> {
     let owned;
     let fulltext_hits = match fulltext_hits {
         Some(hits) => hits,
         None => {
             owned =
-                lanes::fulltext(store, namespace, access, query_text, filters, stemming).await?;
+                lanes::fulltext(store, namespace, access, query_text, filters, settings).await?;
             owned.as_slice()
         }
     };
@@ -56,7 +56,7 @@ pub(crate) async fn graph_expand(
     }
     // The seeds' entities with their degrees in one query, beside the chunk count.
     let (entities, total) = tokio::try_join!(
-        seed_role_degrees(store, namespace, access, &seeds),
+        seed_role_degrees(store, namespace, access, &seeds, settings.statistics_ttl),
         chunk_count(store, namespace)
     )?;
     let total = total.max(1);

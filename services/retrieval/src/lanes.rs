@@ -95,6 +95,17 @@ impl Lane {
 
 pub(crate) use crate::filters::LaneFilters;
 
+/// The service's settings the FalkorDB full-text lane reads (and graph_expand, which seeds
+/// from it and caches degrees the same way).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct LaneSettings {
+    /// Query words match and count by their English stem (`[retrieval] fulltext_stemming`).
+    pub(crate) stemming: bool,
+    /// How long per-scope counts are trusted before they are recounted in the background
+    /// (`[retrieval] statistics_ttl_seconds`; [`crate::scope_cache`]).
+    pub(crate) statistics_ttl: std::time::Duration,
+}
+
 /// Full-text lane: FalkorDB's full-text index on `Chunk.text` and `Chunk.contextHeader`
 /// (title › headings) finds the candidates, with the access predicate on the chunk and its
 /// FileRef inside the query; they are ranked by Okapi BM25 ([`crate::bm25`]), best first,
@@ -115,16 +126,23 @@ pub(crate) async fn fulltext(
     access: &AccessFilter,
     query_text: &str,
     filters: &LaneFilters,
-    stemming: bool,
+    settings: LaneSettings,
 ) -> Result<Vec<LaneHit>> {
     // Terms hold only word characters: no RediSearch operator can be smuggled in.
-    let terms = bm25::query_terms(fulltext_terms(query_text), stemming);
+    let terms = bm25::query_terms(fulltext_terms(query_text), settings.stemming);
     if terms.is_empty() {
         return Ok(Vec::new());
     }
     let node_predicate = cypher_predicate(access, "node", "path", "acl_node_");
     let file_predicate = cypher_predicate(access, "f", "vfsPath", "acl_f_");
-    let stats = bm25::stats(store, namespace, &node_predicate, &terms).await?;
+    let stats = bm25::stats(
+        store,
+        namespace,
+        &node_predicate,
+        &terms,
+        settings.statistics_ttl,
+    )
+    .await?;
     let idf = stats.idf();
 
     let mut params = Params::new();

@@ -36,7 +36,7 @@ use tonic::service::Routes;
 pub use config::RetrievalConfig;
 pub use entity_search::{EVIDENCE as ENTITY_EVIDENCE_CAP, LIMIT as ENTITY_LIMIT_CAP};
 pub use error::{Result, RetrievalError};
-pub use service::{DEFAULT_FUSION_FULLTEXT_FULL_MATCH, RetrievalService};
+pub use service::{DEFAULT_FUSION_FULLTEXT_FULL_MATCH, DEFAULT_STATISTICS_TTL, RetrievalService};
 
 /// The gRPC service name, as the health service reports it.
 pub const SERVICE_NAME: &str = "kg.v1.Retrieval";

@@ -12,6 +12,7 @@
 
 use std::collections::HashMap;
 use std::sync::LazyLock;
+use std::time::Duration;
 
 use kg_common::access::{CypherPredicate, cypher_predicate};
 use kg_proto::v1::AccessFilter;
@@ -19,7 +20,7 @@ use kg_stores::graph::{GraphStore, Params};
 use serde_json::Value;
 
 use crate::error::{Result, RetrievalError};
-use crate::scope_cache::{ScopeCache, scope_key};
+use crate::scope_cache::{Lookup, ScopeCache, scope_key};
 
 /// Server-side limit on one degree query.
 const DEGREE_TIMEOUT_MS: u64 = 5_000;
@@ -129,8 +130,8 @@ const MAX_CACHED_ENTITIES: usize = 4_096;
 /// order; entities no readable chunk mentions are left out. What graph_expand needs before it
 /// expands: a hub entity (mentioned in thousands of chunks) costs a walk of its first
 /// mentions, not of all of them, and the lane drops `ignore` entities and weighs the others
-/// by their exact degree. Capped degrees are cached per access scope for a minute
-/// ([`crate::scope_cache`]): hubs recur across questions, and their walk of [`ROLE_DEGREE_CAP`]
+/// by their exact degree. Capped degrees are cached per access scope for a minute, then
+/// recounted in the background while the old ones serve ([`crate::scope_cache`]): hubs recur across questions, and their walk of [`ROLE_DEGREE_CAP`]
 /// chunks was most of the lane's time at 100k chunks; with every degree cached, the seeds'
 /// entities are the only query.
 pub(crate) async fn seed_role_degrees(
@@ -138,6 +139,7 @@ pub(crate) async fn seed_role_degrees(
     namespace: &str,
     access: &AccessFilter,
     seeds: &[String],
+    ttl: Duration,
 ) -> Result<Vec<(String, u64)>> {
     if seeds.is_empty() {
         return Ok(Vec::new());
@@ -145,24 +147,66 @@ pub(crate) async fn seed_role_degrees(
     let entities = seed_entities(store, namespace, access, seeds).await?;
     let (chunk, file) = mention_predicates(access);
     let scope = scope_key(store, namespace, &[&chunk, &file]);
-    let cached = ROLE_DEGREES.get(&scope, &entities);
-    let missing: Vec<String> = entities
-        .iter()
-        .zip(&cached)
-        .filter(|(_, degree)| degree.is_none())
-        .map(|(key, _)| key.clone())
-        .collect();
+    let cached = ROLE_DEGREES.lookup(&scope, &entities, ttl);
+    let keys_where = |wanted: fn(Lookup<u64>) -> bool| -> Vec<String> {
+        entities
+            .iter()
+            .zip(&cached)
+            .filter(|(_, degree)| wanted(**degree))
+            .map(|(key, _)| key.clone())
+            .collect()
+    };
+    let missing = keys_where(|degree| degree.value().is_none());
+    let stale = keys_where(Lookup::needs_refresh);
     let counted = count_degrees(store, namespace, access, &missing, Some(ROLE_DEGREE_CAP)).await?;
-    ROLE_DEGREES.put(&scope, &counted);
+    ROLE_DEGREES.put(&scope, &counted, ttl);
+    if !stale.is_empty() {
+        recount_in_background(
+            store.clone(),
+            namespace.to_owned(),
+            access.clone(),
+            scope,
+            stale,
+            ttl,
+        );
+    }
     let counted: HashMap<String, u64> = counted.into_iter().collect();
     Ok(entities
         .into_iter()
         .zip(cached)
         .filter_map(|(key, cached)| {
-            let degree = cached.or_else(|| counted.get(&key).copied())?;
+            let degree = cached.value().or_else(|| counted.get(&key).copied())?;
             Some((key, degree))
         })
         .collect())
+}
+
+/// Recounts the capped degrees of `entities` in `scope` off the request path and caches
+/// them; on failure the stale ones stay until a later search claims them again.
+fn recount_in_background(
+    store: GraphStore,
+    namespace: String,
+    access: AccessFilter,
+    scope: String,
+    entities: Vec<String>,
+    ttl: Duration,
+) {
+    tokio::spawn(async move {
+        match count_degrees(
+            &store,
+            &namespace,
+            &access,
+            &entities,
+            Some(ROLE_DEGREE_CAP),
+        )
+        .await
+        {
+            Ok(counted) => ROLE_DEGREES.put(&scope, &counted, ttl),
+            Err(err) => {
+                tracing::warn!(namespace = %namespace, error = %err.detail(), "role degrees: recount failed");
+            }
+        }
+    });
 }
 
 /// The distinct entities the readable `seeds` chunks mention, in entity-key order.

@@ -15,7 +15,7 @@ use kg_stores::vector::VectorIndex;
 use crate::config::RetrievalConfig;
 use crate::error::{Result, RetrievalError};
 use crate::fusion::{LaneHit, LaneHits, fuse};
-use crate::lanes::{self, Lane, LaneFilters};
+use crate::lanes::{self, Lane, LaneFilters, LaneSettings};
 use crate::sparse_lane::SparseLane;
 use crate::vector_lane::VectorLane;
 use crate::{co_annotation, entity_search, graph_expand};
@@ -50,11 +50,16 @@ pub struct RetrievalService {
     /// Whether chunks with the same text fuse as one hit unless the request says otherwise
     /// (`[retrieval] collapse_duplicates`, default on).
     collapse_duplicates: bool,
+    /// How long per-scope counts (BM25 statistics, role degrees) are trusted
+    /// (`[retrieval] statistics_ttl_seconds`).
+    statistics_ttl: Duration,
 }
 
 /// Default of `[retrieval] fusion_fulltext_full_match`: a full-text hit fused beside vector
 /// hits earns its rank's whole contribution when it holds half of the query's idf weight.
 pub const DEFAULT_FUSION_FULLTEXT_FULL_MATCH: f64 = 0.5;
+/// Default of `[retrieval] statistics_ttl_seconds`.
+pub const DEFAULT_STATISTICS_TTL: Duration = crate::scope_cache::DEFAULT_TTL;
 
 /// A validated search request.
 #[derive(Debug)]
@@ -79,6 +84,7 @@ impl RetrievalService {
             fulltext_stemming: false,
             fusion_fulltext_full_match: DEFAULT_FUSION_FULLTEXT_FULL_MATCH,
             collapse_duplicates: true,
+            statistics_ttl: DEFAULT_STATISTICS_TTL,
         }
     }
 
@@ -139,6 +145,24 @@ impl RetrievalService {
         self
     }
 
+    /// How long the counts cached per access scope (BM25's N, avgdl and document
+    /// frequencies; graph_expand's role degrees) are trusted; default a minute. Past it a
+    /// count is still used, for up to ten times as long, while the first search to find it
+    /// old recounts it in the background ([`crate::scope_cache`]), so no search waits for a
+    /// whole-scope count once the scope has been counted. A shorter time follows ingest
+    /// more closely and counts more often; zero is read as one second.
+    pub fn with_statistics_ttl(mut self, ttl: Duration) -> Self {
+        self.statistics_ttl = ttl.max(Duration::from_secs(1));
+        self
+    }
+
+    fn lane_settings(&self) -> LaneSettings {
+        LaneSettings {
+            stemming: self.fulltext_stemming,
+            statistics_ttl: self.statistics_ttl,
+        }
+    }
+
     /// Connects to the FalkorDB named in `config`.
     pub async fn connect(config: &RetrievalConfig) -> Result<Self> {
         Ok(Self::new(GraphStore::connect(&config.falkordb_url).await?)
@@ -148,7 +172,12 @@ impl RetrievalService {
                     .fusion_fulltext_full_match
                     .unwrap_or(DEFAULT_FUSION_FULLTEXT_FULL_MATCH),
             )
-            .with_collapse_duplicates(config.collapse_duplicates.unwrap_or(true)))
+            .with_collapse_duplicates(config.collapse_duplicates.unwrap_or(true))
+            .with_statistics_ttl(
+                config
+                    .statistics_ttl_seconds
+                    .map_or(DEFAULT_STATISTICS_TTL, Duration::from_secs),
+            ))
     }
 
     /// Runs the requested lanes (default fulltext, vector, graph_expand) and fuses them with
@@ -229,7 +258,7 @@ impl RetrievalService {
                                 access,
                                 query,
                                 &plan.filters,
-                                self.fulltext_stemming,
+                                self.lane_settings(),
                             )
                             .await
                         }
@@ -246,7 +275,7 @@ impl RetrievalService {
                             query,
                             &plan.filters,
                             fulltext,
-                            self.fulltext_stemming,
+                            self.lane_settings(),
                         )
                         .await
                     }

@@ -4,6 +4,7 @@
 //! and the lane's limit and truncation.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use kg_indexer::document::DocumentMeta;
 use kg_proto::v1::SearchResponse;
@@ -393,6 +394,85 @@ async fn cached_statistics_are_not_asked_again() {
     fulltext(&env, "cache", "alpha beta", &restricted("cache")).await;
     assert_eq!(graph_calls(&env.store).await - before, hit + 2);
     assert_eq!(scores["alpha beta"].len(), 5);
+}
+
+#[tokio::test]
+async fn old_statistics_serve_while_a_background_recount_replaces_them() {
+    let env = start().await;
+    let service = env
+        .service
+        .clone()
+        .with_statistics_ttl(Duration::from_secs(1));
+    let lane = |ns: &'static str| {
+        let service = service.clone();
+        let reader = caller(ns, |_| {});
+        async move {
+            let response = service
+                .search_for(&reader, search(ns, "alpha beta", &["fulltext"]))
+                .await
+                .unwrap();
+            ranked(&response).into_iter().collect::<HashMap<_, _>>()
+        }
+    };
+    // Four more chunks holding `alpha` move N, avgdl and alpha's df.
+    async fn write_extra(store: &GraphStore, ns: &str) {
+        for i in 0..4 {
+            // Distinct texts: copies would fold into one hit.
+            let (id, path) = (format!("x{i}"), format!("x{i}.md"));
+            let text = format!("alpha gamma extra{i}");
+            write(
+                store,
+                ns,
+                &id,
+                &path,
+                &[text.as_str()],
+                DocumentMeta::default(),
+            )
+            .await;
+        }
+    }
+    write_corpus(&env.store, "swr", "").await;
+    let counted = lane("swr").await;
+    assert_eq!(counted.len(), 5, "{counted:?}");
+    write_extra(&env.store, "swr").await;
+    // The reference: the same chunks in a namespace counted afresh.
+    write_corpus(&env.store, "swr_ref", "").await;
+    write_extra(&env.store, "swr_ref").await;
+    let fresh = lane("swr_ref").await;
+    assert_eq!(fresh.len(), 9);
+    assert!((fresh["sat#0"] - counted["sat#0"]).abs() > 1e-6);
+
+    // Past the TTL the first search still scores with the counts it finds, and recounts them
+    // after it answers; its old chunks score as before the ingest, its new ones are found.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let stale = lane("swr").await;
+    assert_eq!(stale.len(), 9, "{stale:?}");
+    for (key, score) in &counted {
+        assert!(
+            (stale[key] - score).abs() < 1e-9,
+            "{key}: {} != {score}",
+            stale[key]
+        );
+    }
+    // The recount lands without another search waiting for it.
+    let mut last = stale;
+    for _ in 0..100 {
+        if last
+            .iter()
+            .all(|(key, score)| (fresh[key] - score).abs() < 1e-9)
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        last = lane("swr").await;
+    }
+    for (key, score) in &last {
+        assert!(
+            (fresh[key] - score).abs() < 1e-9,
+            "{key}: {score} != {}",
+            fresh[key]
+        );
+    }
 }
 
 #[tokio::test]

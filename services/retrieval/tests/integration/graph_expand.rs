@@ -6,6 +6,8 @@ use crate::common;
 use common::*;
 use kg_indexer::document::DocumentMeta;
 use kg_proto::v1::SearchFilters;
+use kg_stores::graph::GraphStore;
+use std::time::Duration;
 
 const NS: &str = "expand";
 
@@ -268,37 +270,15 @@ async fn graph_expand_caches_capped_degrees_per_access_scope() {
     const NS: &str = "expand-cache";
     let env = start().await;
     let s = &env.store;
-    entity_index(s, NS).await;
-    write(
-        s,
-        NS,
-        "seed",
-        "docs/seed.md",
-        &["Rotate the gateway certificates."],
-        DocumentMeta::default(),
-    )
-    .await;
-    let notes: Vec<String> = (0..30).map(|i| format!("Gateway note {i}.")).collect();
-    let refs: Vec<&str> = notes.iter().map(String::as_str).collect();
-    write(s, NS, "gw", "docs/gw.md", &refs, DocumentMeta::default()).await;
-    let gateway = entity(s, NS, "component", "Gateway", &[]).await;
-    mention(s, NS, "seed#0", &gateway).await;
-    for i in 0..30 {
-        mention(s, NS, &format!("gw#{i}"), &gateway).await;
-    }
-    let query = "rotate gateway certificates";
+    let gateway = gateway_mentioned_in_31_chunks(s, NS).await;
+    let query = GATEWAY_QUERY;
 
     // 31 readable chunks: a filter entity, expanded to its per-entity cap.
     let full = caller(NS, |_| {});
     assert_eq!(expanded(&env, &full, NS, query).await, 25);
 
     // 300 more mentions make it an ignore entity (331 chunks).
-    let more: Vec<String> = (0..300).map(|i| format!("Gateway log {i}.")).collect();
-    let refs: Vec<&str> = more.iter().map(String::as_str).collect();
-    write(s, NS, "log", "docs/log.md", &refs, DocumentMeta::default()).await;
-    for i in 0..300 {
-        mention(s, NS, &format!("log#{i}"), &gateway).await;
-    }
+    mention_in_300_more_chunks(s, NS, &gateway).await;
 
     // The same reader within the minute: the cached degree (31), still expanded.
     assert_eq!(expanded(&env, &full, NS, query).await, 25);
@@ -321,10 +301,82 @@ async fn graph_expand_caches_capped_degrees_per_access_scope() {
     assert_eq!((hit.degree, hit.role.as_str()), (331, "ignore"));
 }
 
+#[tokio::test]
+async fn old_degrees_serve_while_a_background_recount_replaces_them() {
+    const NS: &str = "expand-recount";
+    let env = start().await;
+    let s = &env.store;
+    let gateway = gateway_mentioned_in_31_chunks(s, NS).await;
+    let service = env
+        .service
+        .clone()
+        .with_statistics_ttl(Duration::from_secs(1));
+    let full = caller(NS, |_| {});
+    assert_eq!(expanded_by(&service, &full, NS, GATEWAY_QUERY).await, 25);
+    mention_in_300_more_chunks(&env.store, NS, &gateway).await;
+    // Past the TTL the first search still expands by the degree it finds (a filter entity),
+    // and recounts it after answering; the recount makes the entity `ignore`.
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    assert_eq!(expanded_by(&service, &full, NS, GATEWAY_QUERY).await, 25);
+    let mut hits = 25;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        hits = expanded_by(&service, &full, NS, GATEWAY_QUERY).await;
+        if hits == 0 {
+            break;
+        }
+    }
+    assert_eq!(hits, 0, "the recounted degree never replaced the old one");
+}
+
+const GATEWAY_QUERY: &str = "rotate gateway certificates";
+
+/// A seed chunk naming `Gateway` and 30 more chunks mentioning it (a filter entity); its key.
+async fn gateway_mentioned_in_31_chunks(s: &GraphStore, ns: &str) -> String {
+    entity_index(s, ns).await;
+    write(
+        s,
+        ns,
+        "seed",
+        "docs/seed.md",
+        &["Rotate the gateway certificates."],
+        DocumentMeta::default(),
+    )
+    .await;
+    let notes: Vec<String> = (0..30).map(|i| format!("Gateway note {i}.")).collect();
+    let refs: Vec<&str> = notes.iter().map(String::as_str).collect();
+    write(s, ns, "gw", "docs/gw.md", &refs, DocumentMeta::default()).await;
+    let gateway = entity(s, ns, "component", "Gateway", &[]).await;
+    mention(s, ns, "seed#0", &gateway).await;
+    for i in 0..30 {
+        mention(s, ns, &format!("gw#{i}"), &gateway).await;
+    }
+    gateway
+}
+
+/// 300 more chunks mentioning `gateway`: an ignore entity (331 chunks).
+async fn mention_in_300_more_chunks(s: &GraphStore, ns: &str, gateway: &str) {
+    let more: Vec<String> = (0..300).map(|i| format!("Gateway log {i}.")).collect();
+    let refs: Vec<&str> = more.iter().map(String::as_str).collect();
+    write(s, ns, "log", "docs/log.md", &refs, DocumentMeta::default()).await;
+    for i in 0..300 {
+        mention(s, ns, &format!("log#{i}"), gateway).await;
+    }
+}
+
 /// How many hits graph_expand alone returns for `who`.
 async fn expanded(env: &Env, who: &kg_proto::v1::CallerContext, ns: &str, query: &str) -> usize {
-    let response = env
-        .service
+    expanded_by(&env.service, who, ns, query).await
+}
+
+/// How many hits graph_expand alone returns for `who` from `service`.
+async fn expanded_by(
+    service: &kg_retrieval::RetrievalService,
+    who: &kg_proto::v1::CallerContext,
+    ns: &str,
+    query: &str,
+) -> usize {
+    let response = service
         .search_for(who, search(ns, query, &["graph_expand"]))
         .await
         .unwrap();
