@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""Offline replay of score-based fusion rules against kg_search's rank fusion, over the three sets.
+
+kg_search fuses ranks (RRF, with full-text hits graded by the share of the query's idf weight
+they hold; `fusion_replay.py`). Two rules that use the lanes' own scores were asked whether they
+give docs-qa a margin over its vector lane without costing the other sets:
+
+- a convex combination of the lanes' normalised scores (BM25 divided by the query's best; cosine
+  min-max scaled from the list's lowest, from 0, or from 0.2), with and without the grading,
+  for full-text weights 0.1-0.6;
+- rank fusion plus a boost from the same file: a chunk adds `beta` times its file's best other
+  chunk's fused score (`max`), or their sum (`sum`), since the harness ranks files by their best
+  chunk.
+
+The lanes' scores come from `--dump-lanes` (each lane-alone run's hits carry their lane's score);
+their ranked chunks from `--dump-runs`. Run after `make bench-quality-pooled`:
+
+    .venv/bin/python bench/quality/score_fusion_replay.py target/bench-quality
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import fusion_replay  # noqa: E402
+import run as quality  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+SETS = [
+    ("docs-qa", ROOT.parent / "shared" / "bench" / "docs-qa"),
+    ("npm-docs-qa", ROOT / "bench" / "quality" / "npm-docs-qa"),
+    ("npm-libs-qa", ROOT / "bench" / "quality" / "npm-libs-qa"),
+]
+FULL_MATCH = 0.5
+FULLTEXT_WEIGHTS = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6]
+BOOSTS = [0.1, 0.2, 0.3, 0.5, 1.0]
+
+# One lane's hits for one question: (corpus-id, text, the lane's own score).
+Scored = list[tuple[str, str, float]]
+Run = dict[str, list[list[str]]]
+
+
+class JudgedSet:
+    def __init__(self, runs_file: Path, lanes_file: Path, dataset_dir: Path) -> None:
+        runs = json.loads(runs_file.read_text(encoding="utf-8"))
+        lanes = json.loads(lanes_file.read_text(encoding="utf-8"))
+        self.dataset = quality.load_dataset(dataset_dir.resolve(), Path(tempfile.mkdtemp()))
+        self.ids = [q["_id"] for q in self.dataset.queries]
+
+        def run_named(prefix: str) -> str:
+            return next(name for name in runs if name.startswith(prefix))
+
+        def scored(prefix: str, lane: str) -> dict[str, Scored]:
+            name = run_named(prefix)
+            return {
+                q: [
+                    (cid, text, next(entry["score"] for entry in ranks if entry["lane"] == lane))
+                    for (cid, text), ranks in zip(hits, lanes[name][q])
+                ]
+                for q, hits in runs[name].items()
+            }
+
+        self.fulltext = scored("kgmesh fulltext", "fulltext")
+        self.vector = scored("kgmesh vector", "vector")
+        self.real_fused: Run = runs[run_named("kgmesh fused")]
+        self.vector_run: Run = runs[run_named("kgmesh vector")]
+        self.share = idf_share(self.dataset)
+
+    def ndcg(self, run: Run) -> float:
+        return sum(
+            quality.ndcg(
+                quality.file_ranking(quality.Ranked([tuple(c) for c in run[q]])),
+                self.dataset.qrels[q],
+                quality.NDCG_K,
+            )
+            for q in self.ids
+        ) / len(self.ids)
+
+    def graded(self, q: str, text: str) -> float:
+        return fusion_replay.match_weight(self.share(q, text), FULL_MATCH)
+
+
+def idf_share(dataset: quality.Dataset) -> Callable[[str, str], float]:
+    """The share of a question's idf weight a text holds, as `fusion_replay.py` computes it."""
+    baseline = quality.baseline_module(dataset)
+    if baseline is None:
+        sys.exit("no bm25_baseline.py to chunk the dataset with")
+    chunks = [
+        set(baseline.tokenize(piece))
+        for text in baseline.load_corpus().values()
+        for piece in baseline.chunk(text)
+    ]
+    df = Counter(term for chunk in chunks for term in chunk)
+    n = len(chunks)
+    stops = fusion_replay.stop_words()
+    terms = {q["_id"]: set(fusion_replay.tokens(q["text"])) - stops for q in dataset.queries}
+
+    def idf(term: str) -> float:
+        return math.log(1 + (n - df[term] + 0.5) / (df[term] + 0.5))
+
+    def share(q: str, text: str) -> float:
+        total = sum(idf(t) for t in terms[q])
+        held = sum(idf(t) for t in terms[q] & set(fusion_replay.tokens(text)))
+        return held / total if total else 0.0
+
+    return share
+
+
+def convex(js: JudgedSet, weight: float, cosine_floor: float | None, grade: bool) -> Run:
+    out: Run = {}
+    for q in js.ids:
+        combined: dict[tuple[str, str], float] = {}
+        fulltext = js.fulltext.get(q, [])
+        if fulltext:
+            best = max(score for _, _, score in fulltext) or 1.0
+            for cid, text, score in fulltext:
+                earned = js.graded(q, text) if grade else 1.0
+                combined[(cid, text)] = combined.get((cid, text), 0.0) + weight * earned * score / best
+        vector = js.vector.get(q, [])
+        if vector:
+            best = max(score for _, _, score in vector)
+            low = min(score for _, _, score in vector) if cosine_floor is None else cosine_floor
+            for cid, text, score in vector:
+                scaled = (score - low) / ((best - low) or 1.0)
+                combined[(cid, text)] = combined.get((cid, text), 0.0) + (1 - weight) * scaled
+        out[q] = [list(key) for key in sorted(combined, key=lambda key: -combined[key])[: quality.TOP_K]]
+    return out
+
+
+def file_boost(js: JudgedSet, beta: float, mode: str) -> Run:
+    out: Run = {}
+    for q in js.ids:
+        fused: dict[tuple[str, str], float] = {}
+        first: dict[tuple[str, str], int] = {}
+        lists = [
+            [(cid, text, js.graded(q, text)) for cid, text, _ in js.fulltext.get(q, [])],
+            [(cid, text, 1.0) for cid, text, _ in js.vector.get(q, [])],
+        ]
+        for ranked in lists:
+            seen: set[tuple[str, str]] = set()
+            for cid, text, earned in ranked:
+                key = (cid, text)
+                if key in seen:
+                    continue
+                seen.add(key)
+                fused[key] = fused.get(key, 0.0) + earned / (fusion_replay.RRF_K + len(seen))
+                first.setdefault(key, len(seen))
+        by_file: dict[str, list[float]] = {}
+        for (cid, _), score in fused.items():
+            by_file.setdefault(cid, []).append(score)
+
+        def boosted(key: tuple[str, str]) -> float:
+            others = sorted(by_file[key[0]], reverse=True)
+            others.remove(fused[key])
+            extra = sum(others) if mode == "sum" else (others[0] if others else 0.0)
+            return fused[key] + beta * extra
+
+        order = sorted(fused, key=lambda key: (-boosted(key), first[key]))
+        out[q] = [list(key) for key in order[: quality.TOP_K]]
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("runs", type=Path, help="the folder `make bench-quality-pooled` wrote")
+    args = parser.parse_args()
+    sets = {
+        name: JudgedSet(args.runs / f"{name}.json", args.runs / f"{name}.lanes.json", folder)
+        for name, folder in SETS
+    }
+    total = sum(len(js.ids) for js in sets.values())
+
+    def row(label: str, make: Callable[[JudgedSet], Run]) -> None:
+        scores = {name: js.ndcg(make(js)) for name, js in sets.items()}
+        pooled = sum(scores[name] * len(js.ids) for name, js in sets.items()) / total
+        cells = "  ".join(f"{scores[name]:.3f}" for name in scores)
+        print(f"  {label:<40} {cells}  {pooled:.3f}")
+
+    print(f"nDCG@{quality.NDCG_K}; columns: " + ", ".join(sets) + ", pooled")
+    row("real runs: vector lane", lambda js: js.vector_run)
+    row("real runs: kg_search fused", lambda js: js.real_fused)
+    row("replay: rank fusion, graded", lambda js: file_boost(js, 0.0, "max"))
+    for floor in (None, 0.0, 0.2):
+        for grade in (False, True):
+            for weight in FULLTEXT_WEIGHTS:
+                label = (
+                    f"convex w {weight:.1f}, cosine from {'min' if floor is None else floor}"
+                    f"{', graded' if grade else ''}"
+                )
+                row(label, lambda js, w=weight, f=floor, g=grade: convex(js, w, f, g))
+    for mode in ("max", "sum"):
+        for beta in BOOSTS:
+            row(f"rank fusion + file boost {mode} {beta}", lambda js, b=beta, m=mode: file_boost(js, b, m))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
