@@ -10,7 +10,11 @@ give docs-qa a margin over its vector lane without costing the other sets:
   for full-text weights 0.1-0.6;
 - rank fusion plus a boost from the same file: a chunk adds `beta` times its file's best other
   chunk's fused score (`max`), or their sum (`sum`), since the harness ranks files by their best
-  chunk.
+  chunk;
+- rank fusion where a graded full-text hit (under the full share) also earns `gamma` unless the
+  vector lane's top 8 or 16 holds its file (lane agreement);
+- rank fusion where the whole full-text lane earns `gamma` when none of its top 3 hits holds at
+  least a share `t` of the question's idf weight (a question the index has no words for).
 
 The lanes' scores come from `--dump-lanes` (each lane-alone run's hits carry their lane's score);
 their ranked chunks from `--dump-runs`. Run after `make bench-quality-pooled`:
@@ -136,24 +140,37 @@ def convex(js: JudgedSet, weight: float, cosine_floor: float | None, grade: bool
     return out
 
 
+def rank_scores(
+    js: JudgedSet, q: str, fulltext: list[tuple[str, str, float]]
+) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], int]]:
+    """RRF of weighted full-text hits with the vector lane's, as the service fuses (k 60): each
+    chunk's fused score and its best rank (the tie-break)."""
+    fused: dict[tuple[str, str], float] = {}
+    first: dict[tuple[str, str], int] = {}
+    lists = [fulltext, [(cid, text, 1.0) for cid, text, _ in js.vector.get(q, [])]]
+    for ranked in lists:
+        seen: set[tuple[str, str]] = set()
+        for cid, text, earned in ranked:
+            key = (cid, text)
+            if key in seen:
+                continue
+            seen.add(key)
+            fused[key] = fused.get(key, 0.0) + earned / (fusion_replay.RRF_K + len(seen))
+            first.setdefault(key, len(seen))
+    return fused, first
+
+
+def rank_fusion(js: JudgedSet, q: str, fulltext: list[tuple[str, str, float]]) -> list[list[str]]:
+    fused, first = rank_scores(js, q, fulltext)
+    order = sorted(fused, key=lambda key: (-fused[key], first[key]))
+    return [list(key) for key in order[: quality.TOP_K]]
+
+
 def file_boost(js: JudgedSet, beta: float, mode: str) -> Run:
     out: Run = {}
     for q in js.ids:
-        fused: dict[tuple[str, str], float] = {}
-        first: dict[tuple[str, str], int] = {}
-        lists = [
-            [(cid, text, js.graded(q, text)) for cid, text, _ in js.fulltext.get(q, [])],
-            [(cid, text, 1.0) for cid, text, _ in js.vector.get(q, [])],
-        ]
-        for ranked in lists:
-            seen: set[tuple[str, str]] = set()
-            for cid, text, earned in ranked:
-                key = (cid, text)
-                if key in seen:
-                    continue
-                seen.add(key)
-                fused[key] = fused.get(key, 0.0) + earned / (fusion_replay.RRF_K + len(seen))
-                first.setdefault(key, len(seen))
+        graded = [(cid, text, js.graded(q, text)) for cid, text, _ in js.fulltext.get(q, [])]
+        fused, first = rank_scores(js, q, graded)
         by_file: dict[str, list[float]] = {}
         for (cid, _), score in fused.items():
             by_file.setdefault(cid, []).append(score)
@@ -166,6 +183,30 @@ def file_boost(js: JudgedSet, beta: float, mode: str) -> Run:
 
         order = sorted(fused, key=lambda key: (-boosted(key), first[key]))
         out[q] = [list(key) for key in order[: quality.TOP_K]]
+    return out
+
+
+def agreement(js: JudgedSet, gamma: float, depth: int) -> Run:
+    out: Run = {}
+    for q in js.ids:
+        vector_files = {cid for cid, _, _ in js.vector.get(q, [])[:depth]}
+        weighted = []
+        for cid, text, _ in js.fulltext.get(q, []):
+            earned = js.graded(q, text)
+            if earned < 1.0 and cid not in vector_files:
+                earned *= gamma
+            weighted.append((cid, text, earned))
+        out[q] = rank_fusion(js, q, weighted)
+    return out
+
+
+def lane_gate(js: JudgedSet, gamma: float, share: float) -> Run:
+    out: Run = {}
+    for q in js.ids:
+        fulltext = js.fulltext.get(q, [])
+        best = max((js.share(q, text) for _, text, _ in fulltext[:3]), default=0.0)
+        lane = 1.0 if best >= share else gamma
+        out[q] = rank_fusion(js, q, [(cid, text, lane * js.graded(q, text)) for cid, text, _ in fulltext])
     return out
 
 
@@ -188,7 +229,7 @@ def main() -> int:
     print(f"nDCG@{quality.NDCG_K}; columns: " + ", ".join(sets) + ", pooled")
     row("real runs: vector lane", lambda js: js.vector_run)
     row("real runs: kg_search fused", lambda js: js.real_fused)
-    row("replay: rank fusion, graded", lambda js: file_boost(js, 0.0, "max"))
+    row("replay: rank fusion, graded", lambda js: agreement(js, 1.0, 0))
     for floor in (None, 0.0, 0.2):
         for grade in (False, True):
             for weight in FULLTEXT_WEIGHTS:
@@ -200,6 +241,12 @@ def main() -> int:
     for mode in ("max", "sum"):
         for beta in BOOSTS:
             row(f"rank fusion + file boost {mode} {beta}", lambda js, b=beta, m=mode: file_boost(js, b, m))
+    for depth in (8, 16):
+        for gamma in (0.0, 0.5):
+            row(f"agreement: vector top {depth}, gamma {gamma}", lambda js, d=depth, g=gamma: agreement(js, g, d))
+    for share in (0.3, 0.4, 0.5, 0.6):
+        for gamma in (0.0, 0.5):
+            row(f"lane gate: share {share}, gamma {gamma}", lambda js, t=share, g=gamma: lane_gate(js, g, t))
     return 0
 
 
