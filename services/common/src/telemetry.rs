@@ -58,6 +58,14 @@ pub fn validate_filter(filter: &str) -> Result<(), TelemetryError> {
         .map_err(|e| TelemetryError::Filter(e.to_string()))
 }
 
+/// The log filter when neither the config nor `RUST_LOG` sets one. rmcp logs every session
+/// and initialize at info, which is request noise. qdrant-edge warns on every shard it opens
+/// that its feature flags are not initialized, and once per process that its multi-mmap
+/// check did not run: only the Qdrant server's startup sets either, the crate exports no
+/// setter, and the defaults it falls back to (default flags, multi-mmap on) are ours.
+pub const DEFAULT_LOG_FILTER: &str =
+    "info,rmcp=warn,qdrant_edge::common::flags=error,qdrant_edge::common::mmap::ops=error";
+
 /// Installs the global subscriber for `service_name`. Call once per process.
 pub fn init(
     service_name: &str,
@@ -67,8 +75,7 @@ pub fn init(
         .log_filter
         .clone()
         .or_else(|| std::env::var("RUST_LOG").ok())
-        // rmcp logs every session and initialize at info; that is request noise.
-        .unwrap_or_else(|| "info,rmcp=warn".to_owned());
+        .unwrap_or_else(|| DEFAULT_LOG_FILTER.to_owned());
     let filter =
         EnvFilter::try_new(&directive).map_err(|e| TelemetryError::Filter(e.to_string()))?;
 
@@ -122,4 +129,51 @@ pub fn init(
     // A second init in one process (tests) keeps the first subscriber.
     drop(result);
     Ok(TelemetryGuard { provider })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use std::io::Write;
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    #[derive(Clone, Default)]
+    struct Captured(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn the_default_filter_keeps_warnings_but_not_known_noise() {
+        validate_filter(DEFAULT_LOG_FILTER).unwrap();
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter(EnvFilter::new(DEFAULT_LOG_FILTER))
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            tracing::warn!(target: "qdrant_edge::common::flags", "Feature flags not initialized!");
+            tracing::warn!(target: "qdrant_edge::common::mmap::ops", "MULTI_MMAP_SUPPORT_CHECK_RESULT should be initialized");
+            tracing::info!(target: "rmcp::service", "session opened");
+            tracing::warn!(target: "kg_retrieval::bm25", "recount failed");
+            tracing::info!(target: "kg_indexer::worker", "indexed");
+        });
+        let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        assert!(!text.contains("Feature flags"), "{text}");
+        assert!(!text.contains("MULTI_MMAP"), "{text}");
+        assert!(!text.contains("session opened"), "{text}");
+        assert!(text.contains("recount failed"), "{text}");
+        assert!(text.contains("indexed"), "{text}");
+    }
 }
