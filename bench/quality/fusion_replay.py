@@ -34,6 +34,7 @@ import re
 import sys
 import tempfile
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -56,8 +57,11 @@ def tokens(text: str) -> list[str]:
     return re.findall(r"[\w]+", text.lower())
 
 
-def rrf(lists: list[list[tuple[str, str, float]]]) -> list[list[str]]:
-    """RRF over lists of (corpus-id, text, weight): a hit at rank r earns weight / (k + r)."""
+def rrf_scores(
+    lists: list[list[tuple[str, str, float]]],
+) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], int]]:
+    """RRF over lists of (corpus-id, text, weight): a hit at rank r earns weight / (k + r).
+    Each chunk's fused score, and its rank in the first list holding it (the tie-break)."""
     fused: dict[tuple[str, str], float] = {}
     first: dict[tuple[str, str], int] = {}
     for ranked in lists:
@@ -71,8 +75,38 @@ def rrf(lists: list[list[tuple[str, str, float]]]) -> list[list[str]]:
             rank += 1
             fused[key] = fused.get(key, 0.0) + weight / (RRF_K + rank)
             first.setdefault(key, rank)
+    return fused, first
+
+
+def rrf(lists: list[list[tuple[str, str, float]]]) -> list[list[str]]:
+    """The top chunks of [`rrf_scores`], best first."""
+    fused, first = rrf_scores(lists)
     order = sorted(fused, key=lambda key: (-fused[key], first[key]))
     return [list(key) for key in order[: quality.TOP_K]]
+
+
+def idf_share(dataset: quality.Dataset) -> Callable[[str, str], float]:
+    """`share(query_id, text)`: the share of the question's idf weight (its terms less the lane's
+    stop words, idf over the dataset's own chunking) that the text's terms hold."""
+    baseline = quality.baseline_module(dataset)
+    if baseline is None:
+        sys.exit("no bm25_baseline.py to chunk the dataset with")
+    chunks = [set(baseline.tokenize(piece)) for text in baseline.load_corpus().values() for piece in baseline.chunk(text)]
+    df = Counter(term for chunk in chunks for term in chunk)
+    n = len(chunks)
+    stops = stop_words()
+
+    def idf(term: str) -> float:
+        return math.log(1 + (n - df[term] + 0.5) / (df[term] + 0.5))
+
+    query_terms = {q["_id"]: set(tokens(q["text"])) - stops for q in dataset.queries}
+
+    def share(query_id: str, text: str) -> float:
+        terms = query_terms[query_id]
+        total = sum(idf(t) for t in terms)
+        return sum(idf(t) for t in terms & set(tokens(text))) / total if total else 0.0
+
+    return share
 
 
 def match_weight(share: float, full: float) -> float:
@@ -92,23 +126,7 @@ def main() -> int:
     vector = next(name for name in dump if name.startswith("kgmesh vector"))
     dataset = quality.load_dataset(args.dataset.resolve(), Path(tempfile.mkdtemp()))
 
-    baseline = quality.baseline_module(dataset)
-    if baseline is None:
-        sys.exit("no bm25_baseline.py to chunk the dataset with")
-    chunks = [set(baseline.tokenize(piece)) for text in baseline.load_corpus().values() for piece in baseline.chunk(text)]
-    df = Counter(term for chunk in chunks for term in chunk)
-    n = len(chunks)
-    stops = stop_words()
-
-    def idf(term: str) -> float:
-        return math.log(1 + (n - df[term] + 0.5) / (df[term] + 0.5))
-
-    query_terms = {q["_id"]: set(tokens(q["text"])) - stops for q in dataset.queries}
-
-    def share(query_id: str, text: str) -> float:
-        terms = query_terms[query_id]
-        total = sum(idf(t) for t in terms)
-        return sum(idf(t) for t in terms & set(tokens(text))) / total if total else 0.0
+    share = idf_share(dataset)
 
     ids = [q["_id"] for q in dataset.queries]
 

@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 import tempfile
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -77,7 +75,7 @@ class JudgedSet:
         self.vector = scored("kgmesh vector", "vector")
         self.real_fused: Run = runs[run_named("kgmesh fused")]
         self.vector_run: Run = runs[run_named("kgmesh vector")]
-        self.share = idf_share(self.dataset)
+        self.share = fusion_replay.idf_share(self.dataset)
 
     def ndcg(self, run: Run) -> float:
         return sum(
@@ -91,32 +89,6 @@ class JudgedSet:
 
     def graded(self, q: str, text: str) -> float:
         return fusion_replay.match_weight(self.share(q, text), FULL_MATCH)
-
-
-def idf_share(dataset: quality.Dataset) -> Callable[[str, str], float]:
-    """The share of a question's idf weight a text holds, as `fusion_replay.py` computes it."""
-    baseline = quality.baseline_module(dataset)
-    if baseline is None:
-        sys.exit("no bm25_baseline.py to chunk the dataset with")
-    chunks = [
-        set(baseline.tokenize(piece))
-        for text in baseline.load_corpus().values()
-        for piece in baseline.chunk(text)
-    ]
-    df = Counter(term for chunk in chunks for term in chunk)
-    n = len(chunks)
-    stops = fusion_replay.stop_words()
-    terms = {q["_id"]: set(fusion_replay.tokens(q["text"])) - stops for q in dataset.queries}
-
-    def idf(term: str) -> float:
-        return math.log(1 + (n - df[term] + 0.5) / (df[term] + 0.5))
-
-    def share(q: str, text: str) -> float:
-        total = sum(idf(t) for t in terms[q])
-        held = sum(idf(t) for t in terms[q] & set(fusion_replay.tokens(text)))
-        return held / total if total else 0.0
-
-    return share
 
 
 def convex(js: JudgedSet, weight: float, cosine_floor: float | None, grade: bool) -> Run:
@@ -140,37 +112,16 @@ def convex(js: JudgedSet, weight: float, cosine_floor: float | None, grade: bool
     return out
 
 
-def rank_scores(
-    js: JudgedSet, q: str, fulltext: list[tuple[str, str, float]]
-) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], int]]:
-    """RRF of weighted full-text hits with the vector lane's, as the service fuses (k 60): each
-    chunk's fused score and its best rank (the tie-break)."""
-    fused: dict[tuple[str, str], float] = {}
-    first: dict[tuple[str, str], int] = {}
-    lists = [fulltext, [(cid, text, 1.0) for cid, text, _ in js.vector.get(q, [])]]
-    for ranked in lists:
-        seen: set[tuple[str, str]] = set()
-        for cid, text, earned in ranked:
-            key = (cid, text)
-            if key in seen:
-                continue
-            seen.add(key)
-            fused[key] = fused.get(key, 0.0) + earned / (fusion_replay.RRF_K + len(seen))
-            first.setdefault(key, len(seen))
-    return fused, first
-
-
-def rank_fusion(js: JudgedSet, q: str, fulltext: list[tuple[str, str, float]]) -> list[list[str]]:
-    fused, first = rank_scores(js, q, fulltext)
-    order = sorted(fused, key=lambda key: (-fused[key], first[key]))
-    return [list(key) for key in order[: quality.TOP_K]]
+def lane_lists(js: JudgedSet, q: str, fulltext: Scored) -> list[Scored]:
+    """Weighted full-text hits beside the vector lane's (weight 1), for RRF as the service fuses."""
+    return [fulltext, [(cid, text, 1.0) for cid, text, _ in js.vector.get(q, [])]]
 
 
 def file_boost(js: JudgedSet, beta: float, mode: str) -> Run:
     out: Run = {}
     for q in js.ids:
         graded = [(cid, text, js.graded(q, text)) for cid, text, _ in js.fulltext.get(q, [])]
-        fused, first = rank_scores(js, q, graded)
+        fused, first = fusion_replay.rrf_scores(lane_lists(js, q, graded))
         by_file: dict[str, list[float]] = {}
         for (cid, _), score in fused.items():
             by_file.setdefault(cid, []).append(score)
@@ -196,7 +147,7 @@ def agreement(js: JudgedSet, gamma: float, depth: int) -> Run:
             if earned < 1.0 and cid not in vector_files:
                 earned *= gamma
             weighted.append((cid, text, earned))
-        out[q] = rank_fusion(js, q, weighted)
+        out[q] = fusion_replay.rrf(lane_lists(js, q, weighted))
     return out
 
 
@@ -206,7 +157,8 @@ def lane_gate(js: JudgedSet, gamma: float, share: float) -> Run:
         fulltext = js.fulltext.get(q, [])
         best = max((js.share(q, text) for _, text, _ in fulltext[:3]), default=0.0)
         lane = 1.0 if best >= share else gamma
-        out[q] = rank_fusion(js, q, [(cid, text, lane * js.graded(q, text)) for cid, text, _ in fulltext])
+        graded = [(cid, text, lane * js.graded(q, text)) for cid, text, _ in fulltext]
+        out[q] = fusion_replay.rrf(lane_lists(js, q, graded))
     return out
 
 
