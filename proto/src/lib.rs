@@ -1,8 +1,16 @@
 //! The gRPC contracts of kgmesh: every service's messages and client/server
-//! stubs, generated from `proto/kg/v1/*.proto` at build time. Owns no logic.
+//! stubs, generated from `proto/kg/v1/*.proto` at build time, and the few limits
+//! both ends of a call must agree on. Owns no logic.
 
 /// Version 1 of the kgmesh contracts (`package kg.v1`).
 pub mod v1 {
     #![allow(clippy::all, missing_docs, unreachable_pub)]
     tonic::include_proto!("kg.v1");
+}
+
+/// Limits of the v1 calls that a caller must respect to be served at all.
+pub mod limits {
+    /// Most chunk keys one `Graph.Packages` call may name (the top-k hard maximum); a
+    /// caller with more keys splits them over several calls.
+    pub const PACKAGE_KEYS_PER_CALL: usize = 32;
 }

@@ -40,6 +40,9 @@ pytestmark = pytest.mark.anyio
 NS = "sparams"
 NS_TWIN = "sparams-twin"
 NS_FRAGILE = "sparams-fragile"
+# Twelve entities of one name family, each mentioned by three files of its own.
+NS_MANY = "sparams-many"
+MANY_NAMES = ["Alpha", "Bravo", "Charlie", "Delta", "Echo", "Foxtrot", "Golf", "Hotel", "India", "Juliet", "Kilo", "Lima"]
 
 TBOX = """\
 entity_types:
@@ -112,6 +115,35 @@ def _tbox(mesh: Mesh, *args: str) -> None:
         raise MeshError(f"`kgmesh tbox {' '.join(args)}` exited {done.returncode}: {done.stderr[-2000:]}")
 
 
+def _publish_and_ingest(mesh: Mesh, tbox: Path, root: Path, namespaces: list[str]) -> None:
+    """Per namespace: the TBox drafted, reviewed and published, then the corpus ingested."""
+    try:
+        for ns in namespaces:
+            _tbox(mesh, "draft", "--namespace", ns, "--file", str(tbox))
+            _tbox(mesh, "review", "--namespace", ns)
+            _tbox(mesh, "publish", "--namespace", ns)
+            mesh.ingest(root, ns)
+    except MeshError as err:
+        pytest.fail(str(err), pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def many(mesh: Mesh, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """NS_MANY: a TBox of twelve `Fabrikam <name>` plants, each mentioned by three files."""
+    work = tmp_path_factory.mktemp("search-many")
+    instances = "\n".join(f"      - name: Fabrikam {name}" for name in MANY_NAMES)
+    tbox = work / "tbox.yaml"
+    tbox.write_text(f"entity_types:\n  - type_id: plant\n    label: Plant\n    instances:\n{instances}\n", encoding="utf-8")
+    root = work / "corpus"
+    for name in MANY_NAMES:
+        for visit in range(3):
+            target = root / "plants" / f"{name.lower()}-{visit}.md"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(f"# Visit {visit}\n\nFabrikam {name} passed inspection number {visit}.\n", encoding="utf-8")
+    _publish_and_ingest(mesh, tbox, root, [NS_MANY])
+    return NS_MANY
+
+
 @pytest.fixture(scope="module")
 def corpus(mesh: Mesh, tmp_path_factory: pytest.TempPathFactory) -> str:
     """The TBox published and the corpus ingested into NS, NS_TWIN and NS_FRAGILE."""
@@ -120,14 +152,7 @@ def corpus(mesh: Mesh, tmp_path_factory: pytest.TempPathFactory) -> str:
     tbox.write_text(TBOX, encoding="utf-8")
     root = work / "corpus"
     _write_corpus(root)
-    try:
-        for ns in (NS, NS_TWIN, NS_FRAGILE):
-            _tbox(mesh, "draft", "--namespace", ns, "--file", str(tbox))
-            _tbox(mesh, "review", "--namespace", ns)
-            _tbox(mesh, "publish", "--namespace", ns)
-            mesh.ingest(root, ns)
-    except MeshError as err:
-        pytest.fail(str(err), pytrace=False)
+    _publish_and_ingest(mesh, tbox, root, [NS, NS_TWIN, NS_FRAGILE])
     return NS
 
 
@@ -253,6 +278,29 @@ async def test_entity_search_returns_types_degree_role_and_evidence(mesh: Mesh, 
             await expect_rejected(
                 client, "kg_entity_search", {"text": "Acme", "namespaces": [corpus], **bad}, {"invalid_argument"}
             )
+
+
+async def test_entity_search_reads_more_evidence_than_one_packages_call_holds(mesh: Mesh, many: str) -> None:
+    """Twelve hits of three evidence chunks each is 36 keys, over the 32 one graph Packages call
+    may name: every hit still gets its evidence. total and truncated count the matches."""
+    async with mcp_http(mesh.mcp_url, mesh.admin_token) as client:
+        found = await call_ok(
+            client, "kg_entity_search", {"text": "Fabrikam", "namespaces": [many], "limit": 12, "evidenceLimit": 3}
+        )
+        assert sorted(h["name"] for h in found["hits"]) == sorted(f"Fabrikam {n}" for n in MANY_NAMES), found["hits"]
+        [ns_trace] = found["trace"]["namespaces"]
+        assert "evidence" not in ns_trace, ns_trace
+        for hit in found["hits"]:
+            name = hit["name"].split()[-1].lower()
+            assert hit["degree"] == 3 and hit["evidenceTruncated"] is False, hit
+            assert sorted(p["path"] for p in hit["evidence"]) == [f"plants/{name}-{v}.md" for v in range(3)], hit
+        assert (found["total"], found["truncated"]) == (12, False), found
+        assert "missingOffsets" not in found["trace"]
+
+        first = await call_ok(client, "kg_entity_search", {"text": "Fabrikam", "namespaces": [many], "limit": 5})
+        assert len(first["hits"]) == 5 and (first["total"], first["truncated"]) == (12, True), first
+        one = await call_ok(client, "kg_entity_search", {"text": "Fabrikam Kilo", "namespaces": [many], "limit": 1})
+        assert one["hits"][0]["name"] == "Fabrikam Kilo", one["hits"]
 
 
 async def test_entity_search_mode_argument(mesh: Mesh, corpus: str) -> None:
@@ -390,6 +438,13 @@ async def test_co_annotation_grounding_reports_roles_pair_and_counts(mesh: Mesh,
         default = await search(client, query="Acme and Zephyr contract")
         assert "grounding" not in default["trace"], "co_annotation is opt-in"
         assert {lane["lane"] for lane in default["trace"]["lanes"]} == {"fulltext", "vector", "graph_expand"}
+        # The tool schema advertises the defaults the service applies.
+        tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+        properties = tools["kg_search"].input_schema["properties"]
+        assert properties["lanes"]["default"] == [lane["lane"] for lane in default["trace"]["lanes"]], properties["lanes"]
+        ranking = properties["ranking"]["properties"]
+        assert ranking["rrfK"]["default"] == 60
+        assert ranking["laneWeights"]["default"] == {lane: 1 for lane in properties["lanes"]["items"]["enum"]}
         # This mesh has no embeddings: the vector lane says so, in words an agent can act on.
         vector_lane = next(lane for lane in default["trace"]["lanes"] if lane["lane"] == "vector")
         assert (vector_lane["ok"], vector_lane["errorCode"]) == (False, "lane_unavailable"), vector_lane
@@ -608,6 +663,19 @@ async def test_missing_offsets_and_a_broken_namespace_soft_fails(mesh: Mesh, cor
         assert "turbine blades" in notes[0]["text"], "the package still carries its text"
         elsewhere = await search(client, query=QUERY, lanes=["fulltext"], namespaces=[NS])
         assert "missingOffsets" not in elsewhere["trace"]
+        # Every tool that returns packages reports them: entity evidence, kg_open and kg_hop.
+        zephyr = await call_ok(client, "kg_entity_search", {"text": "Zephyr", "namespaces": [NS_FRAGILE, NS]})
+        evidence = [
+            p for h in zephyr["hits"] for p in h["evidence"] if (p["namespace"], p["path"]) == (NS_FRAGILE, "notes/turbines.md")
+        ]
+        assert evidence, zephyr["hits"]
+        assert [(m["namespace"], m["path"], m["chunkKeys"]) for m in zephyr["trace"]["missingOffsets"]] == [
+            (NS_FRAGILE, "notes/turbines.md", [evidence[0]["chunkKey"]])
+        ], zephyr["trace"]
+        opened = await call_ok(client, "kg_open", {"namespace": NS_FRAGILE, "chunkKey": notes[0]["chunkKey"]})
+        assert [m["path"] for m in opened["trace"]["missingOffsets"]] == ["notes/turbines.md"], opened
+        healthy = await call_ok(client, "kg_open", {"namespace": NS, "chunkKey": elsewhere["results"][0]["chunkKey"]})
+        assert "trace" not in healthy, healthy
 
         # Keep a copy, then replace the graph with a plain string: every query on it fails.
         copied = redis(port, "GRAPH.COPY", key, backup)

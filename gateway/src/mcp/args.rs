@@ -32,6 +32,9 @@ const MAX_KEY_CHARS: usize = 512;
 
 /// Search lanes a caller may name (retrieval soft-fails those it does not run).
 pub(crate) const KNOWN_LANES: [&str; 4] = ["fulltext", "vector", "graph_expand", "co_annotation"];
+/// The lanes retrieval runs when a search names none (its `Lane::DEFAULT`), as the tool
+/// schema advertises them.
+pub(crate) const DEFAULT_LANES: [&str; 3] = ["fulltext", "vector", "graph_expand"];
 
 /// Package list caps: (name, default, hard max), in PackageCaps field order.
 pub(crate) const CAPS: [(&str, u32, u32); 6] = [

@@ -3,6 +3,7 @@
 //! co_annotation `trace.grounding` entries.
 
 use futures::future::join_all;
+use kg_proto::limits::PACKAGE_KEYS_PER_CALL;
 use kg_proto::v1::entity_search_response::Side;
 use kg_proto::v1::{
     ChunkPackage, EntityHit, EntitySearchRequest, Grounding, PackageCaps, PackagesRequest,
@@ -12,10 +13,10 @@ use serde::Deserialize;
 use serde_json::{Map, Value, json};
 
 use super::args::{Int, MAX_NAMESPACES, RawCaps, bounded, caps, namespace, parse, token_budget};
-use super::package::{clean, number, package_json};
+use super::package::{clean, missing_offsets, number, package_json};
 use super::registry::{
-    ToolEntry, ToolKind, caps_input, namespace_input, package_schema, token_budget_input,
-    token_budget_output,
+    ToolEntry, ToolKind, caps_input, missing_offsets_output, namespace_input, package_schema,
+    token_budget_input, token_budget_output,
 };
 use super::search::{apply_token_budget, interleave};
 use super::tools::resolve_namespaces;
@@ -201,6 +202,7 @@ pub(crate) async fn run(
     });
     let mut trace = Vec::new();
     let mut lists: Vec<Vec<EntityHit>> = Vec::new();
+    let mut total: u64 = 0;
     let mut first_error = None;
     for (ns, result) in namespaces.iter().zip(join_all(calls).await) {
         match result {
@@ -209,6 +211,7 @@ pub(crate) async fn run(
                 trace.push(
                     json!({"namespace": ns, "ok": true, "mode": response.mode, "sides": sides}),
                 );
+                total = total.saturating_add(response.total_candidates);
                 lists.push(response.hits);
             }
             Err(err) => {
@@ -231,6 +234,7 @@ pub(crate) async fn run(
         &namespaces,
         trace,
         &winners,
+        total,
         &Evidence {
             packages: evidence,
             failures: evidence_failures,
@@ -248,12 +252,14 @@ struct Evidence {
     token_budget: Option<u32>,
 }
 
-/// The tool result: the interleaved hits with their evidence, names sanitised, and the trace
-/// with each namespace whose evidence could not be read.
+/// The tool result: the interleaved hits with their evidence, names sanitised, how many
+/// matched (`total`, over the namespaces that answered), and the trace with each namespace
+/// whose evidence could not be read and the evidence files that predate offsets.
 fn entity_result(
     namespaces: &[String],
     mut trace: Vec<Value>,
     winners: &[(usize, EntityHit)],
+    total: u64,
     evidence: &Evidence,
 ) -> Value {
     for (index, err) in &evidence.failures {
@@ -280,6 +286,7 @@ fn entity_result(
     let budget = evidence
         .token_budget
         .map(|b| apply_token_budget(&mut flat, b));
+    let missing_offsets = missing_offsets(&flat);
     let mut flat = flat.iter();
     let hits: Vec<Value> = winners
         .iter()
@@ -305,7 +312,11 @@ fn entity_result(
     if let Some(report) = budget {
         trace["tokenBudget"] = json!(report);
     }
-    json!({"hits": hits, "trace": trace})
+    if !missing_offsets.is_empty() {
+        trace["missingOffsets"] = json!(missing_offsets);
+    }
+    let returned = hits.len() as u64;
+    json!({"hits": hits, "total": total.max(returned), "truncated": total > returned, "trace": trace})
 }
 
 /// One side of a namespace's entity search, as `trace.namespaces[].sides[]` shows it.
@@ -318,9 +329,9 @@ fn side_json(side: &Side) -> Value {
     out
 }
 
-/// Evidence packages by (namespace, chunk key), and the namespaces (by index) whose Packages
-/// call failed: those contribute none, their hits say evidenceTruncated and their trace
-/// entry says why.
+/// Evidence packages by (namespace, chunk key), and the namespaces (by index) with a Packages
+/// call that failed: the keys of that call contribute none, their hits say
+/// evidenceTruncated and the namespace's trace entry says why.
 async fn evidence_packages(
     state: &GatewayState,
     caller: &Caller,
@@ -345,34 +356,46 @@ async fn evidence_packages(
             }
         }
     }
-    let calls = namespaces.iter().zip(keys).map(|(ns, chunk_keys)| {
+    // One namespace's keys can outnumber what one Packages call may name (32 hits of up to
+    // 8 chunks each), so they go out in batches, all at once.
+    let batches: Vec<(usize, Vec<String>)> = keys
+        .iter()
+        .enumerate()
+        .flat_map(|(index, list)| {
+            list.chunks(PACKAGE_KEYS_PER_CALL)
+                .map(move |batch| (index, batch.to_vec()))
+        })
+        .collect();
+    let calls = batches.into_iter().map(|(index, chunk_keys)| {
         let mut client = state.backends.graph.clone();
-        let empty = chunk_keys.is_empty();
+        let ns = namespaces.get(index).cloned().unwrap_or_default();
         let request = caller.request(PackagesRequest {
-            namespace: ns.clone(),
+            namespace: ns,
             chunk_keys,
             caps: Some(args.caps),
         });
         async move {
-            if empty {
-                return Ok(Vec::new());
-            }
-            client
+            let result = client
                 .packages(request)
                 .await
                 .map(|response| response.into_inner().packages)
-                .map_err(|status| ClientError::from_status("graph", &status))
+                .map_err(|status| ClientError::from_status("graph", &status));
+            (index, result)
         }
     });
     let mut out = std::collections::HashMap::new();
-    let mut failures = Vec::new();
-    for (index, (ns, result)) in namespaces.iter().zip(join_all(calls).await).enumerate() {
+    let mut failures: Vec<(usize, ClientError)> = Vec::new();
+    for (index, result) in join_all(calls).await {
+        let ns = namespaces.get(index).map_or("", String::as_str);
         match result {
             Ok(packages) => {
                 for package in packages {
-                    out.insert((ns.clone(), package.chunk_key.clone()), package);
+                    out.insert((ns.to_owned(), package.chunk_key.clone()), package);
                 }
             }
+            // A namespace is reported once, however many of its batches failed; the
+            // batches that were read still show.
+            Err(_) if failures.iter().any(|(failed, _)| *failed == index) => {}
             Err(err) => {
                 tracing::warn!(namespace = %ns, code = %err.code, "entity evidence packages soft-failed");
                 failures.push((index, err));
@@ -401,7 +424,8 @@ mode: text (full-text over entity names and aliases; an exact name or alias rank
 hybrid (both fused; the default when embeddings are configured, else text). trace.namespaces[].mode is the mode that answered: hybrid reports text or vector when one side failed, and sides[] says why; trace.namespaces[].evidence says when a namespace's evidence packages could not be read (its hits keep evidenceTruncated). \
 Each hit has entityKey, name, typeId, typeLabels, degree (how many chunks you may read mention it), role and evidence: the first mentioning chunks as chunk packages, so answers stay citation-backed. \
 role: bridge (at most 25 mentioning chunks: specific enough to connect the question to evidence), filter (26-250: narrows a question, does not connect chunks), ignore (over 250: too common to connect anything). \
-tokenBudget caps the evidence text as in kg_search, in hit order, reported in trace.tokenBudget. \
+total counts the matching entities with a mention you may read and truncated says more matched than limit returned. \
+tokenBudget caps the evidence text as in kg_search, in hit order, reported in trace.tokenBudget; trace.missingOffsets lists evidence files indexed before character offsets existed. \
 Only entities mentioned by a chunk you may read are returned. Continue with kg_open {entityKey} for more mentions or kg_hop from the entityKey.";
 
 fn input_schema() -> Value {
@@ -435,6 +459,8 @@ fn output_schema() -> Value {
                 "score": {"type": "number"}, "evidence": {"type": "array", "items": package_schema()},
                 "evidenceTruncated": {"type": "boolean"}
             }, "required": ["namespace", "entityKey", "name", "degree", "role", "evidence"]}},
+            "total": {"type": "integer", "description": "Matching entities with a mention you may read, across the namespaces that answered."},
+            "truncated": {"type": "boolean", "description": "More entities matched than limit returned."},
             "trace": {"type": "object", "properties": {
                 "namespaces": {"type": "array", "items": {"type": "object", "properties": {
                     "namespace": {"type": "string"}, "ok": {"type": "boolean"}, "errorCode": {"type": "string"},
@@ -447,10 +473,11 @@ fn output_schema() -> Value {
                         "candidates": {"type": "integer"}, "errorCode": {"type": "string"}, "message": {"type": "string"}
                     }, "required": ["side", "ok"]}}
                 }, "required": ["namespace", "ok"]}},
-                "tokenBudget": token_budget_output()
+                "tokenBudget": token_budget_output(),
+                "missingOffsets": missing_offsets_output()
             }, "required": ["namespaces"]}
         },
-        "required": ["hits", "trace"]
+        "required": ["hits", "total", "truncated", "trace"]
     })
 }
 
@@ -487,6 +514,7 @@ mod tests {
         packages.insert(
             ("a".to_owned(), "e1#0".to_owned()),
             ChunkPackage {
+                namespace: "a".into(),
                 chunk_key: "e1#0".into(),
                 file_id: "f1".into(),
                 path: "a.md".into(),
@@ -499,7 +527,12 @@ mod tests {
             per_hit: 3,
             token_budget: None,
         };
-        let result = entity_result(&namespaces, trace, &winners, &evidence);
+        // Five entities matched; two were returned.
+        let result = entity_result(&namespaces, trace, &winners, 5, &evidence);
+        assert_eq!(
+            (&result["total"], &result["truncated"]),
+            (&json!(5), &json!(true))
+        );
         assert_eq!(result["hits"][0]["name"], "Acme");
         assert_eq!(result["hits"][0]["typeLabels"], json!(["Organisation"]));
         assert_eq!(result["hits"][0]["evidenceTruncated"], false);
@@ -513,6 +546,11 @@ mod tests {
         let schema = output_schema();
         super::super::registry::check_schema(&schema, &result, "$").unwrap();
         assert!(result["trace"].get("tokenBudget").is_none());
+        // The evidence package has no position: its file predates offsets.
+        assert_eq!(
+            result["trace"]["missingOffsets"],
+            json!([{"namespace": "a", "fileId": "f1", "path": "a.md", "chunkKeys": ["e1#0"]}])
+        );
 
         // A budget spends on the first hit's evidence first.
         let text = |words: &str| {
@@ -545,7 +583,13 @@ mod tests {
             json!({"namespace": "a", "ok": true}),
             json!({"namespace": "b", "ok": true}),
         ];
-        let result = entity_result(&namespaces, trace, &winners, &evidence);
+        // A total under the hits returned (a namespace that answered without counting) is
+        // never shown below them.
+        let result = entity_result(&namespaces, trace, &winners, 0, &evidence);
+        assert_eq!(
+            (&result["total"], &result["truncated"]),
+            (&json!(2), &json!(false))
+        );
         super::super::registry::check_schema(&schema, &result, "$").unwrap();
         assert_eq!(
             result["hits"][0]["evidence"][0]["text"],

@@ -374,7 +374,7 @@ prev_chunk (the chunks before it, in order), similar (first chunks of files simi
 related to them by a typed relation stated in a file you may read), same_type (chunks mentioning other entities of the same type). From an outlineKey: \
 outline_child (first chunk of each subsection), outline_parent (the parent section's chunks), outline_siblings (first chunk of each sibling section). \
 Returns {packages, total, truncated} in the kg_search package shape; limit defaults to 8 (hard max 32) and caps sets per-package list sizes. \
-tokenBudget caps the returned text as in kg_search, reported in tokenBudget. \
+tokenBudget caps the returned text as in kg_search, reported in tokenBudget; trace.missingOffsets, when present, lists files indexed before character offsets existed. \
 A chunk or section you cannot read is not_found; an entity no readable chunk mentions has no neighbours.";
 
 const ONTOLOGY_DESCRIPTION: &str = "Read the published type box (TBox) of one namespace: its entity types (typeId, label, aliases, side) and relation types \

@@ -412,6 +412,44 @@ pub(crate) fn package_json(p: &ChunkPackage) -> Value {
     })
 }
 
+/// Whether a package's chunk has no character offsets: written by an indexer from before
+/// offsets existed, so its citation cannot point into the text until the file is
+/// reprocessed.
+fn lacks_offsets(package: &ChunkPackage) -> bool {
+    package
+        .position
+        .as_ref()
+        .is_none_or(|p| p.char_start.is_none() || p.char_end.is_none())
+}
+
+/// `trace.missingOffsets` of any answer made of packages: each file holding a package
+/// without offsets, by namespace and path, with those packages' chunk keys in answer order.
+/// Empty when every package has its offsets.
+pub(crate) fn missing_offsets<'a>(
+    packages: impl IntoIterator<Item = &'a ChunkPackage>,
+) -> Vec<Value> {
+    let mut files: std::collections::BTreeMap<(&str, &str, &str), Vec<&str>> =
+        std::collections::BTreeMap::new();
+    for package in packages.into_iter().filter(|p| lacks_offsets(p)) {
+        let chunk_keys = files
+            .entry((&package.namespace, &package.path, &package.file_id))
+            .or_default();
+        // A chunk can back several entity hits' evidence: name it once.
+        if !chunk_keys.contains(&package.chunk_key.as_str()) {
+            chunk_keys.push(&package.chunk_key);
+        }
+    }
+    files
+        .into_iter()
+        .map(|((namespace, path, file_id), chunk_keys)| {
+            json!({
+                "namespace": clean(namespace), "fileId": clean(file_id), "chunkKeys": chunk_keys.iter().map(|k| clean(k)).collect::<Vec<_>>(),
+                "path": clean(path),
+            })
+        })
+        .collect()
+}
+
 /// One outline section in the kg_outline JSON shape.
 pub(crate) fn section_json(s: &OutlineSection) -> Value {
     let mut out = Map::new();

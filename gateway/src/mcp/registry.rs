@@ -7,9 +7,9 @@ use rmcp::model::{JsonObject, Tool, ToolAnnotations};
 use serde_json::{Value, json};
 
 use super::args::{
-    CAPS, FILE_FORMATS, FILE_MAX_ROWS, FILES_LIMIT, KNOWN_LANES, MAX_FILE_QUERY_CHARS, MAX_LINE,
-    MAX_OUTLINE_DEPTH, MAX_PATTERN_CHARS, MAX_QUERY_CHARS, MAX_TOKEN_BUDGET, OPEN_LIMIT,
-    OUTLINE_LIMIT, TOP_K,
+    CAPS, DEFAULT_LANES, FILE_FORMATS, FILE_MAX_ROWS, FILES_LIMIT, KNOWN_LANES,
+    MAX_FILE_QUERY_CHARS, MAX_LINE, MAX_OUTLINE_DEPTH, MAX_PATTERN_CHARS, MAX_QUERY_CHARS,
+    MAX_TOKEN_BUDGET, OPEN_LIMIT, OUTLINE_LIMIT, TOP_K,
 };
 
 /// Which handler runs a tool.
@@ -164,7 +164,8 @@ const OPEN_DESCRIPTION: &str = "Open chunk packages when you already hold a key:
 outlineKey (the chunks of that section, in order), entityKey (chunks that mention the entity) or fileId (the file's chunks in order). \
 Use it after kg_search (prevChunkKey/nextChunkKey to read on) or kg_outline (outlineKey to read a section). \
 Returns {packages, total, truncated} in the same package shape as kg_search; limit defaults to 8 (hard max 32) and truncated says more exist. \
-tokenBudget caps the returned text as in kg_search (packages keep their order, the one that overflows is cut, later ones lose their text), reported in tokenBudget.";
+tokenBudget caps the returned text as in kg_search (packages keep their order, the one that overflows is cut, later ones lose their text), reported in tokenBudget. \
+trace.missingOffsets, when present, lists files indexed before character offsets existed.";
 
 const OUTLINE_DESCRIPTION: &str = "Read a file's table of contents: its sections in document order with outlineKey, title, depth, order, parentKey, \
 line and page starts and how many chunks each covers. Use it to navigate a long file, then kg_open {namespace, outlineKey} to read one section. \
@@ -247,15 +248,17 @@ fn search_input() -> Value {
             "query": {"type": "string", "minLength": 1, "maxLength": MAX_QUERY_CHARS, "description": "The words or question to search for."},
             "namespaces": {"type": "array", "items": namespace_input(), "maxItems": 32,
                            "description": "Namespaces to search; omit to search every namespace you may read."},
-            "lanes": {"type": "array", "items": {"type": "string", "enum": KNOWN_LANES},
-                      "description": "Retrieval lanes to run; omit for the defaults. A lane that is not available soft-fails and is reported in trace."},
+            "lanes": {"type": "array", "items": {"type": "string", "enum": KNOWN_LANES}, "default": DEFAULT_LANES,
+                      "description": "Retrieval lanes to run; omit for the defaults (fulltext, vector, graph_expand). A lane that is not available soft-fails and is reported in trace."},
             "topK": {"type": "integer", "minimum": 1, "maximum": TOP_K.1, "default": TOP_K.0, "description": "How many packages to return (hard max 32)."},
             "tokenBudget": token_budget_input(),
             "ranking": {
                 "type": "object",
                 "properties": {
-                    "rrfK": {"type": "number", "minimum": 1, "maximum": 1000, "description": "RRF constant k (default 60)."},
+                    "rrfK": {"type": "number", "minimum": 1, "maximum": 1000, "default": 60, "description": "RRF constant k (default 60)."},
                     "laneWeights": {"type": "object", "additionalProperties": {"type": "number", "minimum": 0, "maximum": 100},
+                                    "propertyNames": {"enum": KNOWN_LANES},
+                                    "default": KNOWN_LANES.iter().map(|lane| (lane.to_string(), json!(1))).collect::<serde_json::Map<_, _>>(),
                                     "description": "Per-lane multipliers on RRF contributions, by lane name (default 1 each)."},
                     "minScore": {"type": "number", "minimum": 0, "maximum": 1, "description": "Drop hits below this display score."},
                     "collapseDuplicates": {"type": "boolean",
@@ -479,16 +482,22 @@ fn search_output() -> Value {
                                             "items": {"type": "object", "properties": {
                         "namespace": {"type": "string"}, "chunks": {"type": "integer"}
                     }, "required": ["namespace", "chunks"]}},
-                    "missingOffsets": {"type": "array", "items": {"type": "object", "properties": {
-                        "namespace": {"type": "string"}, "fileId": {"type": "string"}, "path": {"type": "string"},
-                        "chunkKeys": {"type": "array", "items": {"type": "string"}}
-                    }, "required": ["namespace", "fileId", "path", "chunkKeys"]}}
+                    "missingOffsets": missing_offsets_output()
                 },
                 "required": ["lanes", "namespaces"]
             }
         },
         "required": ["results", "total", "truncated", "trace"],
     })
+}
+
+/// `trace.missingOffsets` of every tool that returns packages.
+pub(super) fn missing_offsets_output() -> Value {
+    json!({"type": "array", "description": "Files of returned packages indexed before character offsets existed: their positions are unreliable until the file is reprocessed.",
+           "items": {"type": "object", "properties": {
+        "namespace": {"type": "string"}, "fileId": {"type": "string"}, "path": {"type": "string"},
+        "chunkKeys": {"type": "array", "items": {"type": "string"}}
+    }, "required": ["namespace", "fileId", "path", "chunkKeys"]}})
 }
 
 pub(super) fn packages_output() -> Value {
@@ -498,7 +507,8 @@ pub(super) fn packages_output() -> Value {
             "packages": {"type": "array", "items": package_schema()},
             "total": {"type": "integer"},
             "truncated": {"type": "boolean"},
-            "tokenBudget": token_budget_output()
+            "tokenBudget": token_budget_output(),
+            "trace": {"type": "object", "properties": {"missingOffsets": missing_offsets_output()}}
         },
         "required": ["packages", "total", "truncated"],
     })

@@ -1,7 +1,7 @@
 //! What each tool does: validate, check the caller's namespaces, call the
 //! backends with the signed context, shape the JSON result.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use futures::future::join_all;
 use kg_common::ErrorCode;
@@ -14,7 +14,9 @@ use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
 use super::args::{self, SearchArgs};
-use super::package::{PackageJson, number, package_json, permission_name, section_json};
+use super::package::{
+    PackageJson, missing_offsets, number, package_json, permission_name, section_json,
+};
 use super::registry::ToolKind;
 use super::search::{apply_token_budget, interleave};
 use crate::error::ClientError;
@@ -331,33 +333,17 @@ fn assemble(
         }
     }
     // Keep the interleaved order; a chunk that became unreadable meanwhile drops out.
-    let mut without_offsets: BTreeMap<(usize, String, String), Vec<String>> = BTreeMap::new();
     let mut result_hits: Vec<&SearchHit> = Vec::with_capacity(winners.len());
     let mut results: Vec<ChunkPackage> = winners
         .iter()
         .filter_map(|(index, hit)| {
             let mut package = packages.get_mut(*index)?.remove(&hit.chunk_key)?;
             package.score = Some(hit.display_score);
-            if lacks_offsets(&package) {
-                without_offsets
-                    .entry((*index, package.path.clone(), package.file_id.clone()))
-                    .or_default()
-                    .push(package.chunk_key.clone());
-            }
             result_hits.push(hit);
             Some(package)
         })
         .collect();
-    // Per namespace, files in path order, chunks in result order.
-    let missing_offsets: Vec<Value> = without_offsets
-        .into_iter()
-        .filter_map(|((index, path, file_id), chunk_keys)| {
-            Some(json!({
-                "namespace": outcomes.get(index)?.namespace, "fileId": file_id, "chunkKeys": chunk_keys,
-                "path": kg_common::sanitize::sanitize_text(&path, 1024),
-            }))
-        })
-        .collect();
+    let missing_offsets = missing_offsets(&results);
     let budget = token_budget.map(|b| apply_token_budget(&mut results, b));
 
     let namespace_trace: Vec<Value> = outcomes
@@ -408,16 +394,6 @@ struct SearchAnswer<'a> {
     total: u64,
     truncated: bool,
     trace: Value,
-}
-
-/// A package whose chunk has no character offsets: written by an indexer from before
-/// offsets existed, so its citation cannot point into the text until the file is
-/// reprocessed (trace.missingOffsets).
-fn lacks_offsets(package: &ChunkPackage) -> bool {
-    package
-        .position
-        .as_ref()
-        .is_none_or(|p| p.char_start.is_none() || p.char_end.is_none())
 }
 
 async fn search(
@@ -504,10 +480,11 @@ async fn open(
 }
 
 /// The `{packages, total, truncated}` result of kg_open and kg_hop, with `tokenBudget` when
-/// the caller set one.
+/// the caller set one and `trace.missingOffsets` when a package's file predates offsets.
 pub(crate) fn packages_result(mut response: PackagesResponse, token_budget: Option<u32>) -> Value {
     let returned = response.packages.len() as u64;
     let budget = token_budget.map(|b| apply_token_budget(&mut response.packages, b));
+    let missing_offsets = missing_offsets(&response.packages);
     let mut result = json!({
         "packages": response.packages.iter().map(package_json).collect::<Vec<_>>(),
         "total": response.total.max(returned),
@@ -515,6 +492,9 @@ pub(crate) fn packages_result(mut response: PackagesResponse, token_budget: Opti
     });
     if let Some(report) = budget {
         result["tokenBudget"] = json!(report);
+    }
+    if !missing_offsets.is_empty() {
+        result["trace"] = json!({"missingOffsets": missing_offsets});
     }
     result
 }
@@ -786,6 +766,7 @@ mod tests {
         let winners = round.winners(4);
         let legacy = |key: &str, file: &str, path: &str| {
             let mut package = packages(&[key]).remove(0);
+            package.namespace = "b".into();
             package.file_id = file.into();
             package.path = path.into();
             if let Some(position) = package.position.as_mut() {
@@ -1009,6 +990,17 @@ mod tests {
         let unbudgeted = packages_result(opened.clone(), None);
         conforms("kg_open", &unbudgeted);
         assert!(unbudgeted.get("tokenBudget").is_none());
+        // The two bare packages have no position, as a file indexed before offsets existed.
+        assert_eq!(
+            unbudgeted["trace"]["missingOffsets"],
+            json!([{"namespace": "", "fileId": "", "path": "", "chunkKeys": ["c9", "c10"]}])
+        );
+        let with_offsets = PackagesResponse {
+            packages: vec![full_package()],
+            total: 1,
+            truncated: false,
+        };
+        assert!(packages_result(with_offsets, None).get("trace").is_none());
         // The first text fits the one-token budget; the next loses its text, as in kg_search.
         let budgeted = packages_result(opened, Some(1));
         conforms("kg_hop", &budgeted);

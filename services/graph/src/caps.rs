@@ -10,8 +10,8 @@ use crate::error::{GraphError, Result};
 pub(crate) const OPEN_LIMIT: (u32, u32) = (8, 32);
 /// Default and hard maximum of sections per Outline page.
 pub(crate) const OUTLINE_LIMIT: (u32, u32) = (50, 200);
-/// Most chunk keys one Packages call may name (the top-k hard maximum).
-pub(crate) const MAX_PACKAGE_KEYS: usize = 32;
+/// Most chunk keys one Packages call may name (the contract's limit).
+pub(crate) const MAX_PACKAGE_KEYS: usize = kg_proto::limits::PACKAGE_KEYS_PER_CALL;
 /// Longest key or file id accepted; real ones are far shorter.
 pub(crate) const MAX_KEY_LEN: usize = 256;
 

@@ -211,6 +211,7 @@ pub(crate) async fn entity_search(
             .then_with(|| degree[&b.key].cmp(&degree[&a.key]))
             .then_with(|| a.key.cmp(&b.key))
     });
+    let total_candidates = candidates.len() as u64;
     candidates.truncate(limit);
     let keys: Vec<String> = candidates.iter().map(|c| c.key.clone()).collect();
     let mut chunks = evidence_chunks(store, ns, access, &keys, evidence).await?;
@@ -237,6 +238,7 @@ pub(crate) async fn entity_search(
         hits,
         mode: mode.as_str().to_owned(),
         sides,
+        total_candidates,
     })
 }
 

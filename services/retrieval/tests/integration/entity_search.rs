@@ -7,7 +7,7 @@ use common::*;
 use kg_common::ErrorExt;
 use kg_common::error::ErrorCode;
 use kg_indexer::document::DocumentMeta;
-use kg_proto::v1::{CallerContext, EntityHit, EntitySearchRequest};
+use kg_proto::v1::{CallerContext, EntityHit, EntitySearchRequest, EntitySearchResponse};
 use kg_retrieval::RetrievalService;
 
 const NS: &str = "entities";
@@ -32,6 +32,23 @@ async fn find(
         .await
         .unwrap()
         .hits
+}
+
+/// The whole response of a search with one evidence key per hit, for its counts.
+async fn counted(
+    service: &RetrievalService,
+    who: &CallerContext,
+    text: &str,
+    limit: u32,
+) -> EntitySearchResponse {
+    let request = EntitySearchRequest {
+        namespace: NS.into(),
+        text: text.into(),
+        limit,
+        evidence_limit: 1,
+        ..Default::default()
+    };
+    service.entity_search_for(who, request).await.unwrap()
 }
 
 #[tokio::test]
@@ -146,4 +163,15 @@ async fn entity_search_against_real_falkordb() {
         assert!(err.to_string().contains(needle), "{err}");
     }
     assert!(find(sv, &full, "nothing like it", 3).await.is_empty());
+
+    // total_candidates counts the readable matches before the cut at limit: "Globex" and
+    // "Ghost Globex" match, but only Globex has a mention; Umbrella's is not readable.
+    let globex_labs = entity(s, NS, "org", "Globex Labs", &[]).await;
+    mention(s, NS, "globex#1", &globex_labs).await;
+    let one = counted(sv, &full, "Globex", 1).await;
+    assert_eq!((one.hits.len(), one.total_candidates), (1, 2));
+    let all = counted(sv, &full, "Globex", 8).await;
+    assert_eq!((all.hits.len(), all.total_candidates), (2, 2));
+    let hidden = counted(sv, &limited, "Umbrella", 8).await;
+    assert_eq!((hidden.hits.len(), hidden.total_candidates), (0, 0));
 }
