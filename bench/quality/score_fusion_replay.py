@@ -162,14 +162,16 @@ def lane_gate(js: JudgedSet, gamma: float, share: float) -> Run:
     return out
 
 
+def load_sets(runs: Path) -> dict[str, JudgedSet]:
+    """The three judged sets with the dumps `make bench-quality-pooled` wrote into `runs`."""
+    return {name: JudgedSet(runs / f"{name}.json", runs / f"{name}.lanes.json", folder) for name, folder in SETS}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("runs", type=Path, help="the folder `make bench-quality-pooled` wrote")
     args = parser.parse_args()
-    sets = {
-        name: JudgedSet(args.runs / f"{name}.json", args.runs / f"{name}.lanes.json", folder)
-        for name, folder in SETS
-    }
+    sets = load_sets(args.runs)
     total = sum(len(js.ids) for js in sets.values())
 
     def row(label: str, make: Callable[[JudgedSet], Run]) -> None:
