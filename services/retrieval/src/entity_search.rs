@@ -8,7 +8,8 @@
 //!
 //! Text candidates come from the full-text index on `Entity` name and `aliasText`; each query
 //! term is looked up on its own and scored like the full-text lane (sum of term scores times
-//! the share of terms matched). When the deployment has embeddings, vector candidates join
+//! the share of terms matched). The index ranks every match, readable or not, so it is read a
+//! page at a time until enough readable ones are found. When the deployment has embeddings, vector candidates join
 //! them: the query's nearest readable chunks (the vector lane, access filter inside the
 //! engine) name at most [`VECTOR_ENTITIES`] entities, whose name and aliases are embedded at
 //! query time; each ranks by the mean of its name's cosine to the query and its nearest
@@ -23,6 +24,8 @@
 //! returned, so a search never reveals an entity known only from unreadable files. `degree`
 //! counts those readable chunks and sets the role (see [`crate::roles`]); the evidence is the
 //! first readable mentioning chunks in file and chunk order.
+
+use std::collections::HashMap;
 
 use kg_common::access::{cypher_predicate, validate_namespace};
 use kg_common::caller::access_for;
@@ -47,8 +50,11 @@ pub const LIMIT: (u32, u32) = (8, 32);
 pub const EVIDENCE: (u32, u32) = (3, 8);
 /// Added to the score of an entity whose name or alias is exactly the query.
 const EXACT_BONUS: f64 = 10.0;
-/// Candidates read from the index before the readable ones are kept.
+/// Candidates read from the index per round before the readable ones are kept.
 const CANDIDATES: usize = 200;
+/// Most rounds of text candidates: a caller who may read few of the matches still finds
+/// readable ones ranked below the first page of unreadable ones, up to 1,000 matches deep.
+const TEXT_ROUNDS: usize = 5;
 /// Longest query text accepted, in characters.
 const MAX_TEXT_CHARS: usize = 512;
 /// Server-side limit on one query.
@@ -150,10 +156,10 @@ pub(crate) async fn entity_search(
     let by_text = if requested == Mode::Vector {
         None
     } else {
-        match candidates(store, ns, text).await {
-            Ok(found) => {
+        match readable_text_candidates(store, ns, access, text, limit).await {
+            Ok((found, degrees)) => {
                 sides.push(side_ok("text", found.len()));
-                Some(found)
+                Some((found, degrees))
             }
             Err(err) if requested == Mode::Text => return Err(err),
             Err(err) => {
@@ -191,6 +197,7 @@ pub(crate) async fn entity_search(
             }
         },
     };
+    let (by_text, mut degree) = by_text.map_or((None, HashMap::new()), |(t, d)| (Some(t), d));
     let (mode, mut candidates) = match (by_text, by_vector) {
         (Some(t), Some(v)) => (Mode::Hybrid, fuse(t, v)),
         (Some(t), None) => (Mode::Text, t),
@@ -201,8 +208,15 @@ pub(crate) async fn entity_search(
             }));
         }
     };
-    let keys: Vec<String> = candidates.iter().map(|c| c.key.clone()).collect();
-    let degree = degrees(store, ns, access, &keys).await?;
+    // The text side counted its candidates' degrees already; count the vector side's rest.
+    let uncounted: Vec<String> = candidates
+        .iter()
+        .filter(|c| !degree.contains_key(&c.key))
+        .map(|c| c.key.clone())
+        .collect();
+    if !uncounted.is_empty() {
+        degree.extend(degrees(store, ns, access, &uncounted).await?);
+    }
     // No readable mention, no hit: the degree map only holds readable entities.
     candidates.retain(|c| degree.contains_key(&c.key));
     candidates.sort_by(|a, b| {
@@ -282,7 +296,45 @@ fn norm(text: &str) -> String {
         .join(" ")
 }
 
-async fn candidates(store: &GraphStore, ns: &str, text: &str) -> Result<Vec<Candidate>> {
+/// Text candidates with a mention the caller may read, best first, and their degrees. The
+/// index ranks every match whoever asks, so it is read a page of [`CANDIDATES`] at a time,
+/// keeping the readable ones, until `limit` of them are found, a page comes back short (no
+/// more matches), or [`TEXT_ROUNDS`] pages were read.
+async fn readable_text_candidates(
+    store: &GraphStore,
+    ns: &str,
+    access: &AccessFilter,
+    text: &str,
+    limit: usize,
+) -> Result<(Vec<Candidate>, HashMap<String, u64>)> {
+    let mut found = Vec::new();
+    let mut degree = HashMap::new();
+    for round in 0..TEXT_ROUNDS {
+        let page = candidates(store, ns, text, round * CANDIDATES).await?;
+        let full = page.len() == CANDIDATES;
+        let keys: Vec<String> = page.iter().map(|c| c.key.clone()).collect();
+        let readable = if keys.is_empty() {
+            HashMap::new()
+        } else {
+            degrees(store, ns, access, &keys).await?
+        };
+        found.extend(page.into_iter().filter(|c| readable.contains_key(&c.key)));
+        degree.extend(readable);
+        if !full || found.len() >= limit {
+            break;
+        }
+    }
+    Ok((found, degree))
+}
+
+/// One page of entities matching `text` in the name and alias index, best first, whoever
+/// may read them (the caller's access is applied by [`readable_text_candidates`]).
+async fn candidates(
+    store: &GraphStore,
+    ns: &str,
+    text: &str,
+    skip: usize,
+) -> Result<Vec<Candidate>> {
     let Some(terms) = fulltext_query(text) else {
         return Ok(Vec::new());
     };
@@ -291,6 +343,7 @@ async fn candidates(store: &GraphStore, ns: &str, text: &str) -> Result<Vec<Cand
     params.insert("termCount".into(), Value::from(terms.len() as f64));
     params.insert("terms".into(), Value::Array(terms));
     params.insert("limit".into(), Value::from(CANDIDATES as i64));
+    params.insert("skip".into(), Value::from(skip as i64));
     let rows = store
         .ro_query(
             ns,
@@ -298,7 +351,7 @@ async fn candidates(store: &GraphStore, ns: &str, text: &str) -> Result<Vec<Cand
              CALL db.idx.fulltext.queryNodes('Entity', term) YIELD node, score \
              WITH node, count(DISTINCT term) AS matched, sum(score) AS total \
              WITH node, total * matched / $termCount AS relevance \
-             ORDER BY relevance DESC, node.entityKey LIMIT $limit \
+             ORDER BY relevance DESC, node.entityKey SKIP $skip LIMIT $limit \
              OPTIONAL MATCH (node)-[:INSTANCE_OF]->(t:EntityType) \
              RETURN node.entityKey, node.name, node.typeId, node.aliases, relevance, \
                     collect(DISTINCT t.label)",
@@ -306,7 +359,7 @@ async fn candidates(store: &GraphStore, ns: &str, text: &str) -> Result<Vec<Cand
             TIMEOUT_MS,
         )
         .await?;
-    if rows.rows.is_empty() {
+    if rows.rows.is_empty() && skip == 0 {
         missing_index_check(store, ns, "Entity").await?;
     }
     let wanted = norm(text);
@@ -395,7 +448,7 @@ async fn vector_candidates(
                 collect(DISTINCT k)",
         chunk = chunk.text,
     );
-    let rank: std::collections::HashMap<&str, usize> = keys
+    let rank: HashMap<&str, usize> = keys
         .iter()
         .enumerate()
         .map(|(i, k)| (k.as_str(), i))
@@ -496,7 +549,6 @@ fn entity_text(name: &str, aliases: &[&str]) -> String {
 /// Reciprocal-rank fusion of the text list (by text score) and the vector list (best
 /// first); an exact name or alias match keeps [`EXACT_BONUS`] on top of its fused score.
 fn fuse(mut text: Vec<Candidate>, vector: Vec<Candidate>) -> Vec<Candidate> {
-    use std::collections::HashMap;
     text.sort_by(|a, b| b.score.total_cmp(&a.score).then_with(|| a.key.cmp(&b.key)));
     let mut fused: HashMap<String, Candidate> = HashMap::new();
     let mut order = Vec::new();

@@ -175,3 +175,42 @@ async fn entity_search_against_real_falkordb() {
     let hidden = counted(sv, &limited, "Umbrella", 8).await;
     assert_eq!((hidden.hits.len(), hidden.total_candidates), (0, 0));
 }
+
+/// The name index ranks every match whoever asks: a caller who may read few of them still
+/// finds a readable entity ranked below a whole page of unreadable ones.
+#[tokio::test]
+async fn readable_matches_below_a_page_of_unreadable_ones_are_found() {
+    const DEEP: &str = "entities-deep";
+    let env = start().await;
+    let s = &env.store;
+    entity_index(s, DEEP).await;
+    let m = DocumentMeta::default;
+    write(s, DEEP, "secret", "secret/s.md", &["Private widgets."], m()).await;
+    write(s, DEEP, "public", "docs/p.md", &["The Zulu widget."], m()).await;
+    // 210 unreadable matches sort before the readable one (equal scores, then by key).
+    for i in 0..210 {
+        let hidden = entity(s, DEEP, "org", &format!("Widget {i:03}"), &[]).await;
+        mention(s, DEEP, "secret#0", &hidden).await;
+    }
+    let zulu = entity(s, DEEP, "org", "Widget Zulu", &[]).await;
+    mention(s, DEEP, "public#0", &zulu).await;
+    let search = |who: CallerContext| {
+        let request = EntitySearchRequest {
+            namespace: DEEP.into(),
+            text: "widget".into(),
+            evidence_limit: 1,
+            ..Default::default()
+        };
+        let service = env.service.clone();
+        async move { service.entity_search_for(&who, request).await.unwrap() }
+    };
+    let limited = search(caller(DEEP, |a| a.deny_prefixes = vec!["secret/".into()])).await;
+    let keys: Vec<&str> = limited.hits.iter().map(|h| h.entity_key.as_str()).collect();
+    assert_eq!(keys, [zulu.as_str()]);
+    assert_eq!(limited.total_candidates, 1);
+    // A caller who reads everything stops after the first page: the top 8 are in it, and
+    // total counts the matches read (a lower bound, as the proto says).
+    let full = search(caller(DEEP, |_| {})).await;
+    assert_eq!(full.hits.len(), 8);
+    assert_eq!(full.total_candidates, 200);
+}
