@@ -186,7 +186,7 @@ Omit format for size, mime type and indexing status (and the reason when it fail
 format \"sql\" (CSV, TSV): one read-only SELECT or WITH statement over the table data, e.g. SELECT region, sum(amount) FROM data GROUP BY region; \
 quote a header that is not a bare name: \"Market Value (AUD)\". Several statements, DDL/DML and functions that read files or the network are refused. \
 Returns {columns, types, rows, rowCount, truncated}. format \"text\" (any text file): query is a regular expression and returns the matching lines with \
-lineNumber, or omit query and pass startLine and endLine (1-based, inclusive) for a line window. format \"jsonpath\" (RFC 9535), \"jsonata\" or \"jinja\" \
+lineNumber (a regular expression is at most 4096 bytes), or omit query and pass startLine and endLine (1-based, inclusive; at most 2000 lines, 200 when endLine is omitted) for a line window. format \"jsonpath\" (RFC 9535), \"jsonata\" or \"jinja\" \
 (JSON files): query is the expression or template; a Jinja template reads the parsed document as data. maxRows caps rows and matches \
 (default 100, hard max 1000) and truncated says when more exist. A file over 10 MiB returns only its size: read it with format text and a line window. \
 Errors are {code, message}: not_found for a path you cannot read, invalid_argument with the position of a SQL error, \
@@ -336,9 +336,9 @@ fn file_input() -> Value {
             "format": {"type": "string", "enum": FILE_FORMATS,
                        "description": "Omit for metadata; sql for CSV/TSV, text for any text file, jsonpath, jsonata or jinja for JSON."},
             "query": {"type": "string", "maxLength": MAX_FILE_QUERY_CHARS,
-                      "description": "The SQL statement, regular expression, JSONPath, JSONata expression or Jinja template; required for every format but text with a line window."},
+                      "description": "The SQL statement, regular expression (at most 4096 bytes), JSONPath, JSONata expression or Jinja template; required for every format but text with a line window."},
             "startLine": {"type": "integer", "minimum": 1, "maximum": MAX_LINE, "description": "format text: first line of the window (1-based)."},
-            "endLine": {"type": "integer", "minimum": 1, "maximum": MAX_LINE, "description": "format text: last line of the window (inclusive)."},
+            "endLine": {"type": "integer", "minimum": 1, "maximum": MAX_LINE, "description": "format text: last line of the window (inclusive); a window holds at most 2000 lines."},
             "maxRows": {"type": "integer", "minimum": 1, "maximum": FILE_MAX_ROWS.1, "default": FILE_MAX_ROWS.0,
                         "description": "Most rows (sql) or matching lines (text) to return (hard max 1000)."},
         },
