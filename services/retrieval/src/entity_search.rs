@@ -9,11 +9,11 @@
 //! Text candidates come from the full-text index on `Entity` name and `aliasText`; each query
 //! term is looked up on its own and scored like the full-text lane (sum of term scores times
 //! the share of terms matched). The index ranks every match, readable or not, so it is read a
-//! page at a time until enough readable ones are found. When the deployment has embeddings, vector candidates join
-//! them: the query's nearest readable chunks (the vector lane, access filter inside the
-//! engine) name at most [`VECTOR_ENTITIES`] entities, whose name and aliases are embedded at
-//! query time; each ranks by the mean of its name's cosine to the query and its nearest
-//! mentioning chunk's. Embedding a bounded set per query needs no
+//! page at a time until enough readable ones are found. When the deployment has embeddings,
+//! vector candidates join them: the query's nearest readable chunks (the vector lane, access
+//! filter inside the engine) name at most [`VECTOR_ENTITIES`] entities, whose name and
+//! aliases are embedded at query time; each ranks by the mean of its name's cosine to the
+//! query and its nearest mentioning chunk's. Embedding a bounded set per query needs no
 //! entity index to keep in step with the TBox and works on any namespace already indexed;
 //! its cost is one embedder batch of short strings, cached per process (the same names come
 //! back on every call) and never batched with the query: the embedder pads a batch to its

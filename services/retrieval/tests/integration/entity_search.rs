@@ -208,6 +208,8 @@ async fn readable_matches_below_a_page_of_unreadable_ones_are_found() {
     let keys: Vec<&str> = limited.hits.iter().map(|h| h.entity_key.as_str()).collect();
     assert_eq!(keys, [zulu.as_str()]);
     assert_eq!(limited.total_candidates, 1);
+    // The side's count is of readable matches too: 210 unreadable ones are not told of.
+    assert_eq!(limited.sides[0].candidates, 1);
     // A caller who reads everything stops after the first page: the top 8 are in it, and
     // total counts the matches read (a lower bound, as the proto says).
     let full = search(caller(DEEP, |_| {})).await;
