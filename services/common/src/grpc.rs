@@ -54,6 +54,38 @@ pub async fn serve(
     Ok(())
 }
 
+/// How long the server lets a request run from now: the caller's `grpc-timeout` when it
+/// sent one, never more than [`REQUEST_TIMEOUT`], which the server enforces on every call.
+/// Work that can be cut short and still answer (a search's lanes) plans within this.
+pub fn time_allowed<T>(request: &tonic::Request<T>) -> Duration {
+    request
+        .metadata()
+        .get("grpc-timeout")
+        .and_then(|value| value.to_str().ok())
+        .and_then(parse_grpc_timeout)
+        .map_or(REQUEST_TIMEOUT, |sent| sent.min(REQUEST_TIMEOUT))
+}
+
+/// A `grpc-timeout` value: one to eight digits and a unit (H, M, S, m, u, n), as the gRPC
+/// over HTTP/2 specification writes it; `None` for anything else.
+fn parse_grpc_timeout(value: &str) -> Option<Duration> {
+    let unit = value.chars().last()?;
+    let digits = &value[..value.len() - unit.len_utf8()];
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let amount: u64 = digits.parse().ok()?;
+    Some(match unit {
+        'H' => Duration::from_secs(amount.checked_mul(3600)?),
+        'M' => Duration::from_secs(amount.checked_mul(60)?),
+        'S' => Duration::from_secs(amount),
+        'm' => Duration::from_millis(amount),
+        'u' => Duration::from_micros(amount),
+        'n' => Duration::from_nanos(amount),
+        _ => return None,
+    })
+}
+
 /// Accepted connections with TCP_NODELAY: a reply written in more than one piece (headers,
 /// then body) otherwise waits for the client's delayed ACK, ~40 ms per call on Linux.
 /// tonic's own `tcp_nodelay` setting does not apply to `serve_with_incoming`.
@@ -76,6 +108,45 @@ mod tests {
     use futures::StreamExt as _;
 
     use super::*;
+
+    #[test]
+    fn grpc_timeouts_parse_as_the_specification_writes_them() {
+        assert_eq!(
+            parse_grpc_timeout("20000000u"),
+            Some(Duration::from_secs(20))
+        );
+        assert_eq!(
+            parse_grpc_timeout("1500m"),
+            Some(Duration::from_millis(1500))
+        );
+        assert_eq!(parse_grpc_timeout("2S"), Some(Duration::from_secs(2)));
+        assert_eq!(parse_grpc_timeout("1H"), Some(Duration::from_secs(3600)));
+        for bad in ["", "m", "123456789m", "12x", "-1S", "1.5S", "١S", "1١"] {
+            assert_eq!(parse_grpc_timeout(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_time_allowed_is_the_callers_deadline_within_the_servers() {
+        let mut request = tonic::Request::new(());
+        assert_eq!(time_allowed(&request), REQUEST_TIMEOUT, "no deadline sent");
+        request.set_timeout(Duration::from_secs(2));
+        assert_eq!(time_allowed(&request), Duration::from_secs(2));
+        request.set_timeout(Duration::from_secs(600));
+        assert_eq!(
+            time_allowed(&request),
+            REQUEST_TIMEOUT,
+            "the server's bound wins"
+        );
+        request
+            .metadata_mut()
+            .insert("grpc-timeout", "soon".parse().unwrap());
+        assert_eq!(
+            time_allowed(&request),
+            REQUEST_TIMEOUT,
+            "unparsable: ignored"
+        );
+    }
 
     #[tokio::test]
     async fn accepted_connections_have_tcp_nodelay() {

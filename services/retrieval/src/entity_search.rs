@@ -36,6 +36,7 @@ use kg_proto::v1::{
 use kg_stores::graph::{GraphStore, Params, fulltext_query};
 use serde_json::Value;
 
+use crate::deadline::LaneDeadline;
 use crate::error::{Result, RetrievalError};
 use crate::filters::LaneFilters;
 use crate::graph_expand::strings;
@@ -134,6 +135,7 @@ pub(crate) async fn entity_search(
     vectors: Option<&VectorLane>,
     caller: &CallerContext,
     request: EntitySearchRequest,
+    deadline: LaneDeadline,
 ) -> Result<EntitySearchResponse> {
     validate_namespace(&request.namespace)?;
     let access = access_for(caller, &request.namespace)?;
@@ -156,7 +158,10 @@ pub(crate) async fn entity_search(
     let by_text = if requested == Mode::Vector {
         None
     } else {
-        match readable_text_candidates(store, ns, access, text, limit).await {
+        match deadline
+            .run(readable_text_candidates(store, ns, access, text, limit))
+            .await
+        {
             Ok((found, degrees)) => {
                 sides.push(side_ok("text", found.len()));
                 Some((found, degrees))
@@ -183,7 +188,10 @@ pub(crate) async fn entity_search(
             });
             None
         }
-        (_, Some(lane)) => match vector_candidates(store, lane, ns, access, text).await {
+        (_, Some(lane)) => match deadline
+            .run(vector_candidates(store, lane, ns, access, text))
+            .await
+        {
             Ok(found) => {
                 sides.push(side_ok("vector", found.len()));
                 Some(found)

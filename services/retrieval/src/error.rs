@@ -54,6 +54,13 @@ pub enum RetrievalError {
     /// an embedder).
     #[error("{0}")]
     FailedPrecondition(String),
+    /// A lane or side was still running when the time the caller allows ran out
+    /// ([`crate::deadline`]).
+    #[error("did not finish within the {budget_ms} ms the call allows")]
+    OutOfTime {
+        /// The time it had.
+        budget_ms: u64,
+    },
 }
 
 /// Stable trace code of a lane or side whose full-text index is missing.
@@ -88,6 +95,7 @@ impl RetrievalError {
             RetrievalError::IndexMissing { .. } | RetrievalError::FailedPrecondition(_) => {
                 self.to_string()
             }
+            RetrievalError::OutOfTime { .. } => format!("{what} {self}"),
             other => format!(
                 "{what} failed ({}); the details are in the server log",
                 other.code().as_str()
@@ -108,6 +116,7 @@ impl ErrorExt for RetrievalError {
             RetrievalError::IndexMissing { .. } | RetrievalError::FailedPrecondition(_) => {
                 ErrorCode::FailedPrecondition
             }
+            RetrievalError::OutOfTime { .. } => ErrorCode::Timeout,
             RetrievalError::UnexpectedReply(_)
             | RetrievalError::Serve(_)
             | RetrievalError::Config(_) => ErrorCode::Internal,

@@ -1,6 +1,7 @@
 //! The gRPC adapter: read the verified caller, call the domain method, convert.
 
 use kg_common::caller::require_caller;
+use kg_common::grpc::time_allowed;
 use kg_proto::v1::retrieval_server::Retrieval;
 use kg_proto::v1::{EntitySearchRequest, EntitySearchResponse, SearchRequest, SearchResponse};
 use tonic::{Request, Response, Status};
@@ -14,8 +15,10 @@ impl Retrieval for RetrievalService {
         request: Request<SearchRequest>,
     ) -> Result<Response<SearchResponse>, Status> {
         let caller = require_caller(&request)?;
+        let allowed = time_allowed(&request);
         Ok(Response::new(
-            self.search_for(&caller, request.into_inner()).await?,
+            self.search_within(&caller, request.into_inner(), allowed)
+                .await?,
         ))
     }
 
@@ -24,8 +27,9 @@ impl Retrieval for RetrievalService {
         request: Request<EntitySearchRequest>,
     ) -> Result<Response<EntitySearchResponse>, Status> {
         let caller = require_caller(&request)?;
+        let allowed = time_allowed(&request);
         Ok(Response::new(
-            self.entity_search_for(&caller, request.into_inner())
+            self.entity_search_within(&caller, request.into_inner(), allowed)
                 .await?,
         ))
     }

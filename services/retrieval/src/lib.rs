@@ -13,6 +13,7 @@
 mod bm25;
 mod co_annotation;
 mod config;
+mod deadline;
 mod entity_search;
 mod error;
 mod filters;

@@ -13,6 +13,7 @@ use kg_stores::graph::GraphStore;
 use kg_stores::vector::VectorIndex;
 
 use crate::config::RetrievalConfig;
+use crate::deadline::LaneDeadline;
 use crate::error::{Result, RetrievalError};
 use crate::fusion::{LaneHit, LaneHits, fuse};
 use crate::lanes::{self, Lane, LaneFilters, LaneSettings};
@@ -189,6 +190,20 @@ impl RetrievalService {
         caller: &CallerContext,
         request: SearchRequest,
     ) -> Result<SearchResponse> {
+        self.search_within(caller, request, kg_common::grpc::REQUEST_TIMEOUT)
+            .await
+    }
+
+    /// [`Self::search_for`] for a call allowed `allowed` from now (its gRPC deadline): a lane
+    /// still running near the end soft-fails with `timeout` so the others answer in time
+    /// ([`crate::deadline`]).
+    pub async fn search_within(
+        &self,
+        caller: &CallerContext,
+        request: SearchRequest,
+        allowed: Duration,
+    ) -> Result<SearchResponse> {
+        let deadline = LaneDeadline::within(allowed);
         validate_namespace(&request.namespace)?;
         let access = access_for(caller, &request.namespace)?;
         let plan = plan(&request)?;
@@ -208,8 +223,8 @@ impl RetrievalService {
                 return None;
             }
             let started = Instant::now();
-            let result = vectors
-                .search(
+            let result = deadline
+                .run(vectors.search(
                     &self.store,
                     &request.namespace,
                     access,
@@ -217,7 +232,7 @@ impl RetrievalService {
                     &plan.filters,
                     lanes::LANE_POOL,
                     collapse,
-                )
+                ))
                 .await
                 .map(|(hits, widening)| {
                     vector_widening = Some(VectorWidening {
@@ -236,74 +251,77 @@ impl RetrievalService {
                     continue;
                 }
                 let started = Instant::now();
-                let result = match lane {
-                    Lane::Fulltext => match &self.sparse {
-                        Some(sparse) => {
-                            sparse
-                                .search(
+                let run = async {
+                    match lane {
+                        Lane::Fulltext => match &self.sparse {
+                            Some(sparse) => {
+                                sparse
+                                    .search(
+                                        &self.store,
+                                        &request.namespace,
+                                        access,
+                                        query,
+                                        &plan.filters,
+                                        lanes::LANE_POOL,
+                                        collapse,
+                                    )
+                                    .await
+                            }
+                            None => {
+                                lanes::fulltext(
                                     &self.store,
                                     &request.namespace,
                                     access,
                                     query,
                                     &plan.filters,
-                                    lanes::LANE_POOL,
-                                    collapse,
+                                    self.lane_settings(),
                                 )
                                 .await
-                        }
-                        None => {
-                            lanes::fulltext(
+                            }
+                        },
+                        Lane::GraphExpand => {
+                            let fulltext = done.iter().find_map(|(lane, result, _)| match result {
+                                Ok(hits) if *lane == Lane::Fulltext => Some(hits.as_slice()),
+                                _ => None,
+                            });
+                            graph_expand::graph_expand(
                                 &self.store,
                                 &request.namespace,
                                 access,
                                 query,
                                 &plan.filters,
+                                fulltext,
                                 self.lane_settings(),
                             )
                             .await
                         }
-                    },
-                    Lane::GraphExpand => {
-                        let fulltext = done.iter().find_map(|(lane, result, _)| match result {
-                            Ok(hits) if *lane == Lane::Fulltext => Some(hits.as_slice()),
-                            _ => None,
-                        });
-                        graph_expand::graph_expand(
+                        Lane::CoAnnotation => co_annotation::co_annotation(
                             &self.store,
                             &request.namespace,
                             access,
                             query,
                             &plan.filters,
-                            fulltext,
-                            self.lane_settings(),
                         )
                         .await
-                    }
-                    Lane::CoAnnotation => match co_annotation::co_annotation(
-                        &self.store,
-                        &request.namespace,
-                        access,
-                        query,
-                        &plan.filters,
-                    )
-                    .await
-                    {
-                        Ok((hits, report)) => {
+                        .map(|(hits, report)| {
                             grounding = Some(report);
-                            Ok(hits)
-                        }
-                        Err(err) => {
-                            // Still one grounding entry per namespace: its reason is the trace code.
-                            grounding = Some(Grounding {
-                                namespace: request.namespace.clone(),
-                                reason: err.trace_code().to_owned(),
-                                ..Default::default()
-                            });
-                            Err(err)
-                        }
-                    },
-                    Lane::Vector => continue,
+                            hits
+                        }),
+                        // Skipped above: it runs beside these lanes, in `vector_run`.
+                        Lane::Vector => Ok(Vec::new()),
+                    }
                 };
+                let result = deadline.run(run).await;
+                if lane == Lane::CoAnnotation
+                    && let Err(err) = &result
+                {
+                    // Still one grounding entry per namespace: its reason is the trace code.
+                    grounding = Some(Grounding {
+                        namespace: request.namespace.clone(),
+                        reason: err.trace_code().to_owned(),
+                        ..Default::default()
+                    });
+                }
                 done.push((lane, result, started.elapsed()));
             }
             done
@@ -425,7 +443,26 @@ impl RetrievalService {
         caller: &CallerContext,
         request: EntitySearchRequest,
     ) -> Result<EntitySearchResponse> {
-        entity_search::entity_search(&self.store, self.vectors.as_ref(), caller, request).await
+        self.entity_search_within(caller, request, kg_common::grpc::REQUEST_TIMEOUT)
+            .await
+    }
+
+    /// [`Self::entity_search_for`] for a call allowed `allowed` from now: a side (text,
+    /// vector) still running near the end soft-fails with `timeout` in a hybrid search.
+    pub async fn entity_search_within(
+        &self,
+        caller: &CallerContext,
+        request: EntitySearchRequest,
+        allowed: Duration,
+    ) -> Result<EntitySearchResponse> {
+        entity_search::entity_search(
+            &self.store,
+            self.vectors.as_ref(),
+            caller,
+            request,
+            LaneDeadline::within(allowed),
+        )
+        .await
     }
 }
 

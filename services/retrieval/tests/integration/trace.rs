@@ -10,6 +10,7 @@ use crate::common;
 
 use common::{caller, entity, entity_index, keys, lane, mention, run, search, write};
 use std::sync::Arc;
+use std::time::Duration;
 
 use kg_common::ErrorExt;
 use kg_common::caller::{ContextSigner, ContextVerifier, attach_caller};
@@ -109,6 +110,7 @@ async fn search_trace_against_real_falkordb() {
     chunks_without_offsets_are_found_under_the_access_filter(&env).await;
     a_broken_namespace_fails_alone_with_a_stable_code(&env).await;
     a_failing_lane_soft_fails_while_another_answers(&env).await;
+    a_lane_out_of_time_soft_fails_within_the_callers_deadline(&env).await;
     vector_widening_reports_the_cap(&env).await;
 }
 
@@ -403,6 +405,118 @@ async fn a_failing_lane_soft_fails_while_another_answers(env: &Env) {
     let vector = lane(&soft, "vector");
     assert_eq!(vector.error_code, ErrorCode::Unavailable.as_str());
     assert!(!vector.message.contains("127.0.0.1"), "{}", vector.message);
+}
+
+/// An embedding endpoint that takes connections and never answers (a model server stuck
+/// loading, or retrying behind a proxy) would hold the vector lane for its 60 s request
+/// timeout and its retries. The lanes share the time the caller allows instead: past it the
+/// vector lane soft-fails with `timeout` and the others answer before the caller's deadline,
+/// whether the time comes from an in-process call or from the gRPC deadline the gateway sends.
+async fn a_lane_out_of_time_soft_fails_within_the_callers_deadline(env: &Env) {
+    let ns = "lanes"; // written by a_failing_lane_soft_fails_while_another_answers
+    let who = caller(ns, |_| {});
+    let query = "Acme and Zephyr contract";
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let silent_port = silent.local_addr().unwrap().port();
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            open.push(socket);
+        }
+    });
+    let options = kg_embed::OpenAiOptions {
+        dims: Some(64),
+        ..kg_embed::OpenAiOptions::new(format!("http://127.0.0.1:{silent_port}/v1"), "m")
+    };
+    let stuck: SharedEmbedder = Arc::new(kg_embed::OpenAiEmbedder::connect(options).await.unwrap());
+    let index =
+        ServerIndex::connect(&format!("http://127.0.0.1:{silent_port}"), None, "kg", 64).unwrap();
+    let service = RetrievalService::new(env.store.clone())
+        .with_vectors(VectorIndex::Server(index), stuck)
+        .unwrap();
+    let lanes = &["fulltext", "vector", "graph_expand", "co_annotation"];
+    let expect_vector_out_of_time = |response: &kg_proto::v1::SearchResponse, budget_ms: u64| {
+        let vector = lane(response, "vector");
+        assert!(!vector.ok, "{vector:?}");
+        assert_eq!(vector.error_code, ErrorCode::Timeout.as_str());
+        assert_eq!(
+            vector.message,
+            format!("the vector lane did not finish within the {budget_ms} ms the call allows")
+        );
+        for other in ["fulltext", "graph_expand", "co_annotation"] {
+            assert!(
+                lane(response, other).ok,
+                "{other}: {:?}",
+                lane(response, other)
+            );
+        }
+        assert_eq!(
+            response.hits[0].chunk_key, "deal#0",
+            "the other lanes answer"
+        );
+    };
+
+    // In process: 1.5 s allowed, a tenth kept back for fusing and answering.
+    let soft = service
+        .search_within(&who, search(ns, query, lanes), Duration::from_millis(1500))
+        .await
+        .unwrap();
+    expect_vector_out_of_time(&soft, 1350);
+    // The vector lane alone has nothing to answer with: the call fails, with `timeout`.
+    let err = service
+        .search_within(
+            &who,
+            search(ns, query, &["vector"]),
+            Duration::from_millis(500),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Timeout);
+
+    // Over gRPC, from the deadline the caller sends (the gateway sends 20 s). Before lanes
+    // had a deadline, the server cancelled the whole call at the caller's deadline.
+    let signer = ContextSigner::generate();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let shutdown = CancellationToken::new();
+    let server = tokio::spawn(kg_retrieval::serve_with(
+        service,
+        ContextVerifier::new(vec![signer.public_key()]),
+        listener,
+        shutdown.clone(),
+    ));
+    let mut client =
+        RetrievalClient::new(kg_common::grpc::channel(&format!("http://{addr}")).unwrap());
+    let signed = signer.sign(&who);
+    let mut request = tonic::Request::new(search(ns, query, lanes));
+    attach_caller(&mut request, &signed);
+    request.set_timeout(Duration::from_secs(2));
+    let over_grpc = client.search(request).await.unwrap().into_inner();
+    expect_vector_out_of_time(&over_grpc, 1800);
+
+    // Entity search in hybrid mode: the vector side runs out of time, the text side answers.
+    let mut request = tonic::Request::new(kg_proto::v1::EntitySearchRequest {
+        namespace: ns.into(),
+        text: "Acme".into(),
+        mode: "hybrid".into(),
+        ..Default::default()
+    });
+    attach_caller(&mut request, &signed);
+    request.set_timeout(Duration::from_secs(2));
+    let entities = client.entity_search(request).await.unwrap().into_inner();
+    assert_eq!(entities.mode, "text", "{entities:?}");
+    assert_eq!(entities.hits[0].name, "Acme");
+    let side = |name: &str| entities.sides.iter().find(|s| s.side == name).unwrap();
+    assert!(side("text").ok);
+    assert!(!side("vector").ok);
+    assert_eq!(side("vector").error_code, ErrorCode::Timeout.as_str());
+    assert_eq!(
+        side("vector").message,
+        "the vector side did not finish within the 1800 ms the call allows"
+    );
+    shutdown.cancel();
+    server.await.unwrap().unwrap();
+    held.abort();
 }
 
 /// A search of the vector lane alone on the "lanes" namespace fails with `unavailable` and
