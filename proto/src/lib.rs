@@ -13,4 +13,7 @@ pub mod limits {
     /// Most chunk keys one `Graph.Packages` call may name (the top-k hard maximum); a
     /// caller with more keys splits them over several calls.
     pub const PACKAGE_KEYS_PER_CALL: usize = 32;
+    /// Longest chunk key, entity key or file id a service accepts in a request, in bytes.
+    /// The indexer makes every entity key it writes fit (a long name is cut and hashed).
+    pub const MAX_KEY_BYTES: usize = 256;
 }

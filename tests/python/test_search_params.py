@@ -43,6 +43,8 @@ NS_FRAGILE = "sparams-fragile"
 # Twelve entities of one name family, each mentioned by three files of its own.
 NS_MANY = "sparams-many"
 MANY_NAMES = ["Alpha", "Bravo", "Charlie", "Delta", "Echo", "Foxtrot", "Golf", "Hotel", "India", "Juliet", "Kilo", "Lima"]
+# An entity whose key would be over the 256 bytes every service takes if written whole.
+LONG_NAME = "Consolidated " + " ".join(f"Turbine Blade Works Division {n}" for n in range(1, 11))
 
 TBOX = """\
 entity_types:
@@ -129,12 +131,21 @@ def _publish_and_ingest(mesh: Mesh, tbox: Path, root: Path, namespaces: list[str
 
 @pytest.fixture(scope="module")
 def many(mesh: Mesh, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """NS_MANY: a TBox of twelve `Fabrikam <name>` plants, each mentioned by three files."""
+    """NS_MANY: a TBox of twelve `Fabrikam <name>` plants, each mentioned by three files, and
+    one entity of a very long name, mentioned by two."""
     work = tmp_path_factory.mktemp("search-many")
     instances = "\n".join(f"      - name: Fabrikam {name}" for name in MANY_NAMES)
     tbox = work / "tbox.yaml"
-    tbox.write_text(f"entity_types:\n  - type_id: plant\n    label: Plant\n    instances:\n{instances}\n", encoding="utf-8")
+    tbox.write_text(
+        f"entity_types:\n  - type_id: plant\n    label: Plant\n    instances:\n{instances}\n"
+        f"  - type_id: works\n    label: Works\n    instances:\n      - name: {LONG_NAME}\n",
+        encoding="utf-8",
+    )
     root = work / "corpus"
+    for part in ("north", "south"):
+        target = root / "works" / f"{part}.md"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(f"# The {part} site\n\n{LONG_NAME} runs the {part} site.\n", encoding="utf-8")
     for name in MANY_NAMES:
         for visit in range(3):
             target = root / "plants" / f"{name.lower()}-{visit}.md"
@@ -301,6 +312,25 @@ async def test_entity_search_reads_more_evidence_than_one_packages_call_holds(me
         assert len(first["hits"]) == 5 and (first["total"], first["truncated"]) == (12, True), first
         one = await call_ok(client, "kg_entity_search", {"text": "Fabrikam Kilo", "namespaces": [many], "limit": 1})
         assert one["hits"][0]["name"] == "Fabrikam Kilo", one["hits"]
+
+
+async def test_a_long_entity_name_keeps_a_key_every_tool_takes(mesh: Mesh, many: str) -> None:
+    """A name too long to key whole is cut and hashed by the indexer: kg_entity_search returns a
+    key that kg_open and kg_hop take (before, they refused it as over 256 bytes)."""
+    assert len(f"ent:works:{LONG_NAME.lower()}".encode()) > 256
+    async with mcp_http(mesh.mcp_url, mesh.admin_token) as client:
+        found = await call_ok(client, "kg_entity_search", {"text": "Consolidated", "namespaces": [many], "limit": 1})
+        [hit] = found["hits"]
+        assert hit["name"] == LONG_NAME and hit["degree"] == 2, hit
+        key = hit["entityKey"]
+        assert len(key.encode()) <= 256 and key.startswith("ent:works:consolidated turbine blade works"), key
+        opened = await call_ok(client, "kg_open", {"namespace": many, "entityKey": key})
+        assert sorted(p["path"] for p in opened["packages"]) == ["works/north.md", "works/south.md"], opened
+        north = next(p for p in opened["packages"] if p["path"] == "works/north.md")
+        hopped = await call_ok(client, "kg_hop", {"namespace": many, "fromKey": key, "kind": "mentions"})
+        assert {p["path"] for p in hopped["packages"]} >= {"works/south.md"}, hopped
+        from_chunk = await call_ok(client, "kg_hop", {"namespace": many, "fromKey": north["chunkKey"], "kind": "mentions"})
+        assert [p["path"] for p in from_chunk["packages"]] == ["works/south.md"], from_chunk
 
 
 async def test_entity_search_mode_argument(mesh: Mesh, corpus: str) -> None:

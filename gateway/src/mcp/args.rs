@@ -27,8 +27,6 @@ pub(crate) const MAX_OUTLINE_DEPTH: u32 = 32;
 pub(crate) const MAX_NAMESPACES: usize = 32;
 /// Largest tokenBudget accepted.
 pub(crate) const MAX_TOKEN_BUDGET: u32 = 1_000_000;
-/// Longest key or cursor accepted.
-const MAX_KEY_CHARS: usize = 512;
 
 /// Search lanes a caller may name (retrieval soft-fails those it does not run).
 pub(crate) const KNOWN_LANES: [&str; 4] = ["fulltext", "vector", "graph_expand", "co_annotation"];
@@ -95,12 +93,14 @@ pub(crate) fn namespace(name: &str, value: &str) -> Result<String, ClientError> 
     Ok(value.to_owned())
 }
 
+/// A key, file id or cursor as an earlier result returned it: no service's key is longer than
+/// [`kg_proto::limits::MAX_KEY_BYTES`] (the indexer cuts and hashes long entity names).
 pub(crate) fn key(name: &str, value: &str) -> Result<String, ClientError> {
     let value = value.trim();
     if value.is_empty() {
         return Err(ClientError::invalid(format!("{name} must not be empty")));
     }
-    if value.chars().count() > MAX_KEY_CHARS || value.chars().any(char::is_control) {
+    if value.len() > kg_proto::limits::MAX_KEY_BYTES || value.chars().any(char::is_control) {
         return Err(ClientError::invalid(format!(
             "{name} is not a valid key: pass a key exactly as an earlier result returned it"
         )));

@@ -13,7 +13,7 @@ pub(crate) const OUTLINE_LIMIT: (u32, u32) = (50, 200);
 /// Most chunk keys one Packages call may name (the contract's limit).
 pub(crate) const MAX_PACKAGE_KEYS: usize = kg_proto::limits::PACKAGE_KEYS_PER_CALL;
 /// Longest key or file id accepted; real ones are far shorter.
-pub(crate) const MAX_KEY_LEN: usize = 256;
+pub(crate) const MAX_KEY_LEN: usize = kg_proto::limits::MAX_KEY_BYTES;
 
 /// Per-package list caps after defaults were applied and maxima checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

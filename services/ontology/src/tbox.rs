@@ -32,12 +32,23 @@ fn decode(text: &str) -> Result<Tbox> {
     Tbox::decode(bytes.as_slice()).map_err(|e| OntologyError::Store(format!("tbox body: {e}")))
 }
 
+/// Longest entity type id: it is part of every entity key of its type, which the services
+/// cap at [`kg_proto::limits::MAX_KEY_BYTES`], so a long one would leave little for names.
+const MAX_TYPE_ID_BYTES: usize = 64;
+
 fn check(tbox: &Tbox) -> Result<()> {
     let mut problems = Vec::new();
     let mut ids = std::collections::BTreeSet::new();
     for t in &tbox.entity_types {
         if t.type_id.trim().is_empty() || t.label.trim().is_empty() {
             problems.push("every entity type needs a type_id and a label".to_owned());
+        }
+        if t.type_id.len() > MAX_TYPE_ID_BYTES {
+            problems.push(format!(
+                "entity type id `{}…` is longer than {MAX_TYPE_ID_BYTES} bytes; use a short id \
+                 and put the words in its label",
+                t.type_id.chars().take(32).collect::<String>()
+            ));
         }
         if !ids.insert(t.type_id.clone()) {
             problems.push(format!("entity type `{}` is declared twice", t.type_id));
@@ -193,5 +204,32 @@ impl TboxStore {
             OntologyError::NotFound(format!("namespace `{namespace}` has no published TBox"))
         })?;
         decode(&row.try_get::<String, _>(0)?)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use kg_proto::v1::EntityType;
+
+    use super::*;
+
+    #[test]
+    fn a_type_id_longer_than_an_entity_key_allows_is_refused() {
+        let tbox = |type_id: String| Tbox {
+            entity_types: vec![EntityType {
+                type_id,
+                label: "Plant".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        assert!(check(&tbox("p".repeat(MAX_TYPE_ID_BYTES))).is_ok());
+        let Err(OntologyError::Invalid(problems)) = check(&tbox("p".repeat(MAX_TYPE_ID_BYTES + 1)))
+        else {
+            panic!("a 65-byte type id passed");
+        };
+        assert_eq!(problems.len(), 1);
+        assert!(problems[0].contains("longer than 64 bytes"), "{problems:?}");
     }
 }

@@ -31,7 +31,9 @@ mod tests;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock};
 
+use kg_proto::limits::MAX_KEY_BYTES;
 use kg_proto::v1::Tbox;
+use sha2::{Digest as _, Sha256};
 
 use crate::graph_writer::ChunkRecord;
 
@@ -185,9 +187,21 @@ pub fn normalize_name(name: &str) -> String {
     out
 }
 
-/// `ent:<typeId>:<normalised name>`, stable across files.
+/// `ent:<typeId>:<normalised name>`, stable across files. A key that would be longer than
+/// the services accept ([`MAX_KEY_BYTES`]: a long name a pattern matched, say) keeps its
+/// longest prefix that fits beside `~` and 16 hex digits of the whole key's SHA-256, so it
+/// still names one entity, the same from every file, and kg_open and kg_hop take it.
 pub fn entity_key(type_id: &str, name: &str) -> String {
-    format!("ent:{type_id}:{}", normalize_name(name))
+    let key = format!("ent:{type_id}:{}", normalize_name(name));
+    if key.len() <= MAX_KEY_BYTES {
+        return key;
+    }
+    let digest = hex::encode(&Sha256::digest(key.as_bytes())[..8]);
+    let mut cut = MAX_KEY_BYTES - digest.len() - 1;
+    while !key.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}~{digest}", &key[..cut])
 }
 
 /// Longest regex pattern accepted, in bytes.

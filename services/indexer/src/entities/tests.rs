@@ -263,3 +263,38 @@ fn no_tbox_only_proposes_candidates() {
     let b = extractor_for(Some(&tbox()));
     assert!(Arc::ptr_eq(&a, &b), "compiled once per TBox version");
 }
+
+#[test]
+fn entity_keys_fit_the_services_limit_and_stay_one_per_entity() {
+    assert_eq!(entity_key("org", "Acme  Corp"), "ent:org:acme corp");
+    let long = |tail: &str| {
+        format!(
+            "{} {tail}",
+            "Consolidated Turbine Blade Works ".repeat(12).trim_end()
+        )
+    };
+    let key = entity_key("org", &long("North"));
+    assert!(key.len() <= MAX_KEY_BYTES, "{} bytes", key.len());
+    assert!(
+        key.starts_with("ent:org:consolidated turbine blade works"),
+        "{key}"
+    );
+    assert_eq!(
+        key,
+        entity_key("org", &long("north")),
+        "spelled another way, the same entity"
+    );
+    assert_ne!(
+        key,
+        entity_key("org", &long("South")),
+        "same start, another entity"
+    );
+    // Cut at a character boundary: a name of two-byte letters leaves a valid key.
+    let greek = entity_key("place", &"Αθήνα ".repeat(40));
+    assert!(
+        greek.len() <= MAX_KEY_BYTES && greek.contains("αθήνα"),
+        "{greek}"
+    );
+    // A long type id too.
+    assert!(entity_key(&"t".repeat(300), "Acme").len() <= MAX_KEY_BYTES);
+}
