@@ -16,4 +16,6 @@ pub mod limits {
     /// Longest chunk key, entity key or file id a service accepts in a request, in bytes.
     /// The indexer makes every entity key it writes fit (a long name is cut and hashed).
     pub const MAX_KEY_BYTES: usize = 256;
+    /// Most namespaces one audit event lists; it counts the rest in `more_namespaces`.
+    pub const AUDIT_NAMESPACES: usize = 64;
 }

@@ -374,6 +374,30 @@ async def test_entity_search_counts_only_readable_mentions(
         assert [p["path"] for p in hit["evidence"]] == ["notes/turbines.md"]
 
 
+async def test_a_search_over_more_namespaces_than_an_audit_event_lists_is_still_audited(
+    mesh: Mesh, corpus: str, make_principal: Callable[..., Principal]
+) -> None:
+    """A search naming no namespace covers every readable one; for a caller with 65 of them the
+    audit event lists 64 and counts the rest (before, auth refused the event and it was lost)."""
+    wide = make_principal("wide-reader")
+    names = [corpus] + [f"sparams-wide-{i:02d}" for i in range(64)]
+    for ns in names[1:]:
+        mesh.cli("ns", "create", ns)
+    for ns in names:
+        mesh.grant(wide.id, ns, "read")
+    async with mcp_http(mesh.mcp_url, wide.token) as client:
+        await call_tool(client, "kg_search", {"query": QUERY})
+    deadline = time.monotonic() + 10
+    while True:
+        listed = mesh.cli("audit", "--tool", "kg_search", "--principal", wide.id, "--limit", "10")
+        if listed["events"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    [event] = listed["events"]
+    assert len(event["namespaces"]) == 64 and event["moreNamespaces"] == 1, event
+    assert set(event["namespaces"]) < set(names), event
+
+
 # ---------------------------------------------------------------------------------------------
 # Filters
 # ---------------------------------------------------------------------------------------------

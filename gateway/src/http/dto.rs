@@ -191,6 +191,8 @@ pub(crate) struct AuditEventJson {
     on_behalf_of: Option<String>,
     tool: String,
     namespaces: Vec<String>,
+    /// Namespaces the call covered beyond the (at most 64) listed.
+    more_namespaces: u32,
     outcome: String,
     latency_us: i64,
     result_bytes: i64,
@@ -207,6 +209,7 @@ impl From<AuditEvent> for AuditEventJson {
             on_behalf_of: non_empty(e.on_behalf_of),
             tool: e.tool,
             namespaces: e.namespaces,
+            more_namespaces: e.more_namespaces,
             outcome: e.outcome,
             latency_us: e.latency_us,
             result_bytes: e.result_bytes,

@@ -501,11 +501,22 @@ impl CallSummary {
     }
 
     /// The audit event; who called and the request id are filled in by the sink.
-    fn audit_event(&self, at_ms: i64, namespaces: Vec<String>, transport: Transport) -> AuditEvent {
+    fn audit_event(
+        &self,
+        at_ms: i64,
+        mut namespaces: Vec<String>,
+        transport: Transport,
+    ) -> AuditEvent {
+        // Auth keeps a bounded list; the rest are counted so the record stays honest.
+        let more = namespaces
+            .len()
+            .saturating_sub(kg_proto::limits::AUDIT_NAMESPACES);
+        namespaces.truncate(kg_proto::limits::AUDIT_NAMESPACES);
         AuditEvent {
             at_ms,
             tool: self.tool.clone(),
             namespaces,
+            more_namespaces: u32::try_from(more).unwrap_or(u32::MAX),
             outcome: self.outcome().to_owned(),
             latency_us: i64::try_from(self.latency.as_micros()).unwrap_or(i64::MAX),
             result_bytes: i64::try_from(self.result_bytes).unwrap_or(i64::MAX),
@@ -524,6 +535,22 @@ mod tests {
     fn finished(value: serde_json::Value) -> (CallToolResult, Option<ErrorCode>) {
         let (answer, failure) = finish(tools::json_text(&value));
         (answer.into_call_tool_result(), failure)
+    }
+
+    #[test]
+    fn an_audit_event_lists_what_auth_keeps_and_counts_the_rest() {
+        let summary = CallSummary {
+            tool: "kg_search".into(),
+            failure: None,
+            latency: std::time::Duration::from_millis(3),
+            result_bytes: 10,
+        };
+        let many: Vec<String> = (0..70).map(|i| format!("ns-{i:02}")).collect();
+        let event = summary.audit_event(1, many.clone(), Transport::Http);
+        assert_eq!(event.namespaces, many[..64]);
+        assert_eq!(event.more_namespaces, 6);
+        let event = summary.audit_event(1, many[..2].to_vec(), Transport::Http);
+        assert_eq!((event.namespaces.len(), event.more_namespaces), (2, 0));
     }
 
     #[test]

@@ -28,7 +28,7 @@ const MAX_FILE_ID_LEN: usize = 200;
 /// Audit field limits: an event is metadata, never payload.
 const MAX_AUDIT_TOOL_LEN: usize = 128;
 const MAX_AUDIT_OUTCOME_LEN: usize = 64;
-const MAX_AUDIT_NAMESPACES: usize = 64;
+const MAX_AUDIT_NAMESPACES: usize = kg_proto::limits::AUDIT_NAMESPACES;
 const MAX_AUDIT_NAMESPACE_LEN: usize = 128;
 const MAX_AUDIT_REQUEST_ID_LEN: usize = 128;
 const MAX_AUDIT_TRANSPORT_LEN: usize = 32;
@@ -717,7 +717,8 @@ impl AuthService {
         check_audit_text("transport", &event.transport, 0, MAX_AUDIT_TRANSPORT_LEN)?;
         if event.namespaces.len() > MAX_AUDIT_NAMESPACES {
             return Err(AuthError::Invalid(format!(
-                "at most {MAX_AUDIT_NAMESPACES} namespaces per audit event"
+                "at most {MAX_AUDIT_NAMESPACES} namespaces per audit event; count the rest in \
+                 moreNamespaces"
             )));
         }
         for ns in &event.namespaces {
@@ -740,6 +741,7 @@ impl AuthService {
             result_bytes: event.result_bytes,
             request_id: event.request_id,
             transport: event.transport,
+            more_namespaces: event.more_namespaces,
         };
         self.store.insert_audit(&stored).await?;
         Ok(stored)

@@ -540,6 +540,7 @@ async fn scenario(sql: SqlStore) {
         result_bytes: 512,
         request_id: "req-1".into(),
         transport: "http".into(),
+        more_namespaces: 3,
     };
     let agent_ctx = context(&auth, &agent_token).await;
     let stored = auth.record_audit(&agent_ctx, lie.clone()).await.unwrap();
@@ -617,6 +618,10 @@ async fn scenario(sql: SqlStore) {
             assert_eq!(e.principal_id, bea.id);
             assert_eq!(e.namespaces, strings(&["handbook"]));
             assert_eq!((e.latency_us, e.result_bytes), (1200, 512));
+            assert_eq!(
+                e.more_namespaces, 3,
+                "the count of namespaces not listed is kept"
+            );
             assert!(recorded.remove(&e.id), "each event once: {}", e.id);
         }
         if cursor.is_empty() {

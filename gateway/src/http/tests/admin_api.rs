@@ -257,6 +257,7 @@ async fn the_audit_log_is_queried_with_filters_and_a_cursor() {
                 result_bytes: 7,
                 request_id: format!("req_{i}"),
                 transport: "http".into(),
+                more_namespaces: 0,
             });
         }
     }
@@ -271,7 +272,7 @@ async fn the_audit_log_is_queried_with_filters_and_a_cursor() {
     assert_eq!(
         body,
         json!({"events": [{"id": "aud_0", "atMs": 100, "principalId": "agt_test", "onBehalfOf": "usr_test",
-                           "tool": "kg_search", "namespaces": ["demo"], "outcome": "ok", "latencyUs": 42,
+                           "tool": "kg_search", "namespaces": ["demo"], "moreNamespaces": 0, "outcome": "ok", "latencyUs": 42,
                            "resultBytes": 7, "requestId": "req_0", "transport": "http"}],
                "nextCursor": "1"})
     );
