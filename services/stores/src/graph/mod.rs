@@ -67,6 +67,8 @@ pub struct Rows {
 pub struct GraphStore {
     client: FalkorAsyncClient,
     url: std::sync::Arc<str>,
+    /// Longest wait for one reply ([`GraphStore::with_reply_timeout`]).
+    reply_timeout: Duration,
 }
 
 impl std::fmt::Debug for GraphStore {
@@ -78,6 +80,9 @@ impl std::fmt::Debug for GraphStore {
 /// Multiplexed sockets per client; commands pipeline over them.
 const CONNECTIONS: u8 = 2;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default longest wait for one reply: far above any query the services run (a large
+/// file's write is seconds), so it only ends waits on a server that stopped answering.
+pub const DEFAULT_REPLY_TIMEOUT: Duration = Duration::from_secs(120);
 
 impl GraphStore {
     /// Connects to `redis://host:port` (or `falkor://`); fails with `Unavailable` when the
@@ -100,7 +105,35 @@ impl GraphStore {
         Ok(GraphStore {
             client,
             url: url.into(),
+            reply_timeout: DEFAULT_REPLY_TIMEOUT,
         })
+    }
+
+    /// Bounds the wait for each reply (default [`DEFAULT_REPLY_TIMEOUT`]). A server-side
+    /// query timeout cannot end a wait on a server that stopped answering (seen: FalkorDB
+    /// deadlocked in its module's globals lock, its sockets open and silent); past this the
+    /// call fails with `Timeout` and the connection stays usable, as replies are matched to
+    /// requests and a late one is dropped.
+    pub fn with_reply_timeout(mut self, timeout: Duration) -> Self {
+        self.reply_timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Awaits one store call within the reply timeout.
+    async fn answered<T>(
+        &self,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.reply_timeout, call).await {
+            Ok(result) => result,
+            Err(_elapsed) => Err(StoreError::timeout(
+                StoreKind::Graph,
+                format!(
+                    "no reply from FalkorDB within {} ms",
+                    self.reply_timeout.as_millis()
+                ),
+            )),
+        }
     }
 
     /// The server this handle talks to, for per-server caches (never logged: it may hold a password).
@@ -121,7 +154,8 @@ impl GraphStore {
         params: &Params,
     ) -> Result<Rows, StoreError> {
         // Boxed: the driver's future nests deep enough to overflow callers' type layout.
-        Box::pin(self.query_inner(namespace, cypher, params)).await
+        self.answered(Box::pin(self.query_inner(namespace, cypher, params)))
+            .await
     }
 
     async fn query_inner(
@@ -150,7 +184,10 @@ impl GraphStore {
         params: &Params,
         timeout_ms: u64,
     ) -> Result<Rows, StoreError> {
-        Box::pin(self.ro_query_inner(namespace, cypher, params, timeout_ms)).await
+        self.answered(Box::pin(
+            self.ro_query_inner(namespace, cypher, params, timeout_ms),
+        ))
+        .await
     }
 
     async fn ro_query_inner(
@@ -177,16 +214,24 @@ impl GraphStore {
     /// Deletes a namespace's graph. Deleting a graph that does not exist is not an error.
     pub async fn delete_graph(&self, namespace: &str) -> Result<(), StoreError> {
         let mut graph = self.client.select_graph(Self::graph_name(namespace));
-        match graph.delete().await.map_err(map_falkor_error) {
+        match self
+            .answered(async { graph.delete().await.map_err(map_falkor_error) })
+            .await
+        {
             Ok(()) | Err(StoreError::NotFound { .. }) => Ok(()),
             Err(err) => Err(err),
         }
     }
 
+    async fn list_graphs(&self) -> Result<Vec<String>, StoreError> {
+        self.answered(async { self.client.list_graphs().await.map_err(map_falkor_error) })
+            .await
+    }
+
     /// Whether a namespace's graph exists.
     pub async fn graph_exists(&self, namespace: &str) -> Result<bool, StoreError> {
         let name = Self::graph_name(namespace);
-        let graphs = self.client.list_graphs().await.map_err(map_falkor_error)?;
+        let graphs = self.list_graphs().await?;
         Ok(graphs.contains(&name))
     }
 
@@ -242,7 +287,7 @@ impl GraphStore {
     /// migration: an index definition that changed is rebuilt before the first search, not
     /// at the namespace's next write). Returns how many namespaces it checked.
     pub async fn ensure_all_indexes(&self) -> Result<usize, StoreError> {
-        let graphs = self.client.list_graphs().await.map_err(map_falkor_error)?;
+        let graphs = self.list_graphs().await?;
         let mut checked = 0;
         for graph in graphs {
             if let Some(namespace) = graph.strip_prefix(GRAPH_PREFIX) {

@@ -526,6 +526,93 @@ async fn graph_store_on_falkordb() {
     assert_eq!(err.code(), ErrorCode::Unavailable, "{}", err.detail());
 }
 
+/// A FalkorDB that stops answering (here frozen with SIGSTOP; seen for real as a deadlock in
+/// the module) fails each call with `timeout` once the reply timeout passes, instead of
+/// holding the caller for ever; once it answers again the same handle works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_falkordb_fails_calls_in_time_and_the_handle_recovers() {
+    use std::time::{Duration, Instant};
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    let venv = venv();
+    let dir = tempfile::tempdir().unwrap();
+    let falkor = EmbeddedFalkor::start(&venv, dir.path()).await.unwrap();
+    let graph = GraphStore::connect(&falkor.url)
+        .await
+        .unwrap()
+        .with_reply_timeout(Duration::from_millis(800));
+    let none = Params::new();
+    graph
+        .query("frozen", "CREATE (:FileRef {fileId: 'f1'})", &none)
+        .await
+        .unwrap();
+
+    // The server's pid, from INFO on a connection of our own.
+    let mut info = tokio::net::TcpStream::connect(("127.0.0.1", falkor.port))
+        .await
+        .unwrap();
+    info.write_all(b"*2\r\n$4\r\nINFO\r\n$6\r\nserver\r\n")
+        .await
+        .unwrap();
+    let mut reply = vec![0u8; 16 * 1024];
+    let read = info.read(&mut reply).await.unwrap();
+    let text = String::from_utf8_lossy(&reply[..read]).into_owned();
+    let pid = text
+        .lines()
+        .find_map(|line| line.strip_prefix("process_id:"))
+        .unwrap_or_else(|| panic!("no process_id in INFO: {text}"))
+        .trim()
+        .to_owned();
+    let signal = |name: &str| {
+        let status = std::process::Command::new("kill")
+            .args([name, &pid])
+            .status()
+            .unwrap();
+        assert!(status.success(), "kill {name} {pid}");
+    };
+
+    signal("-STOP");
+    let started = Instant::now();
+    let write = graph
+        .query("frozen", "CREATE (:FileRef {fileId: 'f2'})", &none)
+        .await;
+    let read = graph
+        .ro_query("frozen", "MATCH (f:FileRef) RETURN count(f)", &none, 1000)
+        .await;
+    let exists = graph.graph_exists("frozen").await;
+    let waited = started.elapsed();
+    signal("-CONT");
+    for result in [write.map(|_| ()), read.map(|_| ()), exists.map(|_| ())] {
+        let err = result.unwrap_err();
+        assert_eq!(err.code(), ErrorCode::Timeout, "{}", err.detail());
+        assert!(!err.to_string().contains("127.0.0.1"), "{err}");
+    }
+    // Three calls, each ended by its own timeout rather than by the server.
+    assert!(waited < Duration::from_secs(60), "{waited:?}");
+
+    // Answering again, and every reply goes to its own call: a late reply to a call that
+    // timed out is dropped, never handed to the next one. (Whether the frozen write landed
+    // is up to the driver: it may never have been sent.)
+    for n in 0..6 {
+        let rows = graph
+            .ro_query("frozen", &format!("RETURN {n}"), &none, 1000)
+            .await
+            .unwrap();
+        assert_eq!(rows.rows, vec![vec![json!(n)]]);
+    }
+    let rows = graph
+        .ro_query(
+            "frozen",
+            "MATCH (f:FileRef {fileId: 'f1'}) RETURN f.fileId",
+            &none,
+            1000,
+        )
+        .await
+        .unwrap();
+    assert_eq!(rows.rows, vec![vec![json!("f1")]]);
+    assert!(graph.graph_exists("frozen").await.unwrap());
+}
+
 // ---------------------------------------------------------------------------------------
 // Events: NATS JetStream.
 
