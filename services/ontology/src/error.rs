@@ -27,6 +27,10 @@ pub enum OntologyError {
     /// Admin rights needed.
     #[error("{0}")]
     Denied(String),
+    /// A store this call needs is down or did not answer; the message is ours, the detail
+    /// stays in the log.
+    #[error("{0}")]
+    Unavailable(String),
     /// Store failure; detail stays in the log.
     #[error("store: {0}")]
     Store(String),
@@ -44,6 +48,7 @@ impl ErrorExt for OntologyError {
             OntologyError::NoProject | OntologyError::Conflict(_) => ErrorCode::FailedPrecondition,
             OntologyError::NotFound(_) => ErrorCode::NotFound,
             OntologyError::Denied(_) => ErrorCode::PermissionDenied,
+            OntologyError::Unavailable(_) => ErrorCode::Unavailable,
             OntologyError::Store(_) => ErrorCode::Internal,
         }
     }
@@ -59,7 +64,16 @@ impl From<sqlx::Error> for OntologyError {
 
 impl From<kg_stores::StoreError> for OntologyError {
     fn from(err: kg_stores::StoreError) -> Self {
-        OntologyError::Store(err.to_string())
+        match err.code() {
+            // Our own words (what was invalid and why), never a driver's.
+            ErrorCode::InvalidArgument => OntologyError::BadRequest(err.to_string()),
+            ErrorCode::Unavailable | ErrorCode::Timeout => {
+                tracing::warn!(error = %kg_common::error::detail(&err), "store unavailable");
+                // "event bus is unavailable", "sql store timed out": names no address.
+                OntologyError::Unavailable(format!("the {err}; retry shortly"))
+            }
+            _ => OntologyError::Store(err.to_string()),
+        }
     }
 }
 

@@ -6,7 +6,7 @@ use base64::Engine as _;
 use kg_common::caller::now_ms;
 use kg_proto::v1::{Tbox, TboxDraft};
 use kg_stores::sql::SqlStore;
-use kg_stores::tbox::TboxBucket;
+use kg_stores::tbox::{DEFAULT_MAX_TBOX_BYTES, TboxBucket};
 use prost::Message as _;
 use sqlx::Row as _;
 
@@ -96,9 +96,28 @@ impl TboxStore {
         Ok(row.try_get::<Option<i64>, _>(0)?.unwrap_or(0))
     }
 
-    /// Replaces the draft of `tbox.namespace`; clears any review.
+    /// Largest encoded TBox that can be published: the event bus carries it to the indexers
+    /// in one message.
+    fn max_tbox_bytes(&self) -> usize {
+        self.bucket
+            .as_ref()
+            .map_or(DEFAULT_MAX_TBOX_BYTES, TboxBucket::max_tbox_bytes)
+    }
+
+    /// Replaces the draft of `tbox.namespace`; clears any review. A draft too large to
+    /// publish is refused here, not at publish time.
     pub async fn put_draft(&self, tbox: &Tbox, by: &str) -> Result<TboxDraft> {
         check(tbox)?;
+        // Publishing adds a version and a time, a few bytes the bus's headroom covers.
+        let size = tbox.encoded_len();
+        let max = self.max_tbox_bytes();
+        if size > max {
+            return Err(OntologyError::BadRequest(format!(
+                "the TBox is {size} bytes encoded; at most {max} can be published, as the event \
+                 bus carries it in one message: drop instances, aliases or patterns, or raise \
+                 the NATS server's max_payload"
+            )));
+        }
         let now = now_ms();
         sqlx::query("DELETE FROM kg_tbox_drafts WHERE namespace = $1")
             .bind(tbox.namespace.clone())
@@ -173,6 +192,9 @@ impl TboxStore {
             relation_types: draft.relation_types,
             published_at_ms: now,
         };
+        // The version is recorded only once the bus holds it: a put that fails rolls the
+        // insert back, so SQL never lists a version the indexers were not given.
+        let mut tx = self.sql.pool().begin().await?;
         sqlx::query(
             "INSERT INTO kg_tbox_versions (namespace, version, body, published_by, reviewed_by, published_at_ms) \
              VALUES ($1, $2, $3, $4, $5, $6)",
@@ -183,11 +205,12 @@ impl TboxStore {
         .bind(by.to_owned())
         .bind(draft.reviewed_by)
         .bind(now)
-        .execute(self.sql.pool())
+        .execute(&mut *tx)
         .await?;
         if let Some(bucket) = &self.bucket {
             bucket.put(&tbox).await?;
         }
+        tx.commit().await?;
         tracing::info!(namespace, version = tbox.version, by, "tbox published");
         Ok(tbox)
     }

@@ -19,6 +19,12 @@ use crate::error::{StoreError, StoreKind};
 pub const TBOX_BUCKET: &str = "KG_TBOX";
 /// Revisions kept per namespace, so an operator can see what was published before.
 const HISTORY: i64 = 5;
+/// Room kept in a NATS message for what travels beside a TBox (subject, headers).
+const MESSAGE_HEADROOM: usize = 4 * 1024;
+/// Largest encoded TBox when the server's limit is not known: NATS's default message limit
+/// (1 MiB) less the headroom.
+pub const DEFAULT_MAX_TBOX_BYTES: usize = 1024 * 1024 - MESSAGE_HEADROOM;
+
 /// How long [`TboxBucket::get_cached`] trusts what it read, present or absent.
 pub const DEFAULT_CACHE_TTL: Duration = Duration::from_secs(2);
 
@@ -32,6 +38,8 @@ struct Cached {
 #[derive(Clone)]
 pub struct TboxBucket {
     kv: kv::Store,
+    /// Largest encoded TBox a put can carry: the server's message limit less headroom.
+    max_tbox_bytes: usize,
     ttl: Duration,
     cache: Arc<Mutex<HashMap<String, Cached>>>,
 }
@@ -62,8 +70,14 @@ impl TboxBucket {
                 _ => StoreError::internal(StoreKind::Events, err),
             }
         })?;
+        let max_payload = js.client().server_info().max_payload;
         Ok(TboxBucket {
             kv,
+            max_tbox_bytes: if max_payload == 0 {
+                DEFAULT_MAX_TBOX_BYTES
+            } else {
+                max_payload.saturating_sub(MESSAGE_HEADROOM)
+            },
             ttl: DEFAULT_CACHE_TTL,
             cache: Arc::new(Mutex::new(HashMap::new())),
         })
@@ -75,12 +89,31 @@ impl TboxBucket {
         self
     }
 
+    /// Largest encoded TBox [`TboxBucket::put`] takes: the NATS server's message limit
+    /// (`max_payload`, 1 MiB unless configured) less room for the subject and headers.
+    pub fn max_tbox_bytes(&self) -> usize {
+        self.max_tbox_bytes
+    }
+
     /// Stores `tbox` as the published TBox of `tbox.namespace`; returns the KV revision.
+    /// A TBox over [`TboxBucket::max_tbox_bytes`] is refused (`InvalidInput`) before
+    /// anything is sent.
     pub async fn put(&self, tbox: &Tbox) -> Result<u64, StoreError> {
         let key = key(&tbox.namespace)?;
+        let encoded = tbox.encode_to_vec();
+        if encoded.len() > self.max_tbox_bytes {
+            return Err(StoreError::InvalidInput {
+                what: "tbox",
+                reason: format!(
+                    "{} bytes encoded, over the {} the event bus carries",
+                    encoded.len(),
+                    self.max_tbox_bytes
+                ),
+            });
+        }
         let revision = self
             .kv
-            .put(key, Bytes::from(tbox.encode_to_vec()))
+            .put(key, Bytes::from(encoded))
             .await
             .map_err(|err| {
                 use kv::PutErrorKind as K;

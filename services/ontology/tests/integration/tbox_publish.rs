@@ -1,0 +1,92 @@
+//! Publishing a TBox against real SQLite and a real nats-server: a draft too large for the
+//! event bus is refused when it is put, with what to change, and a publish the bus does not
+//! take records no version.
+
+use kg_common::error::{ErrorCode, ErrorExt};
+use kg_ontology::TboxStore;
+use kg_proto::v1::{EntityInstance, EntityType, Tbox};
+use kg_stores::embedded::{EmbeddedNats, find_venv};
+use kg_stores::events;
+use kg_stores::sql::SqlStore;
+use kg_stores::tbox::TboxBucket;
+
+fn tbox(instances: usize) -> Tbox {
+    Tbox {
+        namespace: "plants".into(),
+        entity_types: vec![EntityType {
+            type_id: "plant".into(),
+            label: "Plant".into(),
+            instances: (0..instances)
+                .map(|i| EntityInstance {
+                    name: format!("Fabrikam turbine plant number {i:06}"),
+                    aliases: vec![format!("FTP-{i:06}")],
+                })
+                .collect(),
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tbox_the_bus_cannot_carry_is_refused_and_a_failed_publish_records_nothing() {
+    let venv = find_venv().unwrap_or_else(|err| panic!("{err}"));
+    let dir = tempfile::tempdir().unwrap();
+    let nats = EmbeddedNats::start(&venv, &dir.path().join("nats"))
+        .await
+        .unwrap();
+    let bucket = TboxBucket::open(&events::connect(&nats.url).await.unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        bucket.max_tbox_bytes(),
+        1024 * 1024 - 4096,
+        "nats-server's default limit"
+    );
+    let sql = SqlStore::connect(&format!(
+        "sqlite://{}",
+        dir.path().join("meta.db").display()
+    ))
+    .await
+    .unwrap();
+    let store = TboxStore::open(sql, Some(bucket.clone())).await.unwrap();
+
+    // About 1.6 MB encoded: refused at once, and no draft is kept.
+    let huge = tbox(30_000);
+    let err = store.put_draft(&huge, "usr_admin").await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::InvalidArgument, "{err}");
+    assert!(
+        err.to_string().contains("at most 1044480 can be published")
+            && err.to_string().contains("max_payload"),
+        "{err}"
+    );
+    assert_eq!(
+        store.draft("plants").await.unwrap_err().code(),
+        ErrorCode::NotFound
+    );
+
+    // A TBox of a few thousand instances publishes, and the bus holds it.
+    store.put_draft(&tbox(5_000), "usr_admin").await.unwrap();
+    store.review("plants", "usr_reviewer").await.unwrap();
+    let first = store.publish("plants", "usr_admin").await.unwrap();
+    assert_eq!(first.version, 1);
+    assert_eq!(bucket.get("plants").await.unwrap().unwrap().version, 1);
+
+    // With the bus gone, publishing fails as unavailable and records no version 2.
+    store.put_draft(&tbox(10), "usr_admin").await.unwrap();
+    store.review("plants", "usr_reviewer").await.unwrap();
+    drop(nats);
+    let err = store.publish("plants", "usr_admin").await.unwrap_err();
+    assert!(
+        matches!(err.code(), ErrorCode::Unavailable | ErrorCode::Timeout),
+        "{err}"
+    );
+    assert!(!err.to_string().contains("127.0.0.1"), "{err}");
+    assert_eq!(store.published("plants").await.unwrap().version, 1);
+    let draft = store.draft("plants").await.unwrap();
+    assert_eq!(draft.next_version, 2, "the failed publish took no version");
+    assert_eq!(
+        draft.reviewed_by, "usr_reviewer",
+        "the draft stays, ready to publish again"
+    );
+}
