@@ -18,4 +18,11 @@ pub mod limits {
     pub const MAX_KEY_BYTES: usize = 256;
     /// Most namespaces one audit event lists; it counts the rest in `more_namespaces`.
     pub const AUDIT_NAMESPACES: usize = 64;
+    /// Least and most milliseconds one attempt of a webhook effect may wait: the ontology
+    /// refuses an effect outside them and the approval service runs within them.
+    pub const EFFECT_TIMEOUT_MS: (u32, u32) = (100, 60_000);
+    /// Most attempts of one webhook effect.
+    pub const EFFECT_MAX_ATTEMPTS: u32 = 10;
+    /// Largest arguments of one proposal, as compact JSON, in bytes.
+    pub const PROPOSAL_ARGUMENTS_BYTES: usize = 64 * 1024;
 }

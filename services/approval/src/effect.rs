@@ -18,12 +18,12 @@ use crate::signature::{IDEMPOTENCY_HEADER, PROPOSAL_HEADER, SIGNATURE_HEADER, si
 
 /// Attempts when the effect does not say.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
-/// Hard cap on attempts.
-pub const MAX_ATTEMPTS_CAP: u32 = 10;
+/// Hard cap on attempts (the ontology refuses an effect asking for more).
+pub const MAX_ATTEMPTS_CAP: u32 = kg_proto::limits::EFFECT_MAX_ATTEMPTS;
 /// Per-attempt timeout when the effect does not say.
 pub const DEFAULT_TIMEOUT_MS: u32 = 10_000;
-/// Hard cap on the per-attempt timeout.
-pub const TIMEOUT_CAP_MS: u32 = 60_000;
+/// Hard cap on the per-attempt timeout (the ontology refuses an effect asking for more).
+pub const TIMEOUT_CAP_MS: u32 = kg_proto::limits::EFFECT_TIMEOUT_MS.1;
 /// Longest wait between two attempts.
 const BACKOFF_CAP: Duration = Duration::from_secs(10);
 
@@ -170,7 +170,7 @@ pub(crate) fn prepare(
     }
     let timeout_ms = match effect.timeout_ms {
         0 => DEFAULT_TIMEOUT_MS,
-        t => t.clamp(100, TIMEOUT_CAP_MS),
+        t => t.clamp(kg_proto::limits::EFFECT_TIMEOUT_MS.0, TIMEOUT_CAP_MS),
     };
     let max_attempts = match effect.max_attempts {
         0 => DEFAULT_MAX_ATTEMPTS,

@@ -24,7 +24,7 @@ pub const DEFAULT_LIST_LIMIT: u32 = 100;
 /// Most proposals a list returns.
 pub const MAX_LIST_LIMIT: u32 = 1000;
 /// Largest arguments document accepted.
-const MAX_ARGUMENTS_BYTES: usize = 64 * 1024;
+const MAX_ARGUMENTS_BYTES: usize = kg_proto::limits::PROPOSAL_ARGUMENTS_BYTES;
 /// Deadline on one CheckAction call.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(10);
 /// A proposal still `approved` this long after its decision belongs to a

@@ -19,6 +19,9 @@ pub const MAX_LIMIT: i64 = 1000;
 const MAX_TOOL_NAME: usize = 64;
 /// Default cap of string parameters.
 pub const DEFAULT_PARAM_CHARS: usize = 2000;
+/// Largest `max_length` of a string parameter: a quarter of what a proposal's arguments
+/// hold, so one value always fits; the whole call is checked when it is made.
+pub const MAX_PARAM_CHARS: usize = kg_proto::limits::PROPOSAL_ARGUMENTS_BYTES / 4;
 
 /// The note attached to every read result.
 pub const REDACTION_NOTE: &str = "Properties marked sensitive in the ontology are not returned. They were never read from the database.";
@@ -340,10 +343,20 @@ fn check_action(
     if !is_name(a) {
         p.push(format!("{at}: action names are lowercase snake_case"));
     }
-    for name in act.parameters.keys() {
+    for (name, def) in &act.parameters {
         if !is_name(name) {
             p.push(format!(
                 "{at}.parameters.{name}: parameter names are lowercase snake_case"
+            ));
+        }
+        if def
+            .max_length
+            .is_some_and(|n| n == 0 || n > MAX_PARAM_CHARS)
+        {
+            p.push(format!(
+                "{at}.parameters.{name}.max_length: between 1 and {MAX_PARAM_CHARS} (a \
+                 proposal's arguments hold at most {} bytes of JSON)",
+                kg_proto::limits::PROPOSAL_ARGUMENTS_BYTES
             ));
         }
         if name == "dry_run" || obj.identity.contains(name) {
@@ -397,11 +410,18 @@ fn check_action(
             effect::METHODS
         ));
     }
-    if !(1..=120_000).contains(&eff.timeout_ms) {
-        p.push(format!("{at}.effect.timeout_ms: between 1 and 120000"));
+    // The approval service's bounds: an effect outside them would run otherwise than written.
+    let (least_ms, most_ms) = kg_proto::limits::EFFECT_TIMEOUT_MS;
+    if !(least_ms..=most_ms).contains(&eff.timeout_ms) {
+        p.push(format!(
+            "{at}.effect.timeout_ms: between {least_ms} and {most_ms} (per attempt)"
+        ));
     }
-    if !(1..=10).contains(&eff.max_attempts) {
-        p.push(format!("{at}.effect.max_attempts: between 1 and 10"));
+    let most_attempts = kg_proto::limits::EFFECT_MAX_ATTEMPTS;
+    if !(1..=most_attempts).contains(&eff.max_attempts) {
+        p.push(format!(
+            "{at}.effect.max_attempts: between 1 and {most_attempts}"
+        ));
     }
     for (h, v) in &eff.headers {
         if !is_header_name(h) {
@@ -905,6 +925,43 @@ mod tests {
             c.action_version("order", "cancel"),
             c.action_version("order", "refund"),
         )
+    }
+
+    #[test]
+    fn effect_bounds_are_the_ones_the_approval_service_runs_within() {
+        let with = |timeout_ms: u32, max_attempts: u32| {
+            let mut p = shop();
+            let effect = &mut p.objects["order"].actions["cancel"].effect;
+            effect.timeout_ms = timeout_ms;
+            effect.max_attempts = max_attempts;
+            compile(&p).err().map(|problems| problems.join("; "))
+        };
+        assert_eq!(with(100, 1), None);
+        assert_eq!(with(60_000, 10), None);
+        for (timeout_ms, max_attempts, problem) in [
+            (99, 3, "timeout_ms: between 100 and 60000"),
+            // Accepted before, then cut to 60 s by the approval service without a word.
+            (90_000, 3, "timeout_ms: between 100 and 60000"),
+            (5_000, 11, "max_attempts: between 1 and 10"),
+        ] {
+            let err = with(timeout_ms, max_attempts).expect("refused");
+            assert!(err.contains(problem), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_string_parameter_fits_in_a_proposal() {
+        let with = |max_length: usize| {
+            let mut p = shop();
+            p.objects["order"].actions["cancel"].parameters["reason"].max_length =
+                Some(max_length);
+            compile(&p).err().map(|problems| problems.join("; "))
+        };
+        assert_eq!(with(MAX_PARAM_CHARS), None);
+        for bad in [0, MAX_PARAM_CHARS + 1] {
+            let err = with(bad).expect("refused");
+            assert!(err.contains("max_length: between 1 and 16384"), "{err}");
+        }
     }
 
     #[test]

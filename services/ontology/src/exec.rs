@@ -589,10 +589,22 @@ async fn propose(
     let Some(approval) = opts.approval else {
         return Err(ToolError::internal("no approval service configured"));
     };
+    let arguments_json = Value::Object(prep.canonical_args.clone()).to_string();
+    let most = kg_proto::limits::PROPOSAL_ARGUMENTS_BYTES;
+    if arguments_json.len() > most {
+        return Err(ToolError::new(
+            ToolCode::InvalidArguments,
+            format!(
+                "the arguments are {} bytes as JSON; a proposal holds at most {most}: shorten the \
+                 longest values; nothing was stored or run",
+                arguments_json.len()
+            ),
+        ));
+    }
     let request = SubmitProposalRequest {
         object: object.to_owned(),
         action: action.to_owned(),
-        arguments_json: Value::Object(prep.canonical_args.clone()).to_string(),
+        arguments_json,
         role: prep.role.clone(),
         policy_version: compiled.action_version(object, action),
         agent: opts.agent.to_owned(),

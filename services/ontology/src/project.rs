@@ -160,8 +160,9 @@ pub struct ParameterDef {
     /// What the parameter means.
     #[serde(default)]
     pub description: String,
-    /// Longest accepted string (default 2000).
+    /// Longest accepted string, 1-16384 characters (default 2000).
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = crate::compile::MAX_PARAM_CHARS))]
     pub max_length: Option<usize>,
 }
 
@@ -223,11 +224,13 @@ pub struct EffectDef {
     /// Header name -> environment variable of the approval service holding its value.
     #[serde(default)]
     pub secret_headers: IndexMap<String, String>,
-    /// Per-attempt timeout (default 5000).
+    /// Per-attempt timeout in milliseconds, 100-60000 (default 5000).
     #[serde(default = "timeout_ms")]
+    #[schemars(range(min = kg_proto::limits::EFFECT_TIMEOUT_MS.0, max = kg_proto::limits::EFFECT_TIMEOUT_MS.1))]
     pub timeout_ms: u32,
-    /// Attempts for 5xx and timeouts (default 3).
+    /// Attempts for 5xx and timeouts, 1-10 (default 3).
     #[serde(default = "max_attempts")]
+    #[schemars(range(min = 1, max = kg_proto::limits::EFFECT_MAX_ATTEMPTS))]
     pub max_attempts: u32,
 }
 

@@ -395,6 +395,43 @@ async fn no_call_sequence_runs_an_effect_that_needs_approval() {
     m.shutdown.cancel();
 }
 
+/// Each value within its max_length, but the arguments together over what a proposal holds:
+/// refused as invalid arguments, saying what to change, and nothing is stored. Before, the
+/// approval service refused the submit and the agent got an internal error.
+#[tokio::test]
+async fn arguments_larger_than_a_proposal_holds_are_refused_with_what_to_change() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start().await;
+    let m = start(dir.path(), &receiver, false).await;
+    edit_project(&m, dir.path(), "max_length: 500}", "max_length: 12000}").await;
+    // 12,000 control characters are 72,000 bytes as JSON (\u0001 each).
+    let reason = "\u{1}".repeat(12_000);
+    let r = call(
+        &m,
+        "propose_order_cancel",
+        json!({"order_id": 101, "reason": reason}),
+        "support",
+    )
+    .await;
+    assert_eq!(r["error"], "invalid_arguments", "{r}");
+    let message = r["message"].as_str().unwrap();
+    assert!(
+        message.contains("at most 65536") && message.contains("nothing was stored"),
+        "{message}"
+    );
+    // The same call within the limit is stored for approval.
+    let r = call(
+        &m,
+        "propose_order_cancel",
+        json!({"order_id": 101, "reason": "x".repeat(12_000)}),
+        "support",
+    )
+    .await;
+    assert_eq!(r["outcome"], "pending_approval", "{r}");
+    assert!(receiver.received().is_empty());
+    m.shutdown.cancel();
+}
+
 #[tokio::test]
 async fn auto_effects_off_refuses_without_contacting_anyone() {
     let dir = tempfile::tempdir().unwrap();
