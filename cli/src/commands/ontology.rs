@@ -200,7 +200,8 @@ async fn ontology_client(
         .into_inner();
     let signed = authorized.context.context("auth returned no context")?;
     Ok((
-        OntologyClient::new(kg_common::grpc::channel(&addr)?),
+        OntologyClient::new(kg_common::grpc::channel(&addr)?)
+            .max_decoding_message_size(kg_common::grpc::MAX_MESSAGE_BYTES),
         signed,
     ))
 }

@@ -34,7 +34,11 @@ pub(crate) struct ApprovalsState {
 pub(crate) fn routes(state: &GatewayState) -> Router {
     let client = state.config.approval_addr.as_deref().and_then(|addr| {
         match kg_common::grpc::channel(addr) {
-            Ok(channel) => Some(ApprovalClient::new(channel)),
+            // A page of up to 1,000 proposals with their arguments is over tonic's 4 MiB.
+            Ok(channel) => Some(
+                ApprovalClient::new(channel)
+                    .max_decoding_message_size(kg_common::grpc::MAX_MESSAGE_BYTES),
+            ),
             Err(err) => {
                 tracing::error!(addr, error = %err, "approval service address unusable");
                 None
@@ -241,7 +245,7 @@ async fn list(
         .map_err(backend)?
         .into_inner();
     let list: Vec<ProposalJson> = response.proposals.into_iter().map(Into::into).collect();
-    Ok(Json(json!({ "proposals": list })).into_response())
+    Ok(Json(json!({ "proposals": list, "truncated": response.truncated })).into_response())
 }
 
 async fn show(

@@ -55,8 +55,11 @@ impl Approval for ApprovalService {
                 Ok(state) => Some(state),
             },
         };
-        let proposals = self.list(&caller, state, message.limit).await?;
-        Ok(Response::new(ListProposalsResponse { proposals }))
+        let (proposals, truncated) = self.list(&caller, state, message.limit).await?;
+        Ok(Response::new(ListProposalsResponse {
+            proposals,
+            truncated,
+        }))
     }
 
     async fn get_proposal(

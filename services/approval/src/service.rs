@@ -23,6 +23,9 @@ use crate::store::{Event, Outcome, ProposalStore, state_str};
 pub const DEFAULT_LIST_LIMIT: u32 = 100;
 /// Most proposals a list returns.
 pub const MAX_LIST_LIMIT: u32 = 1000;
+/// Most bytes of proposals one list answer carries: a full page of the largest proposals
+/// would be over what a gRPC message carries.
+const LIST_BYTES: usize = 16 * 1024 * 1024;
 /// Largest arguments document accepted.
 const MAX_ARGUMENTS_BYTES: usize = kg_proto::limits::PROPOSAL_ARGUMENTS_BYTES;
 /// Deadline on one CheckAction call.
@@ -250,19 +253,22 @@ impl ApprovalService {
         self.get_stored(&id).await
     }
 
-    /// Proposals, newest first (admin only).
+    /// Proposals, newest first (admin only), and whether the list ended early because
+    /// more would have been over [`LIST_BYTES`].
     pub async fn list(
         &self,
         caller: &CallerContext,
         state: Option<ProposalState>,
         limit: u32,
-    ) -> Result<Vec<Proposal>> {
+    ) -> Result<(Vec<Proposal>, bool)> {
         require_admin(caller)?;
         let limit = match limit {
             0 => DEFAULT_LIST_LIMIT,
             n => n.min(MAX_LIST_LIMIT),
         };
-        self.inner.store.list(state, limit).await
+        let mut proposals = self.inner.store.list(state, limit).await?;
+        let truncated = within_bytes(&mut proposals, LIST_BYTES);
+        Ok((proposals, truncated))
     }
 
     /// One proposal with its audit events (admin only).
@@ -597,5 +603,50 @@ async fn run_effect(
                 return Ok(());
             }
         }
+    }
+}
+
+/// Keeps the leading proposals whose encoded sizes add up to at most `budget` bytes (the
+/// first always); true when some were dropped.
+fn within_bytes(proposals: &mut Vec<Proposal>, budget: usize) -> bool {
+    let mut used = 0usize;
+    let keep = proposals
+        .iter()
+        .position(|p| {
+            used += prost::Message::encoded_len(p);
+            used > budget
+        })
+        .map_or(proposals.len(), |over| over.max(1));
+    let truncated = keep < proposals.len();
+    proposals.truncate(keep);
+    truncated
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_list_stops_before_its_byte_budget_and_says_so() {
+        let proposal = |n: usize| Proposal {
+            id: format!("prp_{n}"),
+            arguments_json: "x".repeat(1000),
+            ..Default::default()
+        };
+        let size = prost::Message::encoded_len(&proposal(0));
+        let mut all: Vec<Proposal> = (0..10).map(proposal).collect();
+        assert!(within_bytes(&mut all, size * 3 + size / 2));
+        assert_eq!(
+            all.iter().map(|p| p.id.as_str()).collect::<Vec<_>>(),
+            ["prp_0", "prp_1", "prp_2"],
+            "the newest that fit, in order"
+        );
+        let mut all: Vec<Proposal> = (0..10).map(proposal).collect();
+        assert!(!within_bytes(&mut all, size * 10), "all fit exactly");
+        assert_eq!(all.len(), 10);
+        let mut one = vec![proposal(0), proposal(1)];
+        assert!(within_bytes(&mut one, 10));
+        assert_eq!(one.len(), 1, "the first always, however large");
     }
 }

@@ -953,8 +953,7 @@ mod tests {
     fn a_string_parameter_fits_in_a_proposal() {
         let with = |max_length: usize| {
             let mut p = shop();
-            p.objects["order"].actions["cancel"].parameters["reason"].max_length =
-                Some(max_length);
+            p.objects["order"].actions["cancel"].parameters["reason"].max_length = Some(max_length);
             compile(&p).err().map(|problems| problems.join("; "))
         };
         assert_eq!(with(MAX_PARAM_CHARS), None);
