@@ -12,11 +12,6 @@ use tokio::time::Instant;
 
 use crate::error::{Result, RetrievalError};
 
-/// Least of the allowed time kept back for fusing and answering.
-const MIN_RESERVE: Duration = Duration::from_millis(50);
-/// Most kept back; fusing takes milliseconds, the rest covers the answer's trip.
-const MAX_RESERVE: Duration = Duration::from_secs(1);
-
 /// When the lanes of a call allowed `allowed` from now must have finished.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct LaneDeadline {
@@ -25,10 +20,10 @@ pub(crate) struct LaneDeadline {
 }
 
 impl LaneDeadline {
-    /// A tenth of `allowed` is kept back, within 50 ms and 1 s.
+    /// A tenth of `allowed` is kept back, within 50 ms and 1 s, for fusing and answering
+    /// ([`kg_common::grpc::work_budget`]).
     pub(crate) fn within(allowed: Duration) -> Self {
-        let reserve = (allowed / 10).clamp(MIN_RESERVE, MAX_RESERVE);
-        let budget = allowed.saturating_sub(reserve);
+        let budget = kg_common::grpc::work_budget(allowed);
         Self {
             at: Instant::now() + budget,
             budget,
@@ -39,7 +34,9 @@ impl LaneDeadline {
     /// pipeline requests, so a dropped one leaves their connections usable) and the result
     /// is [`RetrievalError::OutOfTime`].
     pub(crate) async fn run<T>(self, work: impl Future<Output = Result<T>>) -> Result<T> {
-        match tokio::time::timeout_at(self.at, work).await {
+        // Boxed: a lane's future is deep, and the search holds several at once; on the
+        // stack they overflowed a 2 MiB test thread in a debug build.
+        match tokio::time::timeout_at(self.at, Box::pin(work)).await {
             Ok(result) => result,
             Err(_elapsed) => Err(RetrievalError::OutOfTime {
                 budget_ms: u64::try_from(self.budget.as_millis()).unwrap_or(u64::MAX),
