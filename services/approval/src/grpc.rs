@@ -1,6 +1,7 @@
 //! `kg.v1.Approval` over tonic: verified caller in, service call, status out.
 
 use kg_common::caller::{CALLER_METADATA_KEY, CallerError, require_caller};
+use kg_common::grpc::time_allowed;
 use kg_proto::v1::approval_server::Approval;
 use kg_proto::v1::{
     DecideRequest, GetProposalRequest, ListProposalsRequest, ListProposalsResponse, Proposal,
@@ -34,7 +35,10 @@ impl Approval for ApprovalService {
     ) -> Result<Response<Proposal>, Status> {
         let caller = require_caller(&request)?;
         let signed = signed_context(&request)?;
-        let proposal = self.submit(&caller, &signed, request.into_inner()).await?;
+        let allowed = time_allowed(&request);
+        let proposal = self
+            .submit(&caller, &signed, request.into_inner(), allowed)
+            .await?;
         Ok(Response::new(proposal))
     }
 
@@ -74,6 +78,7 @@ impl Approval for ApprovalService {
     async fn decide(&self, request: Request<DecideRequest>) -> Result<Response<Proposal>, Status> {
         let caller = require_caller(&request)?;
         let signed = signed_context(&request)?;
+        let allowed = time_allowed(&request);
         let message = request.into_inner();
         let proposal = self
             .decide(
@@ -82,6 +87,7 @@ impl Approval for ApprovalService {
                 &message.id,
                 message.approve,
                 &message.reason,
+                allowed,
             )
             .await?;
         Ok(Response::new(proposal))

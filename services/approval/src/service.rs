@@ -12,6 +12,7 @@ use kg_proto::v1::{
     SignedCallerContext, SubmitProposalRequest, WebhookEffect,
 };
 use kg_stores::sql::SqlStore;
+use tokio::time::Instant;
 use tonic::transport::Channel;
 
 use crate::effect::{self, Attempt, Final, SecretSource, Step};
@@ -144,7 +145,9 @@ impl ApprovalService {
         caller: &CallerContext,
         signed: &SignedCallerContext,
         request: SubmitProposalRequest,
+        allowed: Duration,
     ) -> Result<Proposal> {
+        let done_by = kg_common::grpc::work_deadline(allowed);
         check_name("object", &request.object)?;
         check_name("action", &request.action)?;
         if request.role.len() > 128 {
@@ -205,7 +208,7 @@ impl ApprovalService {
         }
 
         // execute_now: the ontology, not the caller, says whether a human must decide.
-        let check = self.check(&proposal, signed).await?;
+        let check = self.check(&proposal, signed, done_by).await?;
         if check.approval_required != Some(false) {
             tracing::warn!(principal = %caller.principal_id, object = %proposal.object, action = %proposal.action,
                 "execute_now refused: the action needs approval");
@@ -249,7 +252,7 @@ impl ApprovalService {
         ));
         self.inner.store.insert(&proposal, &events).await?;
         let id = proposal.id.clone();
-        self.spawn_and_wait(proposal, check.effect).await?;
+        self.spawn_and_wait(proposal, check.effect, done_by).await?;
         self.get_stored(&id).await
     }
 
@@ -296,7 +299,9 @@ impl ApprovalService {
         id: &str,
         approve: bool,
         reason: &str,
+        allowed: Duration,
     ) -> Result<Proposal> {
+        let done_by = kg_common::grpc::work_deadline(allowed);
         require_admin(caller)?;
         let reason = sanitize_text(reason, 1000);
         let proposal = self.get_stored(id).await?;
@@ -347,7 +352,7 @@ impl ApprovalService {
             return self.get_stored(id).await;
         }
 
-        let check = match self.check(&proposal, signed).await {
+        let check = match self.check(&proposal, signed, done_by).await {
             Ok(check) => check,
             Err(err) => {
                 // Nothing was sent: hand the proposal back to the humans.
@@ -393,7 +398,7 @@ impl ApprovalService {
                 &Event::new("rechecked", "", "precondition holds on live data"),
             )
             .await?;
-        self.spawn_and_wait(proposal, check.effect).await?;
+        self.spawn_and_wait(proposal, check.effect, done_by).await?;
         self.get_stored(id).await
     }
 
@@ -402,6 +407,7 @@ impl ApprovalService {
         &self,
         proposal: &Proposal,
         signed: &SignedCallerContext,
+        done_by: Instant,
     ) -> Result<CheckActionResponse> {
         let Some(client) = &self.inner.ontology else {
             return Err(ApprovalError::OntologyUnavailable);
@@ -413,7 +419,12 @@ impl ApprovalService {
             role: proposal.role.clone(),
         });
         attach_caller(&mut request, signed);
-        request.set_timeout(CHECK_TIMEOUT);
+        // Within the caller's own deadline, so a slow check fails here, where nothing ran yet.
+        let left = done_by.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(ApprovalError::OntologyUnavailable);
+        }
+        request.set_timeout(CHECK_TIMEOUT.min(left));
         match client.clone().check_action(request).await {
             Ok(response) => Ok(response.into_inner()),
             Err(status) => {
@@ -438,13 +449,21 @@ impl ApprovalService {
 
     /// Runs the effect on its own task, so a caller that goes away (gateway
     /// deadline, closed connection) cannot cut a run in half; waits a while.
+    /// Runs the effect in its own task and waits for it up to `decide_wait`, and never past
+    /// `done_by`, the caller's deadline less room to answer: a run still going then goes on,
+    /// and the caller reads the proposal APPROVED (sent, no answer yet) instead of a timeout
+    /// that would invite a second proposal for the same thing.
     async fn spawn_and_wait(
         &self,
         proposal: Proposal,
         effect: Option<WebhookEffect>,
+        done_by: Instant,
     ) -> Result<()> {
         let inner = self.inner.clone();
-        let wait = inner.config.decide_wait;
+        let wait = inner
+            .config
+            .decide_wait
+            .min(done_by.saturating_duration_since(Instant::now()));
         let handle = tokio::spawn(async move {
             let id = proposal.id.clone();
             if let Err(err) = run_effect(&inner, &proposal, effect).await {

@@ -66,6 +66,18 @@ pub fn time_allowed<T>(request: &tonic::Request<T>) -> Duration {
         .map_or(REQUEST_TIMEOUT, |sent| sent.min(REQUEST_TIMEOUT))
 }
 
+/// How long work for a call allowed `allowed` may run: a tenth is kept back, within 50 ms
+/// and 1 s, for answering (and for whoever waits on the answer).
+pub fn work_budget(allowed: Duration) -> Duration {
+    let reserve = (allowed / 10).clamp(Duration::from_millis(50), Duration::from_secs(1));
+    allowed.saturating_sub(reserve)
+}
+
+/// When work for a call allowed `allowed` from now must be done ([`work_budget`]).
+pub fn work_deadline(allowed: Duration) -> tokio::time::Instant {
+    tokio::time::Instant::now() + work_budget(allowed)
+}
+
 /// A `grpc-timeout` value: one to eight digits and a unit (H, M, S, m, u, n), as the gRPC
 /// over HTTP/2 specification writes it; `None` for anything else.
 fn parse_grpc_timeout(value: &str) -> Option<Duration> {

@@ -17,7 +17,7 @@ use prost::Message as _;
 use tonic::{Request, Response, Status};
 
 use crate::error::OntologyError;
-use crate::service::{OntologyService, tool_proto};
+use crate::service::{Forward, OntologyService, tool_proto};
 use crate::tbox::TboxStore;
 
 fn signed_of<T>(request: &Request<T>) -> Option<SignedCallerContext> {
@@ -63,7 +63,10 @@ impl Ontology for OntologyService {
         request: Request<CallGeneratedToolRequest>,
     ) -> Result<Response<CallGeneratedToolResponse>, Status> {
         require_caller(&request)?;
-        let signed = signed_of(&request);
+        let forward = signed_of(&request).map(|signed| Forward {
+            signed,
+            allowed: kg_common::grpc::time_allowed(&request),
+        });
         let r = request.into_inner();
         let result = self
             .call_tool(
@@ -72,7 +75,7 @@ impl Ontology for OntologyService {
                 &r.role,
                 &r.roles,
                 &r.agent,
-                signed,
+                forward,
             )
             .await;
         Ok(Response::new(CallGeneratedToolResponse {

@@ -28,7 +28,7 @@ pub use error::{OntologyError, Result, ToolCode, ToolError};
 pub use exec::ProposalSink;
 pub use kg_proto::v1::ontology_server::{Ontology, OntologyServer};
 pub use project::{LoadedProject, PROJECT_FILE, Project, parse as parse_project, project_schema};
-pub use service::{Active, OntologyConfig, OntologyService, load_project, tool_proto};
+pub use service::{Active, Forward, OntologyConfig, OntologyService, load_project, tool_proto};
 pub use tbox::TboxStore;
 pub use warehouse::{FIELD_CAP, Warehouse};
 

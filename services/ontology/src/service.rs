@@ -89,10 +89,23 @@ pub fn tool_proto(t: &GeneratedToolDef) -> GeneratedTool {
     }
 }
 
-/// Submits over gRPC with the caller's signed context.
+/// What a generated tool call forwards to the approval service: the caller's signed
+/// context, and how long the call may take from when it arrived (its gRPC deadline).
+#[derive(Clone, Debug)]
+pub struct Forward {
+    /// The caller's context, as the gateway signed it.
+    pub signed: SignedCallerContext,
+    /// The time the call is allowed ([`kg_common::grpc::time_allowed`]).
+    pub allowed: std::time::Duration,
+}
+
+/// Submits over gRPC with the caller's signed context, within the call's deadline (less
+/// room to answer), so an execute_now run that outlasts it reads as sent-not-yet-answered
+/// instead of failing the tool call.
 struct GrpcSink {
     client: ApprovalClient<Channel>,
     signed: SignedCallerContext,
+    done_by: tokio::time::Instant,
 }
 
 #[async_trait::async_trait]
@@ -101,9 +114,17 @@ impl ProposalSink for GrpcSink {
         &self,
         request: SubmitProposalRequest,
     ) -> std::result::Result<Proposal, tonic::Status> {
+        let left = self
+            .done_by
+            .saturating_duration_since(tokio::time::Instant::now());
+        if left.is_zero() {
+            return Err(tonic::Status::deadline_exceeded(
+                "no time was left to submit the proposal",
+            ));
+        }
         let mut request = tonic::Request::new(request);
         kg_common::caller::attach_caller(&mut request, &self.signed);
-        request.set_timeout(std::time::Duration::from_secs(60));
+        request.set_timeout(left);
         self.client
             .clone()
             .submit(request)
@@ -242,7 +263,7 @@ impl OntologyService {
         role: &str,
         roles: &[String],
         agent: &str,
-        signed: Option<SignedCallerContext>,
+        forward: Option<Forward>,
     ) -> Value {
         let Some(active) = self.active() else {
             return ToolError::new(
@@ -252,10 +273,11 @@ impl OntologyService {
             .to_json();
         };
         let roles = effective_roles(role, roles);
-        let sink = match (&self.inner.approval, signed) {
-            (Some(client), Some(signed)) => Some(GrpcSink {
+        let sink = match (&self.inner.approval, forward) {
+            (Some(client), Some(forward)) => Some(GrpcSink {
                 client: client.clone(),
-                signed,
+                signed: forward.signed,
+                done_by: kg_common::grpc::work_deadline(forward.allowed),
             }),
             _ => None,
         };

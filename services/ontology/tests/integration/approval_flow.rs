@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kg_common::caller::{ContextSigner, ContextVerifier, now_ms};
-use kg_ontology::{OntologyConfig, OntologyService};
+use kg_ontology::{Forward, OntologyConfig, OntologyService};
 use kg_proto::v1::{CallerContext, SignedCallerContext, SubmitProposalRequest};
 use serde_json::{Value, json};
 use sqlx::{AssertSqlSafe, Executor as _};
@@ -123,6 +123,7 @@ impl Receiver {
 
 struct Mesh {
     ontology: OntologyService,
+    ontology_addr: String,
     approval_addr: String,
     signed: SignedCallerContext,
     signer: ContextSigner,
@@ -169,8 +170,10 @@ async fn start(dir: &Path, receiver: &Receiver, auto: bool) -> Mesh {
         kg_stores::sql::SqlStore::connect(&format!("sqlite://{}", dir.join("meta.db").display()))
             .await
             .unwrap();
-    let mut config =
-        kg_approval::ApprovalConfig::new(b"0123456789abcdef-signing".to_vec(), Some(onto_addr));
+    let mut config = kg_approval::ApprovalConfig::new(
+        b"0123456789abcdef-signing".to_vec(),
+        Some(onto_addr.clone()),
+    );
     config.secrets = kg_approval::SecretSource::Fixed(Arc::new(HashMap::from([(
         "SHOP_WEBHOOK_TOKEN".to_owned(),
         "s3cret-token".to_owned(),
@@ -202,6 +205,7 @@ async fn start(dir: &Path, receiver: &Receiver, auto: bool) -> Mesh {
     });
     Mesh {
         ontology,
+        ontology_addr: onto_addr,
         approval_addr,
         signed,
         signer,
@@ -217,7 +221,11 @@ async fn call(m: &Mesh, name: &str, args: Value, role: &str) -> Value {
             role,
             &[],
             "test-agent",
-            Some(m.signed.clone()),
+            // The gateway's deadline on a backend call.
+            Some(Forward {
+                signed: m.signed.clone(),
+                allowed: Duration::from_secs(20),
+            }),
         )
         .await
 }
@@ -429,6 +437,45 @@ async fn arguments_larger_than_a_proposal_holds_are_refused_with_what_to_change(
     .await;
     assert_eq!(r["outcome"], "pending_approval", "{r}");
     assert!(receiver.received().is_empty());
+    m.shutdown.cancel();
+}
+
+/// An effect that runs on past the caller's deadline (a webhook that never answers, 10 s per
+/// attempt): the tool call still answers inside the deadline the gateway sent, as `unknown`
+/// (sent, no answer yet), while the run goes on. Before, the approval service waited 15 s
+/// and the gateway's call failed at its deadline, inviting the agent to propose again.
+#[tokio::test]
+async fn an_effect_outlasting_the_callers_deadline_answers_unknown_in_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start().await;
+    let m = start(dir.path(), &receiver, true).await;
+    edit_project(&m, dir.path(), "timeout_ms: 400", "timeout_ms: 10000").await;
+    receiver.set(Mode::Never);
+    let mut client = kg_proto::v1::ontology_client::OntologyClient::new(
+        kg_common::grpc::channel(&m.ontology_addr).unwrap(),
+    );
+    let mut request = tonic::Request::new(kg_proto::v1::CallGeneratedToolRequest {
+        name: "propose_order_refund".into(),
+        arguments_json: json!({"order_id": 102, "amount": 50}).to_string(),
+        role: "billing".into(),
+        agent: "test-agent".into(),
+        ..Default::default()
+    });
+    kg_common::caller::attach_caller(&mut request, &m.signed);
+    request.set_timeout(Duration::from_secs(3));
+    let answer = client.call_generated_tool(request).await.unwrap();
+    let r: Value = serde_json::from_str(&answer.into_inner().result_json).unwrap();
+    assert_eq!(r["outcome"], "unknown", "{r}");
+    let id = r["proposal_id"].as_str().unwrap();
+    // The run went on: the webhook got the request.
+    for _ in 0..100 {
+        if !receiver.received().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(receiver.received().len(), 1, "sent once");
+    assert!(!id.is_empty());
     m.shutdown.cancel();
 }
 

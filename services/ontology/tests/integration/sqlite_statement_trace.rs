@@ -182,8 +182,18 @@ async fn sqlite_never_receives_a_statement_naming_a_sensitive_column() {
         let svc = svc.clone();
         let signed = signed.clone();
         async move {
-            svc.call_tool(name, &args.to_string(), role, &[], "test", Some(signed))
-                .await
+            svc.call_tool(
+                name,
+                &args.to_string(),
+                role,
+                &[],
+                "test",
+                Some(kg_ontology::Forward {
+                    signed,
+                    allowed: std::time::Duration::from_secs(20),
+                }),
+            )
+            .await
         }
     };
 
