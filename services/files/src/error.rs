@@ -86,6 +86,14 @@ pub enum FilesError {
     Sql(#[from] sqlx::Error),
 }
 
+impl FilesError {
+    /// A unique constraint refused a write (both SQL backends): another writer got there
+    /// first, and the caller may read again and retry.
+    pub(crate) fn is_unique_violation(&self) -> bool {
+        matches!(self, FilesError::Sql(sqlx::Error::Database(db)) if db.is_unique_violation())
+    }
+}
+
 impl ErrorExt for FilesError {
     fn code(&self) -> ErrorCode {
         match self {

@@ -3,6 +3,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod branch_metadata;
+mod common;
 mod file_tools;
 mod knowledge_graph;
+mod upload_race;
 mod version_links;

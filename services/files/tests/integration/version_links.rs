@@ -10,10 +10,12 @@ use kg_files::{
 };
 use kg_indexer::document::{ChunkOptions, indexed_event_fields};
 use kg_indexer::pipeline::{FileMeta, index_document};
-use kg_proto::v1::{AccessFilter, CallerContext, FileIndexed, FileInfo, FileStatus, Permission};
+use kg_proto::v1::{FileIndexed, FileInfo, FileStatus};
 use kg_stores::blobs::BlobStore;
 use kg_stores::embedded::{EmbeddedNats, find_venv};
 use kg_stores::sql::SqlStore;
+
+use crate::common::writer;
 
 const NS: &str = "links";
 
@@ -45,27 +47,11 @@ async fn env() -> Env {
     }
 }
 
-fn writer() -> CallerContext {
-    let now = now_ms();
-    CallerContext {
-        principal_id: "indexer-test".into(),
-        access: vec![AccessFilter {
-            namespace: NS.into(),
-            allow_prefixes: vec![String::new()],
-            permission: Permission::Write as i32,
-            ..Default::default()
-        }],
-        issued_at_ms: now,
-        expires_at_ms: now + 3_600_000,
-        ..Default::default()
-    }
-}
-
 /// Uploads `content` at `path`, runs the indexer pipeline on it and applies the event it
 /// would publish. Returns the file and whether it indexed.
 async fn upload_and_index(files: &FilesService, path: &str, content: &[u8]) -> (FileInfo, bool) {
     let file = files
-        .upload(&writer(), NS, path, content, "")
+        .upload(&writer(NS), NS, path, content, "")
         .await
         .unwrap()
         .file

@@ -1,0 +1,68 @@
+//! Uploads of one new path at the same moment (a client retrying after a timeout, two ingest
+//! jobs overlapping) on SQLite and PostgreSQL: every one succeeds and they share one file.
+
+use kg_files::FilesService;
+use kg_stores::blobs::BlobStore;
+use kg_stores::embedded::{EmbeddedNats, EmbeddedPostgres, find_venv};
+use kg_stores::sql::SqlStore;
+
+use crate::common::writer;
+
+const NS: &str = "race";
+
+async fn race(files: &FilesService, path: &str) {
+    let caller = writer(NS);
+    let uploads = (0..8).map(|i| {
+        let caller = caller.clone();
+        async move {
+            let content = format!("# Draft {i}\n\nThe same page, written eight times at once.\n");
+            files
+                .upload(&caller, NS, path, content.as_bytes(), "")
+                .await
+        }
+    });
+    let results = futures::future::join_all(uploads).await;
+    let mut ids = Vec::new();
+    for result in results {
+        let file = result
+            .unwrap_or_else(|status| panic!("an upload failed: {status}"))
+            .file
+            .unwrap();
+        ids.push(file.file_id);
+    }
+    ids.dedup();
+    assert_eq!(ids.len(), 1, "one file for one path: {ids:?}");
+    let folder = path.rsplit_once('/').map_or("", |(folder, _)| folder);
+    let listed = files
+        .list_files(&caller, NS, &format!("{folder}/"), 0, "", true)
+        .await
+        .unwrap();
+    let same_path: Vec<_> = listed.files.iter().filter(|f| f.path == path).collect();
+    assert_eq!(same_path.len(), 1, "{:?}", listed.files);
+    assert_eq!(same_path[0].file_id, ids[0]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uploads_of_one_new_path_at_once_all_succeed_as_one_file() {
+    let venv = find_venv().expect("run deploy/scripts/dev-deps.sh first");
+    let dir = tempfile::tempdir().unwrap();
+    let nats = EmbeddedNats::start(&venv, &dir.path().join("nats"))
+        .await
+        .unwrap();
+    let js = kg_stores::events::connect(&nats.url).await.unwrap();
+    let pg = EmbeddedPostgres::start(&venv, &dir.path().join("pg"))
+        .await
+        .unwrap();
+    let sqlite = format!("sqlite://{}", dir.path().join("files.db").display());
+    for (url, path) in [
+        (sqlite.as_str(), "notes/sqlite.md"),
+        (pg.url.as_str(), "notes/pg.md"),
+    ] {
+        let sql = SqlStore::connect(url).await.unwrap();
+        let blobs = BlobStore::new(dir.path().join("blobs"));
+        let files = FilesService::new(sql, blobs, js.clone(), 1 << 20)
+            .await
+            .unwrap();
+        race(&files, path).await;
+    }
+}
