@@ -119,13 +119,13 @@ impl TboxStore {
             )));
         }
         let now = now_ms();
-        sqlx::query("DELETE FROM kg_tbox_drafts WHERE namespace = $1")
-            .bind(tbox.namespace.clone())
-            .execute(self.sql.pool())
-            .await?;
+        // One statement: two puts at once both land (the later wins) instead of the second
+        // breaking the primary key between a delete and an insert.
         sqlx::query(
             "INSERT INTO kg_tbox_drafts (namespace, body, updated_by, updated_at_ms, reviewed_by, reviewed_at_ms) \
-             VALUES ($1, $2, $3, $4, NULL, NULL)",
+             VALUES ($1, $2, $3, $4, NULL, NULL) \
+             ON CONFLICT (namespace) DO UPDATE SET body = excluded.body, updated_by = excluded.updated_by, \
+             updated_at_ms = excluded.updated_at_ms, reviewed_by = NULL, reviewed_at_ms = NULL",
         )
         .bind(tbox.namespace.clone())
         .bind(encode(tbox))

@@ -65,6 +65,23 @@ async fn a_tbox_the_bus_cannot_carry_is_refused_and_a_failed_publish_records_not
         ErrorCode::NotFound
     );
 
+    // Drafts put at once all land, the last one kept, its review cleared.
+    let puts = (1..=6).map(|n| {
+        let store = &store;
+        async move { store.put_draft(&tbox(n), "usr_admin").await }
+    });
+    for put in futures::future::join_all(puts).await {
+        put.unwrap();
+    }
+    store.review("plants", "usr_reviewer").await.unwrap();
+    store.put_draft(&tbox(2), "usr_admin").await.unwrap();
+    let draft = store.draft("plants").await.unwrap();
+    assert!(
+        draft.reviewed_by.is_empty(),
+        "a new draft needs a new review"
+    );
+    assert_eq!(draft.entity_types[0].instances.len(), 2);
+
     // A TBox of a few thousand instances publishes, and the bus holds it.
     store.put_draft(&tbox(5_000), "usr_admin").await.unwrap();
     store.review("plants", "usr_reviewer").await.unwrap();
