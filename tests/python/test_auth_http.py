@@ -323,3 +323,30 @@ async def test_reader_of_one_namespace_sees_only_that_one(
         denied = await call_tool(client, "kg_search", {"query": RUNBOOK.query, "namespaces": [namespace, demo]})
         assert denied.error()["code"] == "permission_denied", denied.data
         assert_no_content_leak(denied, "The blue-green cutover window is 20 minutes")
+
+
+@pytest.mark.anyio
+async def test_a_nul_character_is_refused_saying_where(mesh: Mesh) -> None:
+    """A NUL (U+0000) in any tool argument, admin body or admin address is refused as invalid_argument
+    naming where it is, before any store sees it (PostgreSQL refuses it in text, as an internal error)."""
+    namespace = f"nul-{secrets.token_hex(3)}"
+    mesh.cli("ns", "create", namespace)
+    async with mcp_http(mesh.mcp_url, mesh.admin_token) as client:
+        search = (await call_tool(client, "kg_search", {"query": "turbine\x00", "namespaces": [namespace]})).error()
+        assert search["code"] == "invalid_argument" and search["message"].startswith("`query`"), search
+        # A list cursor is a hex-encoded path; one that decodes to a NUL is not one the service returned.
+        forged = (await call_tool(client, "kg_files", {"namespace": namespace, "cursor": "300a00"})).error()
+        assert forged["code"] == "invalid_argument" and "cursor" in forged["message"], forged
+    admin = {"Authorization": f"Bearer {mesh.admin_token}", "Content-Type": "application/json"}
+    with httpx2.Client(timeout=30.0) as http:
+        created = http.post(
+            f"{mesh.base_url}/api/v1/namespaces",
+            content=json.dumps({"name": f"{namespace}-x", "description": "a\x00b"}),
+            headers=admin,
+        )
+        assert created.status_code == 400, created.text
+        assert created.json()["code"] == "invalid_argument" and "`description`" in created.json()["message"]
+        audit = http.get(f"{mesh.base_url}/api/v1/audit?tool=%00", headers=admin)
+        assert audit.status_code == 400 and audit.json()["code"] == "invalid_argument", audit.text
+        listed = http.get(f"{mesh.base_url}/api/v1/namespaces", headers=admin).json()
+    assert f"{namespace}-x" not in json.dumps(listed), "nothing was stored"

@@ -123,6 +123,48 @@ fn refused(guard: &BearerGuard, token: &str, headers: &HeaderMap, err: &ClientEr
 }
 
 /// The `{code, message, retryable}` response with the code's HTTP status.
+/// Largest JSON body an admin route reads: axum's own limit for its `Json` extractor.
+const MAX_JSON_BODY_BYTES: usize = 2 * 1024 * 1024;
+
+/// Refuses an admin request whose URI or JSON body holds a NUL character (U+0000): no field
+/// takes one, and PostgreSQL refuses it in text, so one that got through would fail deep in
+/// a service as an internal error instead of here, saying where. Other bodies (file
+/// uploads) pass untouched.
+pub(crate) async fn refuse_nul_characters(request: Request, next: Next) -> Response {
+    let uri = request.uri();
+    if uri.path().contains("%00") || uri.query().is_some_and(|q| q.contains("%00")) {
+        return error_response(&ClientError::invalid(
+            "the address holds a NUL character (%00), which no parameter accepts; remove it",
+        ));
+    }
+    let is_json = request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().starts_with("application/json"));
+    if !is_json {
+        return next.run(request).await;
+    }
+    let (parts, body) = request.into_parts();
+    let bytes = match axum::body::to_bytes(body, MAX_JSON_BODY_BYTES).await {
+        Ok(bytes) => bytes,
+        Err(_) => {
+            return error_response(&ClientError::new(
+                ErrorCode::PayloadTooLarge,
+                format!("a JSON body is at most {MAX_JSON_BODY_BYTES} bytes"),
+            ));
+        }
+    };
+    // A body that is not JSON is left for the route to refuse in its own words.
+    if let Ok(serde_json::Value::Object(fields)) = serde_json::from_slice(&bytes)
+        && let Err(err) = crate::mcp::args::no_nul_characters(&fields)
+    {
+        return error_response(&err);
+    }
+    next.run(Request::from_parts(parts, axum::body::Body::from(bytes)))
+        .await
+}
+
 pub(crate) fn error_response(err: &ClientError) -> Response {
     let status =
         StatusCode::from_u16(err.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);

@@ -26,7 +26,7 @@ use serde_json::json;
 use crate::error::ClientError;
 use crate::mcp::{McpServer, ToolRegistry};
 use crate::state::GatewayState;
-use guard::{BearerGuard, require_bearer};
+use guard::{BearerGuard, refuse_nul_characters, require_bearer};
 use session_calls::{SessionCalls, answer_builtin_tool_calls};
 
 /// Builds the whole HTTP application.
@@ -51,30 +51,22 @@ pub fn router(state: GatewayState) -> Router {
             },
             require_bearer,
         ));
-    let admin = admin::routes(state.clone()).route_layer(from_fn_with_state(
-        BearerGuard {
-            state: state.clone(),
-            tool: "admin",
-            run_ahead: false,
-        },
-        require_bearer,
-    ));
-    let approvals = approvals::routes(&state).route_layer(from_fn_with_state(
-        BearerGuard {
-            state: state.clone(),
-            tool: "admin",
-            run_ahead: false,
-        },
-        require_bearer,
-    ));
-    let versions = versions::routes(state.clone()).route_layer(from_fn_with_state(
-        BearerGuard {
-            state: state.clone(),
-            tool: "admin",
-            run_ahead: false,
-        },
-        require_bearer,
-    ));
+    // The admin API: the bearer first, then no NUL character in the address or a JSON body.
+    let admin_api = |routes: Router| {
+        routes
+            .route_layer(from_fn(refuse_nul_characters))
+            .route_layer(from_fn_with_state(
+                BearerGuard {
+                    state: state.clone(),
+                    tool: "admin",
+                    run_ahead: false,
+                },
+                require_bearer,
+            ))
+    };
+    let admin = admin_api(admin::routes(state.clone()));
+    let approvals = admin_api(approvals::routes(&state));
+    let versions = admin_api(versions::routes(state.clone()));
     let graph = knowledge_graph::routes(state.clone()).route_layer(from_fn_with_state(
         BearerGuard {
             state: state.clone(),

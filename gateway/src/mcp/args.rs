@@ -65,6 +65,42 @@ impl<'de> Deserialize<'de> for Int {
     }
 }
 
+/// Refuses arguments holding a NUL character (U+0000) in any string, key or value, at any
+/// depth: no field takes one, and PostgreSQL refuses it in text, so one that got through
+/// would fail deep in a service as an internal error instead of here, saying where.
+pub(crate) fn no_nul_characters(args: &Map<String, Value>) -> Result<(), ClientError> {
+    fn find(value: &Value, at: &str) -> Option<String> {
+        match value {
+            Value::String(s) if s.contains('\0') => Some(at.to_owned()),
+            Value::Array(items) => items
+                .iter()
+                .enumerate()
+                .find_map(|(i, v)| find(v, &format!("{at}[{i}]"))),
+            Value::Object(map) => fields(map, at),
+            _ => None,
+        }
+    }
+    fn fields(map: &Map<String, Value>, at: &str) -> Option<String> {
+        map.iter().find_map(|(key, v)| {
+            let here = if at.is_empty() {
+                key.clone()
+            } else {
+                format!("{at}.{key}")
+            };
+            if key.contains('\0') {
+                return Some(here.replace('\0', "\\u0000"));
+            }
+            find(v, &here)
+        })
+    }
+    match fields(args, "") {
+        Some(at) => Err(ClientError::invalid(format!(
+            "`{at}` holds a NUL character (U+0000), which no argument accepts; remove it"
+        ))),
+        None => Ok(()),
+    }
+}
+
 pub(crate) fn parse<T: DeserializeOwned>(args: &Map<String, Value>) -> Result<T, ClientError> {
     serde_json::from_value(Value::Object(args.clone()))
         .map_err(|err| ClientError::invalid(format!("invalid arguments: {err}")))
@@ -700,6 +736,24 @@ pub(crate) fn file_args(args: &Map<String, Value>) -> Result<FileArgs, ClientErr
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_nul_character_is_refused_wherever_it_is() {
+        let args = |value: Value| value.as_object().unwrap().clone();
+        assert!(no_nul_characters(&args(json!({"query": "tab\tand newline\n"}))).is_ok());
+        for (value, at) in [
+            (json!({"query": "a\0b"}), "`query`"),
+            (
+                json!({"filters": {"collections": ["ok", "x\0"]}}),
+                "`filters.collections[1]`",
+            ),
+            (json!({"ranking": {"lane\0": 1}}), "`ranking.lane\\u0000`"),
+        ] {
+            let err = no_nul_characters(&args(value)).unwrap_err();
+            assert_eq!(err.code, ErrorCode::InvalidArgument);
+            assert!(err.message.starts_with(at), "{}", err.message);
+        }
+    }
     use kg_common::ErrorCode;
     use serde_json::json;
 

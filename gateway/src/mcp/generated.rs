@@ -201,19 +201,24 @@ impl McpServer {
             .peer_info()
             .map(|info| info.client_info.name.clone())
             .unwrap_or_default();
-        let args = Value::Object(request.arguments.clone().unwrap_or_default()).to_string();
-        let answer = client
-            .clone()
-            .call_generated_tool(caller.request(CallGeneratedToolRequest {
-                name: tool.clone(),
-                arguments_json: args,
-                role,
-                roles,
-                agent,
-            }))
-            .await;
+        let arguments = request.arguments.clone().unwrap_or_default();
+        let answer = match super::args::no_nul_characters(&arguments) {
+            Ok(()) => Ok(client
+                .clone()
+                .call_generated_tool(caller.request(CallGeneratedToolRequest {
+                    name: tool.clone(),
+                    arguments_json: Value::Object(arguments).to_string(),
+                    role,
+                    roles,
+                    agent,
+                }))
+                .await),
+            Err(err) => Err(err),
+        };
         let (result, failure) = match answer {
-            Ok(r) => match serde_json::from_str::<Value>(&r.into_inner().result_json) {
+            Err(refused) => finish(Err(refused)),
+            Ok(Err(status)) => finish(Err(ClientError::from_status("ontology", &status))),
+            Ok(Ok(r)) => match serde_json::from_str::<Value>(&r.into_inner().result_json) {
                 Ok(value) => match value.get("error").and_then(Value::as_str) {
                     Some(code) => {
                         let message = value.get("message").cloned().unwrap_or(Value::Null);
@@ -228,7 +233,6 @@ impl McpServer {
                 },
                 Err(_) => finish(Err(ClientError::new(ErrorCode::Internal, ""))),
             },
-            Err(status) => finish(Err(ClientError::from_status("ontology", &status))),
         };
         let summary = CallSummary {
             tool,

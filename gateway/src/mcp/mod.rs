@@ -2,7 +2,7 @@
 //! by both the Streamable HTTP service and the stdio transport. Every tool call
 //! with an authorized caller is metered, logged and audited.
 
-mod args;
+pub(crate) mod args;
 mod cypher;
 mod entity_search;
 mod files;

@@ -39,6 +39,12 @@ pub(crate) async fn run(
     args: &Map<String, Value>,
 ) -> Outcome {
     let mut namespaces = requested_namespaces(args);
+    if let Err(err) = args::no_nul_characters(args) {
+        return Outcome {
+            result: Err(err),
+            namespaces,
+        };
+    }
     let value = match kind {
         // The largest answers, serialized straight from the backends' messages.
         ToolKind::Search => {

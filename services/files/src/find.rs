@@ -122,6 +122,10 @@ impl FindCursor {
             .and_then(|b| String::from_utf8(b).ok())
             .and_then(|text| {
                 let (matched, after) = text.split_once('\n')?;
+                // A path holds no control character (see `decode_cursor` in the service).
+                if after.chars().any(char::is_control) {
+                    return None;
+                }
                 Some(FindCursor {
                     matched: matched.parse().ok()?,
                     after: after.to_owned(),
@@ -453,11 +457,14 @@ mod tests {
     fn cursors_round_trip() {
         let c = FindCursor {
             matched: 7,
-            after: "a/b\nc.md".to_owned(),
+            after: "a/b c.md".to_owned(),
         };
         assert_eq!(FindCursor::decode(&c.encode()).unwrap(), c);
         assert!(FindCursor::decode("zz").is_err());
         assert!(FindCursor::decode(&hex::encode("x")).is_err());
+        // A path never holds a control character: a forged one is refused here.
+        assert!(FindCursor::decode(&hex::encode("0\n\0")).is_err());
+        assert!(FindCursor::decode(&hex::encode("0\na\nb")).is_err());
     }
 
     #[test]

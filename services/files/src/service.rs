@@ -426,9 +426,12 @@ fn decode_cursor(cursor: &str) -> Result<String> {
     if cursor.is_empty() {
         return Ok(String::new());
     }
+    // A path holds no control character; one in a forged cursor (a NUL, which PostgreSQL
+    // refuses in text) is refused here, not by the store as an internal error.
     hex::decode(cursor)
         .ok()
         .and_then(|b| String::from_utf8(b).ok())
+        .filter(|path| !path.chars().any(char::is_control))
         .ok_or_else(|| {
             FilesError::Invalid(
                 "cursor is not one this service returned; start without a cursor".to_owned(),
@@ -437,6 +440,7 @@ fn decode_cursor(cursor: &str) -> Result<String> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -447,6 +451,18 @@ mod tests {
         assert_ne!(a, version_id("f2", "abc"));
         assert_ne!(a, version_id("f1", "abd"));
         assert!(uuid::Uuid::parse_str(&a).is_ok());
+    }
+
+    #[test]
+    fn a_list_cursor_holds_a_path() {
+        assert_eq!(
+            decode_cursor(&encode_cursor("notes/a.md")).unwrap(),
+            "notes/a.md"
+        );
+        for forged in ["zz", "00", "6e6f74657300"] {
+            let err = decode_cursor(forged).unwrap_err();
+            assert!(err.to_string().contains("start without a cursor"), "{err}");
+        }
     }
 
     #[test]
