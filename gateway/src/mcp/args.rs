@@ -101,6 +101,12 @@ pub(crate) fn no_nul_characters(args: &Map<String, Value>) -> Result<(), ClientE
     }
 }
 
+/// Whether a backend's JSON failed to parse only because it nests deeper than serde_json's
+/// recursion limit (127 levels), which a caller can avoid by asking for less.
+pub(crate) fn nests_too_deep(err: &serde_json::Error) -> bool {
+    err.to_string().starts_with("recursion limit exceeded")
+}
+
 pub(crate) fn parse<T: DeserializeOwned>(args: &Map<String, Value>) -> Result<T, ClientError> {
     serde_json::from_value(Value::Object(args.clone()))
         .map_err(|err| ClientError::invalid(format!("invalid arguments: {err}")))

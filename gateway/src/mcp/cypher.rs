@@ -95,7 +95,14 @@ fn cypher_result(namespace: &str, response: CypherResponse) -> Result<Value, Cli
         .iter()
         .map(|row| serde_json::from_str::<Value>(row))
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|_| {
+        .map_err(|err| {
+            if super::args::nests_too_deep(&err) {
+                return ClientError::new(
+                    kg_common::ErrorCode::ResourceExhausted,
+                    "a row nests deeper than the 127 levels a tool result carries; return a \
+                     shallower part of it",
+                );
+            }
             ClientError::new(
                 kg_common::ErrorCode::Internal,
                 "graph returned a malformed row",

@@ -208,6 +208,13 @@ fn file_result(response: QueryFileResponse, requested: &str) -> Result<Value, Cl
         Value::Null
     } else {
         let parsed: Value = serde_json::from_str(&response.result_json).map_err(|err| {
+            if super::args::nests_too_deep(&err) {
+                return ClientError::new(
+                    ErrorCode::ResourceExhausted,
+                    "the result nests deeper than the 127 levels a tool result carries; select \
+                     a shallower part (a longer JSONPath, or a JSONata expression that flattens it)",
+                );
+            }
             tracing::error!(error = %err, "files returned a result that is not JSON");
             ClientError::new(ErrorCode::Internal, "")
         })?;
@@ -309,6 +316,27 @@ mod tests {
             enabled: true,
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn a_result_nested_past_what_a_tool_result_carries_says_so() {
+        let deep = |levels: usize| QueryFileResponse {
+            result_json: format!("{}1{}", "[".repeat(levels), "]".repeat(levels)),
+            ..Default::default()
+        };
+        assert!(file_result(deep(100), "json").is_ok());
+        let err = file_result(deep(200), "json").unwrap_err();
+        assert_eq!(err.code, ErrorCode::ResourceExhausted);
+        assert!(err.message.contains("127 levels"), "{}", err.message);
+        let broken = QueryFileResponse {
+            result_json: "{".into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            file_result(broken, "json").unwrap_err().code,
+            ErrorCode::Internal,
+            "a reply that is not JSON stays a fault of ours"
+        );
     }
 
     fn conforms(tool: &str, value: &Value) {
