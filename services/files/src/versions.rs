@@ -435,10 +435,13 @@ impl FilesService {
     ) -> Result<Branch> {
         require(caller, namespace, Permission::Write)?;
         check_name("branch name", name, &['/'])?;
-        if self.versions.branch_row(namespace, name).await?.is_some() {
-            return Err(FilesError::Exists(format!(
+        let exists = || {
+            FilesError::Exists(format!(
                 "branch `{name}` already exists in namespace `{namespace}`"
-            )));
+            ))
+        };
+        if self.versions.branch_row(namespace, name).await?.is_some() {
+            return Err(exists());
         }
         let branch = Branch {
             namespace: namespace.to_owned(),
@@ -457,7 +460,12 @@ impl FilesService {
         .bind(branch.created_at_ms)
         .bind(&branch.created_by)
         .execute(self.versions.sql.pool())
-        .await?;
+        .await
+        // Created by another call since the check above.
+        .map_err(|err| match FilesError::from(err) {
+            err if err.is_unique_violation() => exists(),
+            err => err,
+        })?;
         Ok(branch)
     }
 
@@ -618,9 +626,7 @@ impl FilesService {
             .await?
             .is_some()
         {
-            return Err(FilesError::Exists(format!(
-                "release `{version}` already exists in namespace `{namespace}`; releases are immutable, pick a new version"
-            )));
+            return Err(release_exists(namespace, version));
         }
         let release_id = uuid::Uuid::now_v7().to_string();
         let now = now_ms();
@@ -638,7 +644,12 @@ impl FilesService {
         .bind(now)
         .bind(&caller.principal_id)
         .execute(&mut *tx)
-        .await?;
+        .await
+        // Created by another call since the check above.
+        .map_err(|err| match FilesError::from(err) {
+            err if err.is_unique_violation() => release_exists(namespace, version),
+            err => err,
+        })?;
         let snapshot = format!(
             "INSERT INTO kg_release_files (release_id, file_id, path, version_id) SELECT $3, m.file_id, m.path, m.version_id FROM ({}) m",
             members_sql(&resolved)
@@ -841,6 +852,12 @@ impl FilesService {
         }
         Ok(out)
     }
+}
+
+fn release_exists(namespace: &str, version: &str) -> FilesError {
+    FilesError::Exists(format!(
+        "release `{version}` already exists in namespace `{namespace}`; releases are immutable, pick a new version"
+    ))
 }
 
 #[cfg(test)]

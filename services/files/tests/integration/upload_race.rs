@@ -1,7 +1,11 @@
-//! Uploads of one new path at the same moment (a client retrying after a timeout, two ingest
-//! jobs overlapping) on SQLite and PostgreSQL: every one succeeds and they share one file.
+//! Writes racing for one name (a client retrying after a timeout, two ingest jobs
+//! overlapping) on SQLite and PostgreSQL: uploads of one new path all succeed as one file;
+//! of branches or releases created under one name at once, one is made and the others are
+//! told it exists (`already_exists`), never an internal error.
 
+use kg_common::error::{ErrorCode, ErrorExt};
 use kg_files::FilesService;
+use kg_proto::v1::Permission;
 use kg_stores::blobs::BlobStore;
 use kg_stores::embedded::{EmbeddedNats, EmbeddedPostgres, find_venv};
 use kg_stores::sql::SqlStore;
@@ -42,8 +46,51 @@ async fn race(files: &FilesService, path: &str) {
     assert_eq!(same_path[0].file_id, ids[0]);
 }
 
+/// Eight creations of one branch, then of one release, at once: one wins, the rest exist.
+async fn names_race(files: &FilesService, tag: &str) {
+    let mut admin = writer(NS);
+    admin.access[0].permission = Permission::Admin as i32;
+    admin.is_admin = true;
+    let branch = format!("preview-{tag}");
+    let made =
+        futures::future::join_all((0..8).map(|_| files.create_branch(&admin, NS, &branch))).await;
+    let version = format!("v1-{tag}");
+    let released = futures::future::join_all(
+        (0..8).map(|_| files.create_release(&admin, NS, &version, "main", "")),
+    )
+    .await;
+    for (what, codes) in [
+        (
+            "branch",
+            made.iter()
+                .map(|r| r.as_ref().err().map(ErrorExt::code))
+                .collect::<Vec<_>>(),
+        ),
+        (
+            "release",
+            released
+                .iter()
+                .map(|r| r.as_ref().err().map(ErrorExt::code))
+                .collect(),
+        ),
+    ] {
+        assert_eq!(
+            codes.iter().filter(|c| c.is_none()).count(),
+            1,
+            "{what}: one made: {codes:?}"
+        );
+        assert!(
+            codes
+                .iter()
+                .flatten()
+                .all(|c| *c == ErrorCode::AlreadyExists),
+            "{what}: the others exist: {codes:?}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn uploads_of_one_new_path_at_once_all_succeed_as_one_file() {
+async fn writes_racing_for_one_name_never_fail_as_internal() {
     let venv = find_venv().expect("run deploy/scripts/dev-deps.sh first");
     let dir = tempfile::tempdir().unwrap();
     let nats = EmbeddedNats::start(&venv, &dir.path().join("nats"))
@@ -64,5 +111,10 @@ async fn uploads_of_one_new_path_at_once_all_succeed_as_one_file() {
             .await
             .unwrap();
         race(&files, path).await;
+        names_race(
+            &files,
+            path.trim_start_matches("notes/").trim_end_matches(".md"),
+        )
+        .await;
     }
 }
