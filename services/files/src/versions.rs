@@ -512,53 +512,21 @@ impl FilesService {
                 clip(branch)
             )));
         };
-        let pool = self.versions.sql.pool();
-        let on_branch =
-            sqlx::query("SELECT file_id FROM kg_branch_files WHERE branch_id = $1 AND path = $2")
-                .bind(&branch.branch_id)
-                .bind(&path)
-                .fetch_optional(pool)
-                .await?;
-        let file_id = match on_branch {
-            Some(row) => row.try_get::<String, _>("file_id")?,
-            None => match self.store.by_path_unfiltered(namespace, &path).await? {
-                Some(main) => main.file_id,
-                None => uuid::Uuid::now_v7().to_string(),
-            },
+        // Two uploads of one path new to the branch at once make a file id each, and the
+        // second breaks UNIQUE(branch_id, path): it reads again and joins the first's id.
+        let mut attempt = 0;
+        let (file, blob_key) = loop {
+            attempt += 1;
+            match self
+                .store_branch_file(namespace, &branch.branch_id, &path, content, mime)
+                .await
+            {
+                Err(err) if attempt < BRANCH_UPLOAD_ATTEMPTS && err.is_unique_violation() => {
+                    continue;
+                }
+                other => break other?,
+            }
         };
-        let content_sha256 = hex::encode(Sha256::digest(content));
-        let blob_key = self.blobs.put(content).await?;
-        let file = BranchFile {
-            branch_id: branch.branch_id.clone(),
-            version_id: version_id(&file_id, &content_sha256),
-            file_id,
-            path: path.clone(),
-            content_sha256,
-            size: i64::try_from(content.len()).unwrap_or(i64::MAX),
-            mime: guess_mime(&path, mime),
-        };
-        let mut tx = pool.begin().await?;
-        sqlx::query("DELETE FROM kg_branch_files WHERE branch_id = $1 AND file_id = $2")
-            .bind(&file.branch_id)
-            .bind(&file.file_id)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query(
-            "INSERT INTO kg_branch_files (branch_id, file_id, path, version_id, content_sha256, blob_key, size, mime, deleted, updated_at_ms) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 0, $9)",
-        )
-        .bind(&file.branch_id)
-        .bind(&file.file_id)
-        .bind(&file.path)
-        .bind(&file.version_id)
-        .bind(&file.content_sha256)
-        .bind(&blob_key)
-        .bind(file.size)
-        .bind(&file.mime)
-        .bind(now_ms())
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
         // The indexer parses branch uploads for metadata and links only (never the graph,
         // which holds main) and reports them per version id like any FileIndexed.
         let event = kg_proto::v1::FileChanged {
@@ -591,6 +559,63 @@ impl FilesService {
             return Err(FilesError::QueueUnavailable);
         }
         Ok(file)
+    }
+
+    /// One try at storing a branch upload; the file and its blob's key.
+    async fn store_branch_file(
+        &self,
+        namespace: &str,
+        branch_id: &str,
+        path: &str,
+        content: &[u8],
+        mime: &str,
+    ) -> Result<(BranchFile, String)> {
+        let pool = self.versions.sql.pool();
+        let on_branch =
+            sqlx::query("SELECT file_id FROM kg_branch_files WHERE branch_id = $1 AND path = $2")
+                .bind(branch_id)
+                .bind(path)
+                .fetch_optional(pool)
+                .await?;
+        let file_id = match on_branch {
+            Some(row) => row.try_get::<String, _>("file_id")?,
+            None => match self.store.by_path_unfiltered(namespace, path).await? {
+                Some(main) => main.file_id,
+                None => uuid::Uuid::now_v7().to_string(),
+            },
+        };
+        let content_sha256 = hex::encode(Sha256::digest(content));
+        let blob_key = self.blobs.put(content).await?;
+        let file = BranchFile {
+            branch_id: branch_id.to_owned(),
+            version_id: version_id(&file_id, &content_sha256),
+            file_id,
+            path: path.to_owned(),
+            content_sha256,
+            size: i64::try_from(content.len()).unwrap_or(i64::MAX),
+            mime: guess_mime(path, mime),
+        };
+        // One upsert: a delete and an insert would let two uploads of the file at once both
+        // find nothing to delete and then break the key.
+        sqlx::query(
+            "INSERT INTO kg_branch_files (branch_id, file_id, path, version_id, content_sha256, blob_key, size, mime, deleted, updated_at_ms) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 0, $9) \
+             ON CONFLICT (branch_id, file_id) DO UPDATE SET path = excluded.path, version_id = excluded.version_id, \
+             content_sha256 = excluded.content_sha256, blob_key = excluded.blob_key, size = excluded.size, \
+             mime = excluded.mime, deleted = 0, updated_at_ms = excluded.updated_at_ms",
+        )
+        .bind(&file.branch_id)
+        .bind(&file.file_id)
+        .bind(&file.path)
+        .bind(&file.version_id)
+        .bind(&file.content_sha256)
+        .bind(&blob_key)
+        .bind(file.size)
+        .bind(&file.mime)
+        .bind(now_ms())
+        .execute(pool)
+        .await?;
+        Ok((file, blob_key))
     }
 
     /// Cuts an immutable release: a snapshot of every file version of a
@@ -702,66 +727,82 @@ impl FilesService {
                 "a release resolved to a branch".to_owned(),
             ));
         };
+        // Deploys of one environment at once race for its row (first deploy) and for the next
+        // history number; the one that loses reads again and lands after the other.
+        let mut attempt = 0;
+        let environment_id = loop {
+            attempt += 1;
+            match self
+                .record_deploy(caller, namespace, environment, &release_id)
+                .await
+            {
+                Err(err) if attempt < DEPLOY_ATTEMPTS && err.is_unique_violation() => continue,
+                other => break other?,
+            }
+        };
+        self.versions
+            .environment_row(namespace, "environment_id", &environment_id)
+            .await?
+            .ok_or_else(|| FilesError::Engine("environment vanished after deploy".to_owned()))
+    }
+
+    /// One try at pointing `environment` at `release_id` and numbering the deploy; returns
+    /// the environment's id.
+    async fn record_deploy(
+        &self,
+        caller: &CallerContext,
+        namespace: &str,
+        environment: &str,
+        release_id: &str,
+    ) -> Result<String> {
         let now = now_ms();
         let pool = self.versions.sql.pool();
         let mut tx = pool.begin().await?;
-        let existing = sqlx::query(
+        // Writes first: on SQLite a transaction that read first cannot write once another
+        // writer committed (SQLITE_BUSY_SNAPSHOT), while one that writes first waits its turn.
+        let moved = sqlx::query(
+            "UPDATE kg_environments SET release_id = $1, updated_at_ms = $2 WHERE namespace = $3 AND name = $4",
+        )
+        .bind(release_id)
+        .bind(now)
+        .bind(namespace)
+        .bind(environment)
+        .execute(&mut *tx)
+        .await?;
+        if moved.rows_affected() == 0 {
+            sqlx::query(
+                "INSERT INTO kg_environments (environment_id, namespace, name, release_id, updated_at_ms) VALUES ($1, $2, $3, $4, $5)",
+            )
+            .bind(uuid::Uuid::now_v7().to_string())
+            .bind(namespace)
+            .bind(environment)
+            .bind(release_id)
+            .bind(now)
+            .execute(&mut *tx)
+            .await?;
+        }
+        let environment_id: String = sqlx::query(
             "SELECT environment_id FROM kg_environments WHERE namespace = $1 AND name = $2",
         )
         .bind(namespace)
         .bind(environment)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let environment_id = match existing {
-            Some(row) => {
-                let id: String = row.try_get("environment_id")?;
-                sqlx::query(
-                    "UPDATE kg_environments SET release_id = $1, updated_at_ms = $2 WHERE environment_id = $3",
-                )
-                .bind(&release_id)
-                .bind(now)
-                .bind(&id)
-                .execute(&mut *tx)
-                .await?;
-                id
-            }
-            None => {
-                let id = uuid::Uuid::now_v7().to_string();
-                sqlx::query(
-                    "INSERT INTO kg_environments (environment_id, namespace, name, release_id, updated_at_ms) VALUES ($1, $2, $3, $4, $5)",
-                )
-                .bind(&id)
-                .bind(namespace)
-                .bind(environment)
-                .bind(&release_id)
-                .bind(now)
-                .execute(&mut *tx)
-                .await?;
-                id
-            }
-        };
-        let seq: i64 = sqlx::query(
-            "SELECT COALESCE(MAX(seq), 0) + 1 AS n FROM kg_environment_deploys WHERE environment_id = $1",
-        )
-        .bind(&environment_id)
         .fetch_one(&mut *tx)
         .await?
-        .try_get("n")?;
+        .try_get("environment_id")?;
+        // Numbered in the same statement, so two deploys cannot take one number unnoticed
+        // (PostgreSQL: the second breaks the key and the deploy retries).
         sqlx::query(
-            "INSERT INTO kg_environment_deploys (environment_id, seq, release_id, deployed_at_ms, deployed_by) VALUES ($1, $2, $3, $4, $5)",
+            "INSERT INTO kg_environment_deploys (environment_id, seq, release_id, deployed_at_ms, deployed_by) \
+             SELECT $1, COALESCE(MAX(seq), 0) + 1, $2, $3, $4 FROM kg_environment_deploys WHERE environment_id = $1",
         )
         .bind(&environment_id)
-        .bind(seq)
-        .bind(&release_id)
+        .bind(release_id)
         .bind(now)
         .bind(&caller.principal_id)
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
-        self.versions
-            .environment_row(namespace, "environment_id", &environment_id)
-            .await?
-            .ok_or_else(|| FilesError::Engine("environment vanished after deploy".to_owned()))
+        Ok(environment_id)
     }
 
     /// The namespace's environments with their deploy history, by name.
@@ -853,6 +894,11 @@ impl FilesService {
         Ok(out)
     }
 }
+
+/// Tries of a branch upload that lost a race for a path new to the branch.
+const BRANCH_UPLOAD_ATTEMPTS: u32 = 3;
+/// Tries of a deploy that lost a race with another deploy of the same environment.
+const DEPLOY_ATTEMPTS: u32 = 3;
 
 fn release_exists(namespace: &str, version: &str) -> FilesError {
     FilesError::Exists(format!(

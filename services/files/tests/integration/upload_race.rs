@@ -1,11 +1,13 @@
 //! Writes racing for one name (a client retrying after a timeout, two ingest jobs
-//! overlapping) on SQLite and PostgreSQL: uploads of one new path all succeed as one file;
+//! overlapping) on SQLite and PostgreSQL: uploads of one new path, on main or on a branch,
+//! all succeed as one file;
 //! of branches or releases created under one name at once, one is made and the others are
-//! told it exists (`already_exists`), never an internal error.
+//! told it exists (`already_exists`), never an internal error; deploys of one environment
+//! at once all land, one after another.
 
 use kg_common::error::{ErrorCode, ErrorExt};
 use kg_files::FilesService;
-use kg_proto::v1::Permission;
+use kg_proto::v1::{Permission, ReleaseTarget, release_target};
 use kg_stores::blobs::BlobStore;
 use kg_stores::embedded::{EmbeddedNats, EmbeddedPostgres, find_venv};
 use kg_stores::sql::SqlStore;
@@ -54,11 +56,51 @@ async fn names_race(files: &FilesService, tag: &str) {
     let branch = format!("preview-{tag}");
     let made =
         futures::future::join_all((0..8).map(|_| files.create_branch(&admin, NS, &branch))).await;
+    // Eight uploads of one path new to the branch at once: all land as one file.
+    let draft = format!("drafts/{tag}.md");
+    let uploads = futures::future::join_all((0..8).map(|i| {
+        let content = format!("# Draft {i}\n");
+        let (admin, branch, draft) = (&admin, &branch, &draft);
+        async move {
+            files
+                .upload_to_branch(admin, NS, branch, draft, content.as_bytes(), "")
+                .await
+        }
+    }))
+    .await;
+    let mut ids: Vec<String> = uploads
+        .into_iter()
+        .map(|r| {
+            r.unwrap_or_else(|err| panic!("a branch upload failed: {err}"))
+                .file_id
+        })
+        .collect();
+    ids.dedup();
+    assert_eq!(ids.len(), 1, "one file for one path on the branch: {ids:?}");
     let version = format!("v1-{tag}");
     let released = futures::future::join_all(
         (0..8).map(|_| files.create_release(&admin, NS, &version, "main", "")),
     )
     .await;
+    // Eight deploys of one new environment at once: each lands, one after another.
+    let target = ReleaseTarget {
+        selector: Some(release_target::Selector::ReleaseVersion(version.clone())),
+    };
+    let environment = format!("staging-{tag}");
+    let deployed = futures::future::join_all(
+        (0..8).map(|_| files.deploy_environment(&admin, NS, &environment, &target)),
+    )
+    .await;
+    for result in deployed {
+        result.unwrap_or_else(|err| panic!("a deploy failed: {err}"));
+    }
+    let environments = files.list_environments(&admin, NS).await.unwrap();
+    let staged = environments.iter().find(|e| e.name == environment).unwrap();
+    assert_eq!(
+        staged.history.len(),
+        8,
+        "eight deploys recorded: {staged:?}"
+    );
     for (what, codes) in [
         (
             "branch",
