@@ -140,6 +140,8 @@ impl ApprovalService {
 
     /// Stores a proposal for `caller` (the proposer), or with `execute_now`
     /// runs it at once when the ontology says the action needs no approval.
+    /// `allowed` is the time the call may take (its gRPC deadline): the check and
+    /// the wait for the effect stay within it.
     pub async fn submit(
         &self,
         caller: &CallerContext,
@@ -291,7 +293,8 @@ impl ApprovalService {
     }
 
     /// A human decision (admin only). Approving re-checks the action against
-    /// live data with the approver's context, then runs the effect once.
+    /// live data with the approver's context, then runs the effect once, waiting
+    /// for it within `allowed` (the call's gRPC deadline).
     pub async fn decide(
         &self,
         caller: &CallerContext,
