@@ -94,6 +94,26 @@ impl FilesError {
     }
 }
 
+/// Tries of a write that lost a race for a unique name ([`retry_lost_race`]).
+const RACE_ATTEMPTS: u32 = 3;
+
+/// Runs `write` again, up to [`RACE_ATTEMPTS`] tries in all, while it fails on a unique
+/// constraint: another writer took the name first, and the next try reads it and joins it.
+/// The loser of one race waits for the winner's commit, so a second try is normally enough.
+pub(crate) async fn retry_lost_race<T, F, Fut>(mut write: F) -> Result<T, FilesError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, FilesError>>,
+{
+    let mut tries = 1;
+    loop {
+        match write().await {
+            Err(err) if tries < RACE_ATTEMPTS && err.is_unique_violation() => tries += 1,
+            other => return other,
+        }
+    }
+}
+
 impl ErrorExt for FilesError {
     fn code(&self) -> ErrorCode {
         match self {

@@ -14,7 +14,7 @@ use kg_stores::events;
 use prost::Message as _;
 use sha2::{Digest as _, Sha256};
 
-use crate::error::{FilesError, Result};
+use crate::error::{FilesError, Result, retry_lost_race};
 use crate::limits::QueryLimits;
 use crate::query::sql::SqlEngine;
 use crate::store::{FileSelector, FilesStore};
@@ -38,9 +38,6 @@ pub struct FilesService {
 
 /// A version id derived from the file and its content: the same bytes at the
 /// same file always get the same id, so re-uploads and redeliveries dedupe.
-/// Tries of one upload that lost a race for a new path ([`FilesService::upload`]).
-const UPLOAD_ATTEMPTS: u32 = 3;
-
 pub(crate) fn version_id(file_id: &str, content_sha256: &str) -> String {
     let digest = Sha256::digest(format!("{file_id}\0{content_sha256}").as_bytes());
     let mut bytes = [0u8; 16];
@@ -150,17 +147,7 @@ impl FilesService {
         // Two uploads of one new path at once both find no row and make a file id each; the
         // second insert then breaks UNIQUE(namespace, path). It reads the path again and
         // joins the first one's file id, so a client's retry after a timeout never fails.
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            match self
-                .upload_once(namespace, &path, content, mime, &content_sha256)
-                .await
-            {
-                Err(err) if attempt < UPLOAD_ATTEMPTS && err.is_unique_violation() => continue,
-                other => return other,
-            }
-        }
+        retry_lost_race(|| self.upload_once(namespace, &path, content, mime, &content_sha256)).await
     }
 
     async fn upload_once(

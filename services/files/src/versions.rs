@@ -18,7 +18,7 @@ use sha2::{Digest as _, Sha256};
 use sqlx::any::AnyRow;
 use sqlx::{AssertSqlSafe, Row as _};
 
-use crate::error::{FilesError, Result};
+use crate::error::{FilesError, Result, retry_lost_race};
 use crate::service::{FilesService, guess_mime, version_id};
 
 /// Longest branch, release version or environment name.
@@ -514,19 +514,10 @@ impl FilesService {
         };
         // Two uploads of one path new to the branch at once make a file id each, and the
         // second breaks UNIQUE(branch_id, path): it reads again and joins the first's id.
-        let mut attempt = 0;
-        let (file, blob_key) = loop {
-            attempt += 1;
-            match self
-                .store_branch_file(namespace, &branch.branch_id, &path, content, mime)
-                .await
-            {
-                Err(err) if attempt < BRANCH_UPLOAD_ATTEMPTS && err.is_unique_violation() => {
-                    continue;
-                }
-                other => break other?,
-            }
-        };
+        let (file, blob_key) = retry_lost_race(|| {
+            self.store_branch_file(namespace, &branch.branch_id, &path, content, mime)
+        })
+        .await?;
         // The indexer parses branch uploads for metadata and links only (never the graph,
         // which holds main) and reports them per version id like any FileIndexed.
         let event = kg_proto::v1::FileChanged {
@@ -729,17 +720,9 @@ impl FilesService {
         };
         // Deploys of one environment at once race for its row (first deploy) and for the next
         // history number; the one that loses reads again and lands after the other.
-        let mut attempt = 0;
-        let environment_id = loop {
-            attempt += 1;
-            match self
-                .record_deploy(caller, namespace, environment, &release_id)
-                .await
-            {
-                Err(err) if attempt < DEPLOY_ATTEMPTS && err.is_unique_violation() => continue,
-                other => break other?,
-            }
-        };
+        let environment_id =
+            retry_lost_race(|| self.record_deploy(caller, namespace, environment, &release_id))
+                .await?;
         self.versions
             .environment_row(namespace, "environment_id", &environment_id)
             .await?
@@ -894,11 +877,6 @@ impl FilesService {
         Ok(out)
     }
 }
-
-/// Tries of a branch upload that lost a race for a path new to the branch.
-const BRANCH_UPLOAD_ATTEMPTS: u32 = 3;
-/// Tries of a deploy that lost a race with another deploy of the same environment.
-const DEPLOY_ATTEMPTS: u32 = 3;
 
 fn release_exists(namespace: &str, version: &str) -> FilesError {
     FilesError::Exists(format!(
