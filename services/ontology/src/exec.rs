@@ -508,6 +508,43 @@ fn parameters(act: &ActionDef, args: &Map<String, Value>) -> Result<Map<String, 
     Ok(out)
 }
 
+/// What a failed Approval.Submit tells the agent: whether a retry is safe is the part it
+/// must know, and the approval service's own status text stays in the log.
+fn submit_failed(status: &tonic::Status, needs_approval: bool) -> ToolError {
+    match status.code() {
+        // The approval service's own validation, in its words (never a store's).
+        tonic::Code::InvalidArgument => ToolError::new(
+            ToolCode::InvalidArguments,
+            format!("{}; nothing was stored or run", status.message()),
+        ),
+        // A proposal that waits for a human is stored last, so a failure leaves none.
+        tonic::Code::Unavailable if needs_approval => {
+            tracing::warn!(error = %status.message(), "approval service unavailable");
+            ToolError::new(
+                ToolCode::InternalError,
+                "the approval service is unavailable, so no proposal was stored; retry shortly",
+            )
+        }
+        // An effect without approval starts before the answer: it may have gone out.
+        tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
+            tracing::warn!(error = %status.message(), "approval service did not answer");
+            let what = if needs_approval {
+                "the proposal may have been stored and be waiting for a human"
+            } else {
+                "the proposal may have been taken and its effect sent"
+            };
+            ToolError::new(
+                ToolCode::InternalError,
+                format!(
+                    "the approval service did not answer: {what}; do not retry, as a retry \
+                     can make a second proposal"
+                ),
+            )
+        }
+        _ => ToolError::internal(format!("approval submit failed: {status}")),
+    }
+}
+
 fn approval_required(
     compiled: &Compiled,
     object: &str,
@@ -587,7 +624,12 @@ async fn propose(
         ));
     }
     let Some(approval) = opts.approval else {
-        return Err(ToolError::internal("no approval service configured"));
+        tracing::error!("a proposal was refused: this ontology service has no approval address");
+        return Err(ToolError::new(
+            ToolCode::InternalError,
+            "this server has no approval service configured, so it takes no proposals; nothing \
+             was stored or run; an operator must set the ontology service's approval address",
+        ));
     };
     let arguments_json = Value::Object(prep.canonical_args.clone()).to_string();
     let most = kg_proto::limits::PROPOSAL_ARGUMENTS_BYTES;
@@ -616,7 +658,7 @@ async fn propose(
     let proposal = approval
         .submit(request)
         .await
-        .map_err(|status| ToolError::internal(format!("approval submit failed: {status}")))?;
+        .map_err(|status| submit_failed(&status, needs_approval))?;
     set(&mut out, "proposal_id", json!(proposal.id));
     let outcome = match (needs_approval, proposal.state()) {
         (true, _) => "pending_approval",

@@ -497,7 +497,72 @@ async fn shop_tools_on_sqlite() {
     )
     .await;
     assert_eq!(code(&r), "internal_error");
-    assert!(!r["message"].as_str().unwrap().contains("sqlite"));
+    let message = r["message"].as_str().unwrap();
+    assert!(message.contains("no approval service configured"), "{r}");
+    assert!(!message.contains("sqlite"));
+
+    // An approval service that fails: the agent is told whether a retry is safe, and never
+    // the service's own status text (here an address).
+    for (status, amount, expected_code, says) in [
+        (
+            tonic::Code::Unavailable,
+            500,
+            "internal_error",
+            "no proposal was stored; retry shortly",
+        ),
+        (
+            tonic::Code::Unavailable,
+            50,
+            "internal_error",
+            "its effect sent; do not retry",
+        ),
+        (
+            tonic::Code::DeadlineExceeded,
+            500,
+            "internal_error",
+            "waiting for a human; do not retry",
+        ),
+        (
+            tonic::Code::InvalidArgument,
+            500,
+            "invalid_arguments",
+            "role is too long; nothing was stored",
+        ),
+        (
+            tonic::Code::Internal,
+            500,
+            "internal_error",
+            "details are in the server log",
+        ),
+    ] {
+        let sink = FailingApproval(status);
+        let roles = ["billing".to_owned()];
+        let args = json!({"order_id": 102, "amount": amount}).to_string();
+        let r = auto
+            .call_tool_with("propose_order_refund", &args, &roles, "test", Some(&sink))
+            .await;
+        assert_eq!(code(&r), expected_code, "{status:?}: {r}");
+        let message = r["message"].as_str().unwrap();
+        assert!(message.contains(says), "{status:?}: {r}");
+        assert!(!message.contains("10.0.0.7"), "{status:?}: {r}");
+    }
+}
+
+/// An approval service that answers every submit with one status.
+struct FailingApproval(tonic::Code);
+
+#[async_trait::async_trait]
+impl kg_ontology::ProposalSink for FailingApproval {
+    async fn submit(
+        &self,
+        _request: kg_proto::v1::SubmitProposalRequest,
+    ) -> Result<kg_proto::v1::Proposal, tonic::Status> {
+        let message = match self.0 {
+            tonic::Code::InvalidArgument => "role is too long",
+            _ => "transport error: connecting to 10.0.0.7:50061 refused",
+        };
+        Err(tonic::Status::new(self.0, message))
+    }
 }
 
 #[tokio::test]
