@@ -74,11 +74,52 @@ fn check(tbox: &Tbox) -> Result<()> {
             }
         }
     }
+    problems.extend(nul_characters(tbox));
     if problems.is_empty() {
         Ok(())
     } else {
         Err(OntologyError::Invalid(problems))
     }
+}
+
+/// Where the TBox holds a NUL character. Its names become graph properties and the
+/// patterns regexes, and no document text holds a NUL for either to match; the gateway
+/// refuses NUL in tool arguments the same way.
+fn nul_characters(tbox: &Tbox) -> Vec<String> {
+    let mut fields: Vec<(String, &str)> = Vec::new();
+    for (i, t) in tbox.entity_types.iter().enumerate() {
+        let at = format!("entity_types[{i}]");
+        fields.push((format!("{at}.type_id"), &t.type_id));
+        fields.push((format!("{at}.label"), &t.label));
+        fields.push((format!("{at}.side"), &t.side));
+        for (j, a) in t.aliases.iter().enumerate() {
+            fields.push((format!("{at}.aliases[{j}]"), a));
+        }
+        for (j, p) in t.patterns.iter().enumerate() {
+            fields.push((format!("{at}.patterns[{j}]"), p));
+        }
+        for (j, instance) in t.instances.iter().enumerate() {
+            fields.push((format!("{at}.instances[{j}].name"), &instance.name));
+            for (k, a) in instance.aliases.iter().enumerate() {
+                fields.push((format!("{at}.instances[{j}].aliases[{k}]"), a));
+            }
+        }
+    }
+    for (i, r) in tbox.relation_types.iter().enumerate() {
+        let at = format!("relation_types[{i}]");
+        fields.push((format!("{at}.relation_type_id"), &r.relation_type_id));
+        fields.push((format!("{at}.label"), &r.label));
+        fields.push((format!("{at}.source_type_id"), &r.source_type_id));
+        fields.push((format!("{at}.target_type_id"), &r.target_type_id));
+        for (j, p) in r.patterns.iter().enumerate() {
+            fields.push((format!("{at}.patterns[{j}]"), p));
+        }
+    }
+    fields
+        .into_iter()
+        .filter(|(_, value)| value.contains('\0'))
+        .map(|(at, _)| format!("`{at}` holds a NUL character (U+0000); remove it"))
+        .collect()
 }
 
 impl TboxStore {
@@ -254,5 +295,36 @@ mod tests {
         };
         assert_eq!(problems.len(), 1);
         assert!(problems[0].contains("longer than 64 bytes"), "{problems:?}");
+    }
+
+    #[test]
+    fn a_nul_character_anywhere_in_a_tbox_is_refused_saying_where() {
+        let tbox = Tbox {
+            entity_types: vec![EntityType {
+                type_id: "plant".into(),
+                label: "Plant".into(),
+                instances: vec![kg_proto::v1::EntityInstance {
+                    name: "Main plant".into(),
+                    aliases: vec!["ok".into(), "Ma\0in".into()],
+                }],
+                ..Default::default()
+            }],
+            relation_types: vec![kg_proto::v1::RelationType {
+                relation_type_id: "feeds".into(),
+                patterns: vec!["(?P<a>x)\0".into()],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let Err(OntologyError::Invalid(problems)) = check(&tbox) else {
+            panic!("a TBox with NUL characters passed");
+        };
+        assert_eq!(
+            problems,
+            [
+                "`entity_types[0].instances[0].aliases[1]` holds a NUL character (U+0000); remove it",
+                "`relation_types[0].patterns[0]` holds a NUL character (U+0000); remove it",
+            ]
+        );
     }
 }
