@@ -64,8 +64,8 @@ mod tests {
 
     #[test]
     fn file_values_load_and_problems_are_listed() {
-        let dir = std::env::temp_dir().join(format!("kgcfg-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path();
         let good = dir.join("good.toml");
         std::fs::write(&good, "top_k = 5\n").unwrap();
         assert_eq!(load::<Demo>(Some(&good)).unwrap().top_k, 5);
