@@ -1,7 +1,7 @@
 //! Validation (static, then against the live warehouse schema) and
 //! compilation of a project into its generated tool set.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use serde_json::{Map, Value, json};
 use sha2::{Digest as _, Sha256};
@@ -9,7 +9,7 @@ use sha2::{Digest as _, Sha256};
 use crate::effect;
 use crate::expr::{self, Expr};
 use crate::project::{ActionDef, ApprovalDef, ApprovalMode, ObjectDef, Project, ValueType};
-use crate::warehouse::{self, Warehouse, quote_table};
+use crate::warehouse::{self, Comparison, Warehouse, quote_table};
 
 /// Default rows of list_/traverse_.
 pub const DEFAULT_LIMIT: i64 = 100;
@@ -486,8 +486,9 @@ fn check_action(
 
 /// Checks against the live warehouse: tables and columns exist, state
 /// expressions and the generated SELECTs compile (`LIMIT 0`, no row read).
-pub async fn check_live(project: &Project, wh: &Warehouse) -> Vec<String> {
+pub async fn check_live(project: &Project, wh: &mut Warehouse) -> Vec<String> {
     let mut p = Vec::new();
+    let mut comparable = true;
     for (o, obj) in &project.objects {
         let at = format!("objects.{o}");
         let columns = match wh.columns(&obj.table).await {
@@ -512,6 +513,7 @@ pub async fn check_live(project: &Project, wh: &Warehouse) -> Vec<String> {
         for name in obj.properties.keys() {
             if !columns.iter().any(|c| c == name) {
                 missing = true;
+                comparable = false;
                 p.push(format!(
                     "{at}.properties.{name}: table `{}` has no column `{name}` (it has {columns:?})",
                     obj.table
@@ -548,7 +550,54 @@ pub async fn check_live(project: &Project, wh: &Warehouse) -> Vec<String> {
             ));
         }
     }
+    if comparable && p.is_empty() {
+        let (planned, problems) = plan_comparisons(project, wh).await;
+        p.extend(problems);
+        wh.set_comparisons(planned);
+    }
     p
+}
+
+/// How each column a tool looks values up by (identities, relation keys) is compared with
+/// a value of its declared type; a column no form can compare is a problem.
+async fn plan_comparisons(
+    project: &Project,
+    wh: &Warehouse,
+) -> (HashMap<(String, String), Comparison>, Vec<String>) {
+    let mut keys: BTreeSet<(&str, &str)> = BTreeSet::new();
+    for (o, obj) in &project.objects {
+        keys.extend(obj.identity.iter().map(|c| (o.as_str(), c.as_str())));
+        for rel in obj.relations.values() {
+            if let Some(target) = project.objects.get(&rel.target)
+                && let Some(to) = rel.to.as_ref().or_else(|| target.identity.first())
+            {
+                keys.insert((rel.target.as_str(), to.as_str()));
+            }
+        }
+    }
+    let mut planned = HashMap::new();
+    let mut problems = Vec::new();
+    for (o, column) in keys {
+        let Some(obj) = project.objects.get(o) else {
+            continue;
+        };
+        let Some(ty) = obj.properties.get(column).map(|d| d.value_type) else {
+            continue;
+        };
+        match wh.plan_comparison(&obj.table, column, ty).await {
+            Ok(how) => {
+                planned.insert((obj.table.clone(), column.to_owned()), how);
+            }
+            Err(err) => problems.push(format!(
+                "objects.{o}.properties.{column}: tools look records up by this column, and \
+                 `{}` cannot compare it with a {} value: {err}; declare the type that matches \
+                 the column",
+                obj.table,
+                ty.json_type()
+            )),
+        }
+    }
+    (planned, problems)
 }
 
 /// The first 63 bits of the SHA-256 of a value's JSON (positive).

@@ -15,8 +15,8 @@ use crate::error::{ToolCode, ToolError};
 use crate::expr::EvalError;
 use crate::project::{ActionDef, ApprovalDef, ApprovalMode, ObjectDef};
 use crate::warehouse::{
-    self, Bound, Warehouse, bound_json, coerce, column_expr, identity_order, identity_where,
-    quote_ident, quote_table, row_json, select_list, state_expr,
+    self, Bound, Warehouse, bound_json, coerce, column_expr, identity_order, quote_table, row_json,
+    select_list, state_expr,
 };
 
 /// Where proposals go: the approval service (over gRPC in the mesh).
@@ -233,7 +233,7 @@ async fn get(
         "SELECT {} FROM {} WHERE {} LIMIT 2",
         select_list(obj),
         quote_table(&obj.table),
-        identity_where(obj, 1)
+        wh.identity_where(obj, 1)
     );
     let rows = wh.fetch(sql, &id).await?;
     let row = one(rows, object, &identity_text(obj, &id))?;
@@ -324,7 +324,7 @@ async fn traverse(
         "SELECT {} FROM {} WHERE {} LIMIT 2",
         column_expr(None, &rel.from, from_ty),
         quote_table(&src.table),
-        identity_where(src, 1)
+        wh.identity_where(src, 1)
     );
     let rows = wh.fetch(sql, &id).await?;
     let row = one(rows, object, &identity_text(src, &id))?;
@@ -336,10 +336,10 @@ async fn traverse(
         ));
     };
     let sql = format!(
-        "SELECT {} FROM {} WHERE {} = $1 ORDER BY {} LIMIT $2",
+        "SELECT {} FROM {} WHERE {} ORDER BY {} LIMIT $2",
         select_list(target),
         quote_table(&target.table),
-        quote_ident(&to),
+        wh.equals(&target.table, &to, to_ty, 1),
         identity_order(target)
     );
     let rows = wh.fetch(sql, &[key, Bound::Int(limit + 1)]).await?;
@@ -417,7 +417,7 @@ pub(crate) async fn prepare(
     let sql = format!(
         "SELECT {state_sql} FROM {} WHERE {} LIMIT 2",
         quote_table(&o.table),
-        identity_where(o, 1)
+        wh.identity_where(o, 1)
     );
     let rows = wh.fetch(sql, &id).await?;
     let row = one(rows, object, &identity_text(o, &id))?;

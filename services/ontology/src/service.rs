@@ -56,7 +56,7 @@ pub async fn load_project(
             return Err(problems);
         }
     };
-    let warehouse = match Warehouse::connect(&url).await {
+    let mut warehouse = match Warehouse::connect(&url).await {
         Ok(w) => w,
         Err(err) => {
             tracing::warn!(error = %err, "cannot connect to the warehouse");
@@ -64,7 +64,7 @@ pub async fn load_project(
             return Err(problems);
         }
     };
-    problems.extend(compile::check_live(&loaded.project, &warehouse).await);
+    problems.extend(compile::check_live(&loaded.project, &mut warehouse).await);
     if !problems.is_empty() {
         warehouse.close().await;
         return Err(problems);

@@ -2,13 +2,16 @@
 //! run (sensitive columns never appear in them), schema introspection and row
 //! decoding over sqlx Any (SQLite or PostgreSQL). Every value is bound.
 
+use std::collections::HashMap;
+use std::sync::Arc;
+
 use kg_stores::sql::{SqlBackend, SqlStore};
 use serde_json::{Map, Value};
 use sqlx::any::{AnyArguments, AnyRow};
 use sqlx::query::Query;
 use sqlx::{Any, AssertSqlSafe, Row as _};
 
-use crate::error::ToolError;
+use crate::error::{ToolCode, ToolError};
 use crate::project::{ObjectDef, ValueType};
 
 /// Longest string value returned to a model, in characters.
@@ -98,14 +101,29 @@ pub(crate) fn select_list(obj: &ObjectDef) -> String {
     cols.join(", ")
 }
 
-/// `"a" = $1 AND "b" = $2`, numbering from `first`.
-pub(crate) fn identity_where(obj: &ObjectDef, first: usize) -> String {
-    obj.identity
-        .iter()
-        .enumerate()
-        .map(|(i, c)| format!("{} = ${}", quote_ident(c), first + i))
-        .collect::<Vec<_>>()
-        .join(" AND ")
+/// The SQL type a value of `ty` is bound as.
+fn bound_sql_type(ty: ValueType) -> &'static str {
+    match ty {
+        ValueType::Integer => "BIGINT",
+        ValueType::Number => "DOUBLE PRECISION",
+        ValueType::String => "TEXT",
+        ValueType::Boolean => "BOOLEAN",
+    }
+}
+
+/// How a column is compared with a value bound as its declared type.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Comparison {
+    /// `"col" = $n`: the types compare as they are, and an index on the column serves.
+    Plain,
+    /// `"col" = CAST($n AS type)`: PostgreSQL has no operator between the column's type and
+    /// the bound one (`uuid = text`, an enum and text), so the value takes the column's type
+    /// and an index on the column still serves. A value that is not of that type (`abc` for
+    /// a uuid) is refused by the database as a data exception.
+    CastValue(String),
+    /// `CAST("col" AS type) = $n`: the column's declared form, as the tools show it; no
+    /// index serves it, so it is the last resort.
+    CastColumn,
 }
 
 /// `ORDER BY` the identity columns.
@@ -195,6 +213,9 @@ pub(crate) fn row_json(row: &AnyRow, obj: &ObjectDef) -> Result<Map<String, Valu
 #[derive(Clone, Debug)]
 pub struct Warehouse {
     store: SqlStore,
+    /// Columns that are not compared plainly with a bound value, by (table, column); set
+    /// when the project is checked against the warehouse ([`Warehouse::plan_comparison`]).
+    comparisons: Arc<HashMap<(String, String), Comparison>>,
 }
 
 impl Warehouse {
@@ -202,7 +223,102 @@ impl Warehouse {
     pub async fn connect(url: &str) -> Result<Self, kg_stores::StoreError> {
         Ok(Self {
             store: SqlStore::connect(url).await?,
+            comparisons: Arc::default(),
         })
+    }
+
+    /// Keeps the comparisons planned for the project's key columns.
+    pub(crate) fn set_comparisons(&mut self, planned: HashMap<(String, String), Comparison>) {
+        self.comparisons = Arc::new(
+            planned
+                .into_iter()
+                .filter(|(_, c)| *c != Comparison::Plain)
+                .collect(),
+        );
+    }
+
+    /// `column = $n` for a value bound as `ty`, in the form [`Warehouse::plan_comparison`]
+    /// chose for this column.
+    pub(crate) fn equals(&self, table: &str, column: &str, ty: ValueType, n: usize) -> String {
+        let col = quote_ident(column);
+        match self.comparisons.get(&(table.to_owned(), column.to_owned())) {
+            None | Some(Comparison::Plain) => format!("{col} = ${n}"),
+            Some(Comparison::CastValue(pg_type)) => format!("{col} = CAST(${n} AS {pg_type})"),
+            Some(Comparison::CastColumn) => {
+                format!("CAST({col} AS {}) = ${n}", bound_sql_type(ty))
+            }
+        }
+    }
+
+    /// `"a" = $1 AND "b" = $2` over the identity, numbering from `first`.
+    pub(crate) fn identity_where(&self, obj: &ObjectDef, first: usize) -> String {
+        obj.identity
+            .iter()
+            .enumerate()
+            .map(|(i, c)| {
+                let ty = obj
+                    .properties
+                    .get(c)
+                    .map_or(ValueType::String, |p| p.value_type);
+                self.equals(&obj.table, c, ty, first + i)
+            })
+            .collect::<Vec<_>>()
+            .join(" AND ")
+    }
+
+    /// How `column` of `table` can be compared with a value bound as `ty`, tried in order of
+    /// preference against the live warehouse (`LIMIT 0`, no row read); the database's error
+    /// when no form compiles. SQLite compares any two values, so it is always plain.
+    pub(crate) async fn plan_comparison(
+        &self,
+        table: &str,
+        column: &str,
+        ty: ValueType,
+    ) -> Result<Comparison, String> {
+        if self.backend() == SqlBackend::Sqlite {
+            return Ok(Comparison::Plain);
+        }
+        let from = quote_table(table);
+        let col = quote_ident(column);
+        let bound = format!("CAST(NULL AS {})", bound_sql_type(ty));
+        let probe =
+            |lhs: &str, rhs: &str| format!("SELECT 1 FROM {from} WHERE {lhs} = {rhs} LIMIT 0");
+        let plain = match self.compiles(probe(&col, &bound)).await {
+            Ok(()) => return Ok(Comparison::Plain),
+            Err(err) => err,
+        };
+        if let Some(pg_type) = self.column_type(table, column).await {
+            let cast = format!("CAST({bound} AS {pg_type})");
+            if self.compiles(probe(&col, &cast)).await.is_ok() {
+                return Ok(Comparison::CastValue(pg_type));
+            }
+        }
+        let cast_column = format!("CAST({col} AS {})", bound_sql_type(ty));
+        match self.compiles(probe(&cast_column, &bound)).await {
+            Ok(()) => Ok(Comparison::CastColumn),
+            Err(_) => Err(plain),
+        }
+    }
+
+    /// The PostgreSQL type of a column as the catalog spells it (`uuid`, `order_status`,
+    /// `character varying(20)`); None when it cannot be read or is not a plain type name.
+    async fn column_type(&self, table: &str, column: &str) -> Option<String> {
+        let row = sqlx::query(
+            "SELECT format_type(a.atttypid, a.atttypmod) FROM pg_attribute a \
+             WHERE a.attrelid = CAST($1 AS regclass) AND a.attname = $2 AND NOT a.attisdropped",
+        )
+        .bind(quote_table(table))
+        .bind(column.to_owned())
+        .fetch_optional(self.pool())
+        .await
+        .ok()??;
+        let pg_type: String = row.try_get(0).ok()?;
+        // The catalog's own spelling, spliced into SQL: only what a type name is made of.
+        let plain = !pg_type.is_empty()
+            && pg_type
+                .chars()
+                .all(|c| c.is_alphanumeric() || " _.\"(),[]".contains(c));
+        plain.then_some(pg_type)
     }
 
     /// The backend.
@@ -228,7 +344,23 @@ impl Warehouse {
     ) -> Result<Vec<AnyRow>, ToolError> {
         tracing::debug!(sql = %sql, "warehouse query");
         let query = bind_all(sqlx::query(AssertSqlSafe(sql)), values);
-        Ok(query.fetch_all(self.pool()).await?)
+        query
+            .fetch_all(self.pool())
+            .await
+            .map_err(|err| match &err {
+                // SQLSTATE class 22, a data exception: a value the caller passed does not fit
+                // the column it is compared with (`abc` as a uuid, an unknown enum label).
+                sqlx::Error::Database(db) if db.code().is_some_and(|c| c.starts_with("22")) => {
+                    tracing::info!(error = %db.message(), "warehouse refused a value");
+                    ToolError::new(
+                        ToolCode::InvalidArguments,
+                        "a value does not fit the type of the warehouse column it is compared with \
+                     (for example an identity that is not a valid uuid, or an unknown label); \
+                     pass a value as the tools show it",
+                    )
+                }
+                _ => ToolError::from(err),
+            })
     }
 
     /// Column names of `table`; an empty list when the table does not exist.

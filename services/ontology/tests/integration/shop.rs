@@ -565,6 +565,26 @@ impl kg_ontology::ProposalSink for FailingApproval {
     }
 }
 
+/// Makes the server log every statement; the log's path and its length before the test's own.
+async fn log_every_statement(url: &str, pg_dir: &Path) -> (PathBuf, usize) {
+    let admin = kg_stores::sql::SqlStore::connect(url).await.unwrap();
+    admin
+        .pool()
+        .execute("ALTER SYSTEM SET log_statement = 'all'")
+        .await
+        .unwrap();
+    admin
+        .pool()
+        .execute("SELECT pg_reload_conf()")
+        .await
+        .unwrap();
+    admin.close().await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let log_path = pg_dir.join("postgres.log");
+    let before = std::fs::read_to_string(&log_path).unwrap_or_default().len();
+    (log_path, before)
+}
+
 #[tokio::test]
 async fn shop_tools_on_postgres_never_select_sensitive_columns() {
     let venv = find_venv().unwrap();
@@ -572,23 +592,7 @@ async fn shop_tools_on_postgres_never_select_sensitive_columns() {
     let pg_dir = dir.path().join("pg");
     let pg = EmbeddedPostgres::start(&venv, &pg_dir).await.unwrap();
     seed(&pg.url, "seed.postgres.sql").await;
-    {
-        let admin = kg_stores::sql::SqlStore::connect(&pg.url).await.unwrap();
-        admin
-            .pool()
-            .execute("ALTER SYSTEM SET log_statement = 'all'")
-            .await
-            .unwrap();
-        admin
-            .pool()
-            .execute("SELECT pg_reload_conf()")
-            .await
-            .unwrap();
-        admin.close().await;
-    }
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    let log_path = pg_dir.join("postgres.log");
-    let before = std::fs::read_to_string(&log_path).unwrap_or_default().len();
+    let (log_path, before) = log_every_statement(&pg.url, &pg_dir).await;
 
     let project = copy_project(dir.path());
     let svc = service(&project, &pg.url, false).await;
@@ -695,5 +699,113 @@ async fn reload_swaps_the_tool_set_and_bumps_the_version() {
             .0
             .iter()
             .any(|t| t.name == "get_customer")
+    );
+}
+
+/// Keys that PostgreSQL does not compare with text as they are: a uuid identity, and an
+/// enum that is both an identity and a relation's key, in a schema of their own.
+const FLEET_PROJECT: &str = r#"
+name: fleet
+warehouse: {url: "sqlite://unused.db"}
+roles: [ops]
+objects:
+  device:
+    table: fleet.devices
+    identity: [device_id]
+    properties:
+      device_id: {type: string}
+      region: {type: string}
+      label: {type: string}
+    relations:
+      home: {target: region, from: region, to: region}
+  region:
+    table: fleet.regions
+    identity: [region]
+    properties:
+      region: {type: string}
+      name: {type: string}
+"#;
+
+const FLEET_SQL: &str = "
+CREATE SCHEMA fleet;
+CREATE TYPE fleet.region_code AS ENUM ('eu', 'us');
+CREATE TABLE fleet.regions (region fleet.region_code PRIMARY KEY, name TEXT NOT NULL);
+CREATE TABLE fleet.devices (
+  device_id UUID PRIMARY KEY,
+  region fleet.region_code NOT NULL REFERENCES fleet.regions,
+  label TEXT NOT NULL
+);
+INSERT INTO fleet.regions VALUES ('eu', 'Europe'), ('us', 'United States');
+INSERT INTO fleet.devices VALUES ('0b8f6c1e-4a7d-4f0e-9a55-3c2d1e0f9a11', 'eu', 'press 4');
+";
+
+#[tokio::test]
+async fn uuid_and_enum_keys_on_postgres_are_looked_up_by_their_own_type() {
+    let venv = find_venv().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let pg_dir = dir.path().join("pg");
+    let pg = EmbeddedPostgres::start(&venv, &pg_dir).await.unwrap();
+    let admin = kg_stores::sql::SqlStore::connect(&pg.url).await.unwrap();
+    admin
+        .pool()
+        .execute(sqlx::raw_sql(FLEET_SQL))
+        .await
+        .unwrap();
+    admin.close().await;
+    let (log_path, before) = log_every_statement(&pg.url, &pg_dir).await;
+    let project = dir.path().join("fleet");
+    std::fs::create_dir_all(&project).unwrap();
+    std::fs::write(project.join("ontology.yaml"), FLEET_PROJECT).unwrap();
+    let svc = service(&project, &pg.url, false).await;
+    let device = "0b8f6c1e-4a7d-4f0e-9a55-3c2d1e0f9a11";
+
+    let r = call(&svc, "get_device", json!({"device_id": device}), &[]).await;
+    assert_eq!(r["rows"][0]["device_id"], device, "{r}");
+    assert_eq!(r["rows"][0]["region"], "eu", "{r}");
+    // What a tool showed is what it takes back: the uuid in upper case is the same uuid.
+    let r = call(
+        &svc,
+        "get_device",
+        json!({"device_id": device.to_uppercase()}),
+        &[],
+    )
+    .await;
+    assert_eq!(r["rows"][0]["label"], "press 4", "{r}");
+    let r = call(
+        &svc,
+        "get_device",
+        json!({"device_id": "0b8f6c1e-4a7d-4f0e-9a55-3c2d1e0f9a12"}),
+        &[],
+    )
+    .await;
+    assert_eq!(code(&r), "not_found", "{r}");
+    let r = call(&svc, "get_device", json!({"device_id": "press-4"}), &[]).await;
+    assert_eq!(code(&r), "invalid_arguments", "{r}");
+    assert!(r["message"].as_str().unwrap().contains("uuid"), "{r}");
+    assert!(!r["message"].as_str().unwrap().contains("press-4"), "{r}");
+
+    let r = call(
+        &svc,
+        "traverse_device_home",
+        json!({"device_id": device}),
+        &[],
+    )
+    .await;
+    assert_eq!(r["rows"][0]["name"], "Europe", "{r}");
+    let r = call(&svc, "get_region", json!({"region": "us"}), &[]).await;
+    assert_eq!(r["rows"][0]["name"], "United States", "{r}");
+    let r = call(&svc, "get_region", json!({"region": "mars"}), &[]).await;
+    assert_eq!(code(&r), "invalid_arguments", "{r}");
+
+    // The value takes the column's type, so the primary keys' indexes serve the lookups.
+    let log = std::fs::read_to_string(&log_path).unwrap();
+    let log = &log[before..];
+    assert!(
+        log.contains("WHERE \"device_id\" = CAST($1 AS uuid)"),
+        "the uuid lookup casts the value, not the column:\n{log}"
+    );
+    assert!(
+        log.contains("WHERE \"region\" = CAST($1 AS fleet.region_code)"),
+        "the enum lookup casts the value to the enum:\n{log}"
     );
 }
