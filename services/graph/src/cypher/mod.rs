@@ -131,6 +131,53 @@ mod tests {
     }
 
     #[test]
+    fn a_condition_that_can_fail_waits_for_the_whole_pattern() {
+        let g = guard();
+        let r = rewrite(
+            "MATCH (c:Chunk)-[:MENTIONS]->(e:Entity) WHERE e.name = 'x' AND 1 / size(e.name) = 1 \
+             WITH e, count(c) AS n WHERE n > 1 AND e.name STARTS WITH 'a' RETURN e.name LIMIT 5",
+            &g,
+        )
+        .unwrap();
+        // The comparison stays a conjunct of its own (an index can serve it); the division
+        // waits for c and e, and the WITH's STARTS WITH for a value the WITH computes.
+        assert!(
+            r.text.contains(
+                "AND (e.name = 'x' AND CASE WHEN c IS NOT NULL AND e IS NOT NULL THEN (1 / size(e.name)) = 1 ELSE false END)"
+            ),
+            "{}",
+            r.text
+        );
+        assert!(
+            r.text.contains(
+                "WITH e, count(c) AS n, true AS kg_w1 WHERE n > 1 AND CASE WHEN kg_w1 IS NOT NULL THEN e.name STARTS WITH 'a' ELSE false END"
+            ),
+            "{}",
+            r.text
+        );
+        verify(&r.text, &g).unwrap();
+        // Untied, either condition is caught.
+        let untied = r.text.replace(
+            "CASE WHEN c IS NOT NULL AND e IS NOT NULL THEN (1 / size(e.name)) = 1 ELSE false END",
+            "(1 / size(e.name)) = 1",
+        );
+        assert!(
+            verify(&untied, &g)
+                .unwrap_err()
+                .contains("can fail before the guards")
+        );
+        let untied = r.text.replace(
+            "CASE WHEN kg_w1 IS NOT NULL THEN e.name STARTS WITH 'a' ELSE false END",
+            "e.name STARTS WITH 'a'",
+        );
+        assert!(
+            verify(&untied, &g)
+                .unwrap_err()
+                .contains("can move before the guards")
+        );
+    }
+
+    #[test]
     fn refusals_name_the_rule_and_the_fix() {
         let g = guard();
         let skip = rewrite("MATCH (c:Chunk) RETURN c SKIP 5 LIMIT 5", &g).unwrap_err();

@@ -308,7 +308,7 @@ fn table() -> Vec<Case> {
         accept(
             "MATCH (c:Chunk)-[:PART_OF]->(f:FileRef) WHERE toLower(c.text) CONTAINS 'dkim' RETURN f.vfsPath AS path, c.text AS text ORDER BY text LIMIT 10",
             format!(
-                "MATCH (c:Chunk)-[:PART_OF]->(f:FileRef) WHERE {c} AND {f} AND toLower(c.text) CONTAINS 'dkim' RETURN f.vfsPath AS path, c.text AS text ORDER BY text LIMIT 10"
+                "MATCH (c:Chunk)-[:PART_OF]->(f:FileRef) WHERE {c} AND {f} AND CASE WHEN c IS NOT NULL AND f IS NOT NULL THEN toLower(c.text) CONTAINS 'dkim' ELSE false END RETURN f.vfsPath AS path, c.text AS text ORDER BY text LIMIT 10"
             ),
             Some(json!([
                 [
@@ -372,7 +372,7 @@ fn table() -> Vec<Case> {
         accept(
             "MATCH (c:Chunk) WHERE c.text CONTAINS \"O'Brien \\\" x\" RETURN c.text AS t LIMIT 1",
             format!(
-                "MATCH (c:Chunk) WHERE {c} AND c.text CONTAINS 'O\\'Brien \" x' RETURN c.text AS t LIMIT 1"
+                "MATCH (c:Chunk) WHERE {c} AND CASE WHEN c IS NOT NULL THEN c.text CONTAINS 'O\\'Brien \" x' ELSE false END RETURN c.text AS t LIMIT 1"
             ),
             Some(json!([])),
             false,
@@ -617,6 +617,11 @@ fn table() -> Vec<Case> {
             false,
         ),
         // --- refused ---
+        // A property map reading a node of its own MATCH would be compared before the guards.
+        reject(
+            "MATCH (c:Chunk)-[:MENTIONS]->(e:Entity), (c2:Chunk)-[:MENTIONS]->(x:Entity {name: e.name}) RETURN x.name AS name LIMIT 5",
+            "variable",
+        ),
         reject("MATCH (c:Chunk) RETURN c.text", "limit"),
         reject("MATCH (c:Chunk) RETURN c.text LIMIT 51", "limit"),
         reject("MATCH (c:Chunk) RETURN c.text LIMIT 0", "limit"),
@@ -779,8 +784,9 @@ fn table() -> Vec<Case> {
     cases
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cypher_table_against_real_falkordb() {
+/// A real FalkorDB holding the fixtures, and the graph service over it (keep the first two
+/// alive for the test's length).
+async fn start_with_fixtures() -> (tempfile::TempDir, EmbeddedFalkor, GraphStore, GraphService) {
     let venv = find_venv().expect("the dev-deps virtualenv (run deploy/scripts/dev-deps.sh)");
     let dir = tempfile::tempdir().unwrap();
     let falkor = EmbeddedFalkor::start(&venv, dir.path()).await.unwrap();
@@ -788,6 +794,12 @@ async fn cypher_table_against_real_falkordb() {
     store.ensure_indexes(NS).await.unwrap();
     fixtures(&store).await;
     let service = GraphService::new(store.clone());
+    (dir, falkor, store, service)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cypher_table_against_real_falkordb() {
+    let (_dir, _falkor, store, service) = start_with_fixtures().await;
     let limited = restricted();
     let everyone = caller(|_| {});
 
@@ -985,4 +997,80 @@ async fn busy_when_the_gate_is_held(service: &GraphService, caller: &CallerConte
         )
         .await
         .unwrap();
+}
+
+/// A condition that fails at run time (a division by zero) only on hidden data would answer,
+/// by failing or not, whether that data exists. Each statement below fails for a
+/// whole-namespace caller, which proves it reaches the hidden value, and answers the
+/// restricted caller with its readable rows, as if the hidden data were absent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_condition_failing_on_hidden_data_answers_as_if_it_were_absent() {
+    let (_dir, _falkor, _store, service) = start_with_fixtures().await;
+    let fails_on = |name: &str| format!("1 / (CASE WHEN e.name = '{name}' THEN 0 ELSE 1 END) = 1");
+    let nightingale = fails_on("Nightingale");
+    let cases = [
+        // Conditions on the entity alone: FalkorDB starts from the entities and filters
+        // them before it reaches a chunk and its guard.
+        (
+            format!(
+                "MATCH (c:Chunk)-[:MENTIONS]->(e:Entity) WHERE e.name <> '' AND e.name <> '.' \
+                 AND e.normName <> '' AND {nightingale} RETURN DISTINCT e.name AS name ORDER BY name LIMIT 10"
+            ),
+            json!([["Acme Corp"], ["DKIM"]]),
+        ),
+        // A property map starts from the entities too; the WITH's WHERE moves down to them.
+        (
+            format!(
+                "MATCH (c:Chunk)-[:MENTIONS]->(e:Entity {{typeId: 'project', aliases: [], \
+                 entityKey: 'ent:project:nightingale', normName: 'nightingale'}}) \
+                 WITH c, e WHERE {nightingale} RETURN e.name AS name LIMIT 10"
+            ),
+            json!([]),
+        ),
+        // Folders: the parents of readable files only.
+        (
+            "MATCH (d:Folder)-[:HAS_CHILD]->(f:FileRef) WHERE d.folderPath <> '' AND d.folderPath <> '.' \
+             AND d.folderPath <> '/' AND 1 / (CASE WHEN d.folderPath STARTS WITH 'priv' THEN 0 ELSE 1 END) = 1 \
+             RETURN DISTINCT d.folderPath AS folder ORDER BY folder LIMIT 10"
+                .to_owned(),
+            json!([["docs/"]]),
+        ),
+        // From an entity a readable chunk mentions to a hidden chunk that mentions it too:
+        // the new chunk's guard and the condition land together, guard first (so already
+        // before this change; kept so that it stays so).
+        (
+            "MATCH (c:Chunk)-[:MENTIONS]->(e:Entity {name: 'Acme Corp'}) WITH e \
+             MATCH (e)<-[:MENTIONS]-(c2:Chunk) WHERE 1 / (CASE WHEN c2.text CONTAINS 'CLASSIFIED' THEN 0 ELSE 1 END) = 1 \
+             RETURN c2.chunkKey AS chunk LIMIT 10"
+                .to_owned(),
+            json!([["ch_file-pub_0"]]),
+        ),
+    ];
+    for (statement, readable_rows) in cases {
+        let request = CypherRequest {
+            namespace: NS.into(),
+            statement: statement.clone(),
+            params_json: "{}".into(),
+        };
+        let whole = service.cypher_for(&caller(|_| {}), request.clone()).await;
+        assert!(
+            whole.is_err(),
+            "the statement does not reach the hidden value: {statement}"
+        );
+        let resp = service
+            .cypher_for(&restricted(), request)
+            .await
+            .unwrap_or_else(|err| panic!("{statement}\n  failed for the restricted caller: {err}"));
+        let rows: Vec<Value> = resp
+            .rows_json
+            .iter()
+            .map(|r| serde_json::from_str(r).unwrap())
+            .collect();
+        assert_eq!(
+            Value::Array(rows),
+            readable_rows,
+            "{statement}\n  as {}",
+            resp.rewritten_statement
+        );
+    }
 }

@@ -197,8 +197,25 @@ impl Checker<'_> {
                     self.bind_value(&alias)?;
                     Clause::Unwind { expr, alias }
                 }
-                Clause::With(p) => {
+                Clause::With(mut p) => {
                     self.projection(&p, true)?;
+                    // FalkorDB moves a WITH's WHERE down to where its variables are bound,
+                    // possibly before an earlier MATCH's guards; a value this WITH computes
+                    // keeps it here, after every guard of the clauses before.
+                    if let Some(user) = p.where_.take() {
+                        let mut conjuncts = Vec::new();
+                        flatten_and(&user, &mut conjuncts);
+                        p.where_ = if conjuncts.iter().all(|c| cannot_fail(c)) {
+                            Some(user)
+                        } else {
+                            let barrier = self.fresh("w");
+                            p.items.push(Item {
+                                expr: Expr::Lit(Literal::Bool(true)),
+                                alias: Some(barrier.clone()),
+                            });
+                            fail_only_when_bound(&[barrier], user)
+                        };
+                    }
                     Clause::With(p)
                 }
                 Clause::Return(p) => {
@@ -361,6 +378,28 @@ impl Checker<'_> {
             ));
         }
 
+        // Pattern property maps may only read what was bound before this clause: a value read
+        // from a node of this same pattern would be compared wherever FalkorDB binds both,
+        // which can be before the guards run.
+        for pattern in &m.patterns {
+            for props in std::iter::once(&pattern.start.props)
+                .chain(pattern.hops.iter().flat_map(|(r, n)| [&r.props, &n.props]))
+            {
+                for (_, e) in props {
+                    if let Some(v) = vars_of(e).into_iter().find(|v| {
+                        slots.get(v).is_some_and(|(_, before)| !before) || new_rels.contains(v)
+                    }) {
+                        return Err(refuse(
+                            Rule::Variable,
+                            format!(
+                                "a property map in this MATCH reads `{v}`, which the same MATCH binds; compare the two in WHERE instead"
+                            ),
+                        ));
+                    }
+                }
+            }
+        }
+
         // New Chunk / FileRef / OutlineNode variables get the predicate in this clause.
         for key in &order {
             if let Some((label, before)) = slots.get(key)
@@ -405,12 +444,22 @@ impl Checker<'_> {
                 });
             }
         }
-        if let Some(p) = predicate {
-            m.where_ = Some(match m.where_.take() {
-                None => p,
-                Some(user) => Expr::and(p, user),
-            });
-        }
+        // FalkorDB places each top-level conjunct where its variables are first bound and
+        // evaluates both arms of AND and CASE, so a condition on an entity alone can run on
+        // entities no readable chunk mentions, before the chunk's guard. A condition that
+        // cannot fail only filters rows the guards drop anyway; one that can fail (a division
+        // by zero, a type mismatch) would answer whether such an entity exists, so those are
+        // tied to every variable of the pattern: they run on whole matches only, after the
+        // guards, which come first where both land together.
+        let pattern_vars = pattern_variables(&m);
+        let user = m
+            .where_
+            .take()
+            .and_then(|user| fail_only_when_bound(&pattern_vars, user));
+        m.where_ = match (predicate, user) {
+            (Some(p), Some(user)) => Some(Expr::and(p, user)),
+            (p, user) => p.or(user),
+        };
         Ok(m)
     }
 
@@ -797,6 +846,7 @@ pub fn verify(text: &str, guard: &dyn Guard) -> Result<(), String> {
                 if let Some(w) = &m.where_ {
                     flatten_and(w, &mut conjuncts);
                 }
+                let mut guard_parts = Vec::new();
                 for r in &required {
                     let mut parts = Vec::new();
                     flatten_and(r, &mut parts);
@@ -806,6 +856,17 @@ pub fn verify(text: &str, guard: &dyn Guard) -> Result<(), String> {
                             super::printer::print_expr(r)
                         ));
                     }
+                    guard_parts.extend(parts.into_iter().cloned());
+                }
+                // Every other condition cannot fail, or waits for the whole pattern.
+                let all_bound = pattern_variables(m);
+                for c in conjuncts {
+                    if !guard_parts.contains(c) && !cannot_fail(c) && !tied_to(c, &all_bound) {
+                        return Err(format!(
+                            "condition {} in `{text}` can fail before the guards run",
+                            super::printer::print_expr(c)
+                        ));
+                    }
                 }
                 bound.extend(new_here);
             }
@@ -813,6 +874,25 @@ pub fn verify(text: &str, guard: &dyn Guard) -> Result<(), String> {
                 bound.insert(alias.clone());
             }
             Clause::With(p) => {
+                if let Some(w) = &p.where_ {
+                    let computed: Vec<String> = p
+                        .items
+                        .iter()
+                        .filter(|i| !matches!(i.expr, Expr::Var(_)))
+                        .filter_map(|i| i.alias.clone())
+                        .collect();
+                    let mut conjuncts = Vec::new();
+                    flatten_and(w, &mut conjuncts);
+                    if let Some(c) = conjuncts.iter().find(|c| {
+                        !cannot_fail(c)
+                            && !computed.iter().any(|a| tied_to(c, std::slice::from_ref(a)))
+                    }) {
+                        return Err(format!(
+                            "WITH condition {} in `{text}` can move before the guards",
+                            super::printer::print_expr(c)
+                        ));
+                    }
+                }
                 let mut next = HashSet::new();
                 for item in &p.items {
                     match (&item.alias, &item.expr) {
@@ -830,6 +910,143 @@ pub fn verify(text: &str, guard: &dyn Guard) -> Result<(), String> {
         }
     }
     Ok(())
+}
+
+/// Every variable a MATCH's patterns name (the fresh ones the rewrite gave included).
+fn pattern_variables(m: &Match) -> Vec<String> {
+    let mut vars = Vec::new();
+    for pattern in &m.patterns {
+        vars.extend(pattern.start.var.clone());
+        for (rel, node) in &pattern.hops {
+            vars.extend(rel.var.clone());
+            vars.extend(node.var.clone());
+        }
+    }
+    vars.sort();
+    vars.dedup();
+    vars
+}
+
+/// `cond`'s conjuncts that [cannot fail](cannot_fail) as they are, then the others as one
+/// `CASE WHEN v1 IS NOT NULL AND … THEN … ELSE false END`, an operand FalkorDB can evaluate
+/// only once every `v` is bound. Each `v` is bound on any row a clause yields, so the value
+/// is `cond`'s.
+fn fail_only_when_bound(vars: &[String], cond: Expr) -> Option<Expr> {
+    let mut conjuncts = Vec::new();
+    flatten_and(&cond, &mut conjuncts);
+    let (safe, can_fail): (Vec<&Expr>, Vec<&Expr>) =
+        conjuncts.into_iter().partition(|c| cannot_fail(c));
+    let can_fail = can_fail.into_iter().cloned().reduce(Expr::and);
+    let bound = vars
+        .iter()
+        .map(|v| Expr::IsNull(Box::new(Expr::Var(v.clone())), true))
+        .reduce(Expr::and);
+    let tied = match (can_fail, bound) {
+        (Some(c), Some(bound)) => Some(Expr::Case {
+            operand: None,
+            whens: vec![(bound, c)],
+            otherwise: Some(Box::new(Expr::Lit(Literal::Bool(false)))),
+        }),
+        (c, _) => c,
+    };
+    safe.into_iter().cloned().chain(tied).reduce(Expr::and)
+}
+
+/// Whether `c` is `CASE WHEN` a conjunction of `v IS NOT NULL` naming every one of `vars`.
+fn tied_to(c: &Expr, vars: &[String]) -> bool {
+    let Expr::Case {
+        operand: None,
+        whens,
+        ..
+    } = c
+    else {
+        return false;
+    };
+    let [(when, _)] = whens.as_slice() else {
+        return false;
+    };
+    let mut parts = Vec::new();
+    flatten_and(when, &mut parts);
+    vars.iter().all(|v| {
+        parts
+            .iter()
+            .any(|p| matches!(p, Expr::IsNull(e, true) if matches!(&**e, Expr::Var(x) if x == v)))
+    })
+}
+
+/// A condition FalkorDB evaluates without an error whatever the values: comparisons, `IN`
+/// a list and `IS NULL` over literals, parameters, variables, properties and `ID(n)` (a
+/// comparison of different types is null, not an error), and `NOT`, `AND`, `OR` and `XOR` of
+/// such. `STARTS WITH` and arithmetic
+/// fail on a value of the wrong type, so they are not among them.
+fn cannot_fail(e: &Expr) -> bool {
+    fn atom(e: &Expr) -> bool {
+        match e {
+            Expr::Lit(_) | Expr::Param(_) | Expr::Var(_) => true,
+            Expr::Prop(base, _) => matches!(**base, Expr::Var(_)),
+            Expr::Call { name, args, .. } => {
+                name.eq_ignore_ascii_case("id") && matches!(args.as_slice(), [Expr::Var(_)])
+            }
+            _ => false,
+        }
+    }
+    match e {
+        Expr::Binary(
+            BinOp::Eq | BinOp::Ne | BinOp::Lt | BinOp::Le | BinOp::Gt | BinOp::Ge,
+            a,
+            b,
+        ) => atom(a) && atom(b),
+        Expr::Binary(BinOp::In, a, b) => {
+            atom(a) && matches!(&**b, Expr::List(items) if items.iter().all(atom))
+        }
+        Expr::Lit(Literal::Bool(_) | Literal::Null) => true,
+        Expr::IsNull(a, _) => atom(a),
+        Expr::Unary(UnOp::Not, a) => cannot_fail(a),
+        Expr::Binary(BinOp::And | BinOp::Or | BinOp::Xor, a, b) => cannot_fail(a) && cannot_fail(b),
+        _ => false,
+    }
+}
+
+/// The variables an expression reads.
+fn vars_of(e: &Expr) -> Vec<String> {
+    fn walk(e: &Expr, out: &mut Vec<String>) {
+        match e {
+            Expr::Var(v) => out.push(v.clone()),
+            Expr::MapProjection(v, items) => {
+                out.push(v.clone());
+                for item in items {
+                    if let MapItem::Entry(_, e) = item {
+                        walk(e, out);
+                    }
+                }
+            }
+            Expr::Lit(_) | Expr::Param(_) | Expr::CountStar => {}
+            Expr::Prop(e, _) | Expr::Unary(_, e) | Expr::IsNull(e, _) => walk(e, out),
+            Expr::Index(a, b) | Expr::Binary(_, a, b) => {
+                walk(a, out);
+                walk(b, out);
+            }
+            Expr::Call { args, .. } | Expr::List(args) => args.iter().for_each(|a| walk(a, out)),
+            Expr::Map(entries) => entries.iter().for_each(|(_, e)| walk(e, out)),
+            Expr::Case {
+                operand,
+                whens,
+                otherwise,
+            } => {
+                operand
+                    .iter()
+                    .chain(otherwise.iter())
+                    .for_each(|e| walk(e, out));
+                for (w, t) in whens {
+                    walk(w, out);
+                    walk(t, out);
+                }
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(e, &mut out);
+    out
 }
 
 fn flatten_and<'e>(e: &'e Expr, out: &mut Vec<&'e Expr>) {
