@@ -3,8 +3,8 @@
 //!
 //! Seeds are the first [`SEED_HITS`] full-text hits of the same request with distinct texts
 //! (the full-text lane runs for them when it was not requested). Every entity a seed mentions
-//! gets an idf-like weight `ln(1 + N / df)`, where `N` is the namespace's chunk count and `df`
-//! the number of chunks the caller may read that mention the entity (counted only up to
+//! gets an idf-like weight `ln(1 + N / df)`, where `N` is the number of chunks the caller may
+//! read and `df` the number of those that mention the entity (counted only up to
 //! [`crate::roles::ROLE_DEGREE_CAP`], which already makes it `ignore`), so a rare entity pulls
 //! harder than a common one. Entities whose role is `ignore` (see [`crate::roles`]) are dropped
 //! outright, and each remaining entity contributes at most [`PER_ENTITY_CAP`] chunks, so one
@@ -17,6 +17,7 @@ use kg_proto::v1::AccessFilter;
 use kg_stores::graph::{GraphStore, Params};
 use serde_json::Value;
 
+use crate::bm25;
 use crate::error::{Result, RetrievalError};
 use crate::filters::LaneFilters;
 use crate::fusion::LaneHit;
@@ -54,12 +55,15 @@ pub(crate) async fn graph_expand(
     if seeds.is_empty() {
         return Ok(Vec::new());
     }
-    // The seeds' entities with their degrees in one query, beside the chunk count.
-    let (entities, total) = tokio::try_join!(
+    // The seeds' entities with their degrees in one query, beside the readable chunk count
+    // (the full-text lane's, from the same cache). A count of every chunk would make each
+    // hit's score, which the caller sees, a measure of the chunks it may not read.
+    let readable = cypher_predicate(access, "node", "path", "acl_node_");
+    let (entities, corpus) = tokio::try_join!(
         seed_role_degrees(store, namespace, access, &seeds, settings.statistics_ttl),
-        chunk_count(store, namespace)
+        bm25::stats(store, namespace, &readable, &[], settings.statistics_ttl)
     )?;
-    let total = total.max(1);
+    let total = corpus.docs.max(1);
     let weighted: Vec<Value> = entities
         .iter()
         .filter(|(_, df)| Role::of(*df) != Role::Ignore)
@@ -119,24 +123,6 @@ fn seed_keys(fulltext_hits: &[LaneHit]) -> Vec<String> {
         .take(SEED_HITS)
         .map(|h| h.chunk_key.clone())
         .collect()
-}
-
-/// All chunks of the namespace (a label count: cheap, and the same for every caller).
-async fn chunk_count(store: &GraphStore, namespace: &str) -> Result<u64> {
-    let rows = store
-        .ro_query(
-            namespace,
-            "MATCH (c:Chunk) RETURN count(c)",
-            &Params::new(),
-            TIMEOUT_MS,
-        )
-        .await?;
-    Ok(rows
-        .rows
-        .first()
-        .and_then(|r| r.first())
-        .and_then(Value::as_u64)
-        .unwrap_or(0))
 }
 
 pub(crate) fn strings(values: &[String]) -> Value {

@@ -243,6 +243,18 @@ async fn graph_expand_counts_readable_distinct_chunks_up_to_the_ignore_role() {
     no_secret(&limited);
     assert_eq!(limited.hits.len(), 25, "{:?}", keys(&limited));
     assert!(limited.hits.iter().all(|h| h.file_id == "gw"));
+    // Each hit's score, which the caller sees, is the entity's weight ln(1 + N / df) over
+    // what this reader may read: N = df = 201 chunks. Over every chunk (N = 301) it would
+    // tell the reader how many chunks it may not read.
+    for hit in &limited.hits {
+        let score = hit
+            .lanes
+            .iter()
+            .find(|l| l.lane == "graph_expand")
+            .map(|l| l.raw_score)
+            .unwrap();
+        assert!((score - 2f64.ln()).abs() < 1e-9, "{score}");
+    }
 
     // The reported degree is exact past the cap.
     let found = env
