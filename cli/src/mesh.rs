@@ -565,6 +565,7 @@ impl Mesh {
                 allow_prefixes: vec![String::new()],
                 enabled_only: false,
                 permission: Permission::Admin as i32,
+                write_prefixes: vec![String::new()],
                 ..Default::default()
             }],
             issued_at_ms: now,

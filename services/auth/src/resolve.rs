@@ -8,6 +8,8 @@
 //! Hidden files are readable only where the caller may write: `visible_only`
 //! is false only when every readable prefix is covered by a write or admin
 //! grant, so a mixed reader/writer never sees hidden files it only reads.
+//! `permission` is the highest level held anywhere in the namespace; the
+//! prefixes that level may write are `write_prefixes` (write and admin grants).
 
 use std::collections::BTreeMap;
 
@@ -85,6 +87,7 @@ pub(crate) fn resolve(grants: &[GrantRow], denies: &[DenyRow]) -> BTreeMap<Strin
         filter.allow_prefixes = minimal_prefixes(std::mem::take(&mut filter.allow_prefixes));
         let writable = writable.get(namespace).map(Vec::as_slice).unwrap_or(&[]);
         filter.visible_only = !filter.allow_prefixes.iter().all(|p| covered(p, writable));
+        filter.write_prefixes = writable.to_vec();
         filter.deny_prefixes = deny_prefixes
             .get(namespace.as_str())
             .cloned()
@@ -111,6 +114,7 @@ pub(crate) fn admin_filters(namespaces: &[String]) -> BTreeMap<String, AccessFil
                     enabled_only: true,
                     permission: Permission::Admin as i32,
                     visible_only: false,
+                    write_prefixes: vec![String::new()],
                     ..Default::default()
                 },
             )
@@ -119,7 +123,8 @@ pub(crate) fn admin_filters(namespaces: &[String]) -> BTreeMap<String, AccessFil
 }
 
 /// What both may read: namespaces in both, prefixes in both, the denies of
-/// both, the lower permission, and hidden files only if both may see them.
+/// both, the lower permission, hidden files only if both may see them, and
+/// writes only where both may write.
 pub(crate) fn intersect(
     agent: &BTreeMap<String, AccessFilter>,
     user: &BTreeMap<String, AccessFilter>,
@@ -129,23 +134,17 @@ pub(crate) fn intersect(
         let Some(u) = user.get(namespace) else {
             continue;
         };
-        let mut prefixes = Vec::new();
-        for p in &a.allow_prefixes {
-            for q in &u.allow_prefixes {
-                // Two folder prefixes overlap only when one contains the other;
-                // the overlap is the narrower one.
-                if p.starts_with(q.as_str()) {
-                    prefixes.push(p.clone());
-                } else if q.starts_with(p.as_str()) {
-                    prefixes.push(q.clone());
-                }
-            }
-        }
+        let permission = a.permission.min(u.permission);
+        let write_prefixes = if permission >= Permission::Write as i32 {
+            overlap(&a.write_prefixes, &u.write_prefixes)
+        } else {
+            Vec::new()
+        };
         out.insert(
             namespace.clone(),
             AccessFilter {
                 namespace: namespace.clone(),
-                allow_prefixes: minimal_prefixes(prefixes),
+                allow_prefixes: overlap(&a.allow_prefixes, &u.allow_prefixes),
                 deny_prefixes: a
                     .deny_prefixes
                     .iter()
@@ -159,17 +158,36 @@ pub(crate) fn intersect(
                     .cloned()
                     .collect(),
                 enabled_only: a.enabled_only || u.enabled_only,
-                permission: a.permission.min(u.permission),
+                permission,
                 visible_only: a.visible_only || u.visible_only,
+                write_prefixes,
             },
         );
     }
     finish(out)
 }
 
+/// The folder prefixes inside both lists: two folder prefixes overlap only
+/// when one contains the other, and the overlap is the narrower one.
+fn overlap(a: &[String], b: &[String]) -> Vec<String> {
+    let mut prefixes = Vec::new();
+    for p in a {
+        for q in b {
+            if p.starts_with(q.as_str()) {
+                prefixes.push(p.clone());
+            } else if q.starts_with(p.as_str()) {
+                prefixes.push(q.clone());
+            }
+        }
+    }
+    minimal_prefixes(prefixes)
+}
+
 /// Normal form: allow prefixes inside a denied folder are dropped, deny
-/// prefixes that cannot match a readable path are dropped, lists are sorted
-/// and deduplicated, and namespaces with nothing readable are removed.
+/// prefixes that cannot match a readable path are dropped, write prefixes
+/// are kept only inside a remaining allow prefix and outside every denied
+/// folder, lists are sorted and deduplicated, and namespaces with nothing
+/// readable are removed.
 fn finish(filters: BTreeMap<String, AccessFilter>) -> BTreeMap<String, AccessFilter> {
     filters
         .into_iter()
@@ -182,6 +200,10 @@ fn finish(filters: BTreeMap<String, AccessFilter>) -> BTreeMap<String, AccessFil
             if allow.is_empty() {
                 return None;
             }
+            f.write_prefixes = minimal_prefixes(std::mem::take(&mut f.write_prefixes))
+                .into_iter()
+                .filter(|p| !covered(p, &deny) && covered(p, &allow))
+                .collect();
             // A deny outside every remaining allow prefix never matches.
             f.deny_prefixes = deny.into_iter().filter(|d| covered(d, &allow)).collect();
             f.allow_prefixes = allow;
@@ -290,6 +312,62 @@ mod tests {
                 .values()
                 .all(|f| !f.visible_only && f.deny_prefixes.is_empty())
         );
+    }
+
+    #[test]
+    fn write_prefixes_are_where_write_or_admin_is_granted() {
+        let f = resolve(
+            &[
+                // Read on `docs/`, write on `team/`: the highest level is write,
+                // but only `team/` may be written.
+                grant("mixed", Permission::Read, "docs/"),
+                grant("mixed", Permission::Write, "team/"),
+                grant("mixed", Permission::Admin, "team/ops/"),
+                grant("read", Permission::Read, ""),
+                grant("denied", Permission::Write, ""),
+                grant("denied", Permission::Write, "drafts/"),
+                grant("gone", Permission::Read, ""),
+                grant("gone", Permission::Write, "secret/"),
+            ],
+            &[
+                deny_folder("denied", "drafts/"),
+                deny_folder("gone", "secret/"),
+            ],
+        );
+        assert_eq!(f["mixed"].allow_prefixes, strings(&["docs/", "team/"]));
+        assert_eq!(f["mixed"].write_prefixes, strings(&["team/"]));
+        assert_eq!(f["mixed"].permission, Permission::Admin as i32);
+        assert!(f["read"].write_prefixes.is_empty());
+        // A write grant on the whole namespace stays; one inside a denied folder goes.
+        assert_eq!(f["denied"].write_prefixes, vec![String::new()]);
+        assert_eq!(f["denied"].deny_prefixes, strings(&["drafts/"]));
+        assert!(f["gone"].write_prefixes.is_empty());
+        assert_eq!(f["gone"].permission, Permission::Read as i32);
+        let admin = admin_filters(&strings(&["a"]));
+        assert_eq!(admin["a"].write_prefixes, vec![String::new()]);
+
+        // An agent writes only where both it and its user write.
+        let agent = resolve(
+            &[
+                grant("a", Permission::Write, ""),
+                grant("b", Permission::Read, ""),
+            ],
+            &[],
+        );
+        let user = resolve(
+            &[
+                grant("a", Permission::Read, "docs/"),
+                grant("a", Permission::Write, "team/"),
+                grant("b", Permission::Write, ""),
+            ],
+            &[],
+        );
+        let both = intersect(&agent, &user);
+        assert_eq!(both["a"].allow_prefixes, strings(&["docs/", "team/"]));
+        assert_eq!(both["a"].write_prefixes, strings(&["team/"]));
+        assert_eq!(both["a"].permission, Permission::Write as i32);
+        assert!(both["b"].write_prefixes.is_empty());
+        assert_eq!(both["b"].permission, Permission::Read as i32);
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use kg_common::access::{allows, normalize_folder_prefix, normalize_path, validate_namespace};
+use kg_common::access::{normalize_folder_prefix, normalize_path, validate_namespace};
 use kg_common::caller::{access_for, now_ms};
 use kg_proto::v1::{
     AccessFilter, CallerContext, FileChangeOp, FileChanged, FileIndexed, FileInfo, FileStatus,
@@ -69,13 +69,36 @@ pub(crate) fn guess_mime(path: &str, given: &str) -> String {
         .to_owned()
 }
 
-/// Writers manage files, so they also see disabled ones.
-pub(crate) fn read_filter(access: &AccessFilter) -> AccessFilter {
-    let mut filter = access.clone();
-    if access.permission >= Permission::Write as i32 {
-        filter.enabled_only = false;
+/// The prefixes the caller may write in the namespace of `access`: the write prefixes auth
+/// resolved, each inside a readable prefix. None below write permission, and none when auth
+/// named none (fail closed): `permission` is the highest level held anywhere in the
+/// namespace, not a level held on every readable path.
+pub(crate) fn write_prefixes(access: &AccessFilter) -> Vec<String> {
+    if access.permission < Permission::Write as i32 {
+        return Vec::new();
     }
-    filter
+    access
+        .write_prefixes
+        .iter()
+        .filter(|w| {
+            access
+                .allow_prefixes
+                .iter()
+                .any(|a| w.starts_with(a.as_str()))
+        })
+        .cloned()
+        .collect()
+}
+
+/// The filter of `get_file` and `list_files` (and of branch and release counts): `access`
+/// with `write_prefixes` set to what the caller may write. Writers manage files, so the
+/// store's management predicate lets disabled files through under those prefixes, and only
+/// there ([`crate::store::manage_predicate`]).
+pub(crate) fn read_filter(access: &AccessFilter) -> AccessFilter {
+    AccessFilter {
+        write_prefixes: write_prefixes(access),
+        ..access.clone()
+    }
 }
 
 impl FilesService {
@@ -111,18 +134,35 @@ impl FilesService {
         &self.limits
     }
 
+    /// The caller's access to `namespace` if it may write `path`: under one of its write
+    /// prefixes and outside every denied folder.
     pub(crate) fn writable<'a>(
         caller: &'a CallerContext,
         namespace: &str,
         path: &str,
     ) -> Result<&'a AccessFilter> {
         let access = access_for(caller, namespace)?;
-        if access.permission < Permission::Write as i32
-            || !allows(&read_filter(access), path, "", true, false)
-        {
+        let under = |prefixes: &[String]| prefixes.iter().any(|p| path.starts_with(p.as_str()));
+        if !under(&write_prefixes(access)) || under(&access.deny_prefixes) {
             return Err(FilesError::WriteDenied(namespace.to_owned()));
         }
         Ok(access)
+    }
+
+    /// Refuses a write over the existing file `file_id` (at a path [`Self::writable`]
+    /// allowed) unless the caller may see it: its id is not denied, and it is not hidden
+    /// from a caller who does not see hidden files. The refusal is the one of any write the
+    /// caller may not make, naming nothing of the file.
+    pub(crate) fn may_overwrite(
+        access: &AccessFilter,
+        namespace: &str,
+        file_id: &str,
+        hidden: bool,
+    ) -> Result<()> {
+        if access.deny_file_ids.iter().any(|f| f == file_id) || (access.visible_only && hidden) {
+            return Err(FilesError::WriteDenied(namespace.to_owned()));
+        }
+        Ok(())
     }
 
     /// Stores a file's content; returns the registry row and whether it changed.
@@ -136,7 +176,7 @@ impl FilesService {
     ) -> Result<UploadResponse> {
         validate_namespace(namespace)?;
         let path = normalize_path(path)?;
-        Self::writable(caller, namespace, &path)?;
+        let access = Self::writable(caller, namespace, &path)?;
         if content.len() > self.max_upload_bytes {
             return Err(FilesError::TooLarge {
                 size: content.len(),
@@ -147,11 +187,15 @@ impl FilesService {
         // Two uploads of one new path at once both find no row and make a file id each; the
         // second insert then breaks UNIQUE(namespace, path). It reads the path again and
         // joins the first one's file id, so a client's retry after a timeout never fails.
-        retry_lost_race(|| self.upload_once(namespace, &path, content, mime, &content_sha256)).await
+        retry_lost_race(|| {
+            self.upload_once(access, namespace, &path, content, mime, &content_sha256)
+        })
+        .await
     }
 
     async fn upload_once(
         &self,
+        access: &AccessFilter,
         namespace: &str,
         path: &str,
         content: &[u8],
@@ -161,6 +205,11 @@ impl FilesService {
         let path = path.to_owned();
         let content_sha256 = content_sha256.to_owned();
         let existing = self.store.by_path_unfiltered(namespace, &path).await?;
+        // Before anything of the row reaches the caller (its metadata, or "unchanged" as
+        // an answer to "is this its content?").
+        if let Some(current) = &existing {
+            Self::may_overwrite(access, namespace, &current.file_id, current.hidden)?;
+        }
         if let Some(current) = &existing
             && current.content_sha256 == content_sha256
             && current.status() != FileStatus::Deleted
@@ -430,6 +479,60 @@ fn decode_cursor(cursor: &str) -> Result<String> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    fn strings(items: &[&str]) -> Vec<String> {
+        items.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn writes_only_under_write_prefixes_and_fail_closed() {
+        let access = AccessFilter {
+            namespace: "ns".into(),
+            allow_prefixes: strings(&["docs/", "team/"]),
+            write_prefixes: strings(&["team/", "elsewhere/"]),
+            deny_prefixes: strings(&["team/locked/"]),
+            permission: Permission::Write as i32,
+            ..Default::default()
+        };
+        let caller = CallerContext {
+            access: vec![access.clone()],
+            ..Default::default()
+        };
+        // A write prefix outside every readable one is ignored.
+        assert_eq!(write_prefixes(&access), strings(&["team/"]));
+        assert!(FilesService::writable(&caller, "ns", "team/a.md").is_ok());
+        for refused in ["docs/a.md", "team/locked/a.md", "elsewhere/a.md", "a.md"] {
+            let err = FilesService::writable(&caller, "ns", refused).unwrap_err();
+            assert!(
+                matches!(err, FilesError::WriteDenied(_)),
+                "{refused}: {err}"
+            );
+        }
+
+        // Below write, or no write prefixes named: nothing is writable.
+        let reader = AccessFilter {
+            permission: Permission::Read as i32,
+            ..access.clone()
+        };
+        assert!(write_prefixes(&reader).is_empty());
+        let unnamed = AccessFilter {
+            write_prefixes: Vec::new(),
+            permission: Permission::Admin as i32,
+            ..access.clone()
+        };
+        assert!(write_prefixes(&unnamed).is_empty());
+
+        // A denied or (for a caller who does not see them) hidden file is not overwritten.
+        assert!(FilesService::may_overwrite(&access, "ns", "f1", true).is_ok());
+        let denied = AccessFilter {
+            deny_file_ids: strings(&["f1"]),
+            visible_only: true,
+            ..access
+        };
+        assert!(FilesService::may_overwrite(&denied, "ns", "f1", false).is_err());
+        assert!(FilesService::may_overwrite(&denied, "ns", "f2", true).is_err());
+        assert!(FilesService::may_overwrite(&denied, "ns", "f2", false).is_ok());
+    }
 
     #[test]
     fn version_ids_are_content_addressed_uuids() {

@@ -1,7 +1,7 @@
 //! SQL access for the file registry. Every read takes the caller's access
 //! filter and applies it in the `WHERE` clause.
 
-use kg_common::access::{SqlColumns, sql_predicate};
+use kg_common::access::{SqlColumns, SqlPredicate, sql_predicate};
 use kg_proto::v1::{AccessFilter, FileInfo, FileStatus};
 use kg_stores::sql::SqlStore;
 use sqlx::any::AnyRow;
@@ -18,6 +18,37 @@ const COLUMNS: SqlColumns<'static> = SqlColumns {
     enabled: "enabled",
     hidden: "hidden",
 };
+
+/// The access predicate of management reads (`get_file`, `list_files`, branch and release
+/// counts): [`sql_predicate`] of `filter`, except that where `filter.enabled_only` holds,
+/// disabled files still pass under `filter.write_prefixes` (writers manage them there) and
+/// nowhere else: `enabled = 1 OR <path under a write prefix>`. Callers set
+/// `write_prefixes` with [`crate::service::read_filter`].
+pub(crate) fn manage_predicate(
+    filter: &AccessFilter,
+    columns: SqlColumns<'_>,
+    first_param: usize,
+) -> SqlPredicate {
+    if !filter.enabled_only || filter.write_prefixes.is_empty() {
+        return sql_predicate(filter, columns, first_param);
+    }
+    let everything_else = AccessFilter {
+        enabled_only: false,
+        ..filter.clone()
+    };
+    let mut predicate = sql_predicate(&everything_else, columns, first_param);
+    if filter.write_prefixes.iter().any(String::is_empty) {
+        return predicate;
+    }
+    let mut enabled = vec![format!("{} = 1", columns.enabled)];
+    for prefix in &filter.write_prefixes {
+        let n = first_param + predicate.params.len();
+        predicate.params.push(prefix.clone());
+        enabled.push(format!("substr({}, 1, length(${n})) = ${n}", columns.path));
+    }
+    predicate.text = format!("({} AND ({}))", predicate.text, enabled.join(" OR "));
+    predicate
+}
 
 const FILE_COLUMNS: &str = "file_id, namespace, path, version_id, content_sha256, size, mime, status, status_reason, enabled, hidden, chunk_count, created_at_ms, updated_at_ms";
 
@@ -105,14 +136,15 @@ impl FilesStore {
         &self.sql
     }
 
-    /// The file at `selector` in `namespace`, if `filter` lets the caller see it.
+    /// The file at `selector` in `namespace`, if `filter` lets the caller see it
+    /// ([`manage_predicate`]).
     pub(crate) async fn get(
         &self,
         namespace: &str,
         selector: FileSelector<'_>,
         filter: &AccessFilter,
     ) -> Result<Option<FileInfo>> {
-        let predicate = sql_predicate(filter, COLUMNS, 3);
+        let predicate = manage_predicate(filter, COLUMNS, 3);
         let key_column = match selector {
             FileSelector::Path(_) => "path",
             FileSelector::Id(_) => "file_id",
@@ -228,7 +260,8 @@ impl FilesStore {
         Ok(query.fetch_one(self.sql.pool()).await?.try_get("n")?)
     }
 
-    /// The registry row for a path regardless of access (for writers).
+    /// The registry row for a path regardless of access (for writers, who must check it
+    /// with `FilesService::may_overwrite` before anything of it reaches the caller).
     pub(crate) async fn by_path_unfiltered(
         &self,
         namespace: &str,
@@ -243,7 +276,8 @@ impl FilesStore {
         row.as_ref().map(file_from).transpose()
     }
 
-    /// A page of files under `folder_prefix`, ordered by path, after `after_path`.
+    /// A page of files under `folder_prefix`, ordered by path, after `after_path`, that
+    /// `filter` lets the caller see ([`manage_predicate`]).
     pub(crate) async fn list(
         &self,
         namespace: &str,
@@ -253,7 +287,7 @@ impl FilesStore {
         include_hidden: bool,
         filter: &AccessFilter,
     ) -> Result<Page> {
-        let predicate = sql_predicate(filter, COLUMNS, 3);
+        let predicate = manage_predicate(filter, COLUMNS, 3);
         let hidden = if include_hidden {
             ""
         } else {
@@ -396,5 +430,63 @@ impl FilesStore {
             .execute(self.sql.pool())
             .await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn strings(items: &[&str]) -> Vec<String> {
+        items.iter().map(|s| (*s).to_owned()).collect()
+    }
+
+    #[test]
+    fn disabled_files_pass_only_under_write_prefixes() {
+        let mixed = AccessFilter {
+            allow_prefixes: strings(&["docs/", "team/"]),
+            write_prefixes: strings(&["team/"]),
+            deny_file_ids: strings(&["f9"]),
+            enabled_only: true,
+            visible_only: true,
+            ..Default::default()
+        };
+        let p = manage_predicate(&mixed, COLUMNS, 3);
+        assert_eq!(
+            p.text,
+            "((hidden = 0 AND (substr(path, 1, length($3)) = $3 OR substr(path, 1, length($4)) = $4) AND file_id <> $5) AND (enabled = 1 OR substr(path, 1, length($6)) = $6))"
+        );
+        assert_eq!(p.params, strings(&["docs/", "team/", "f9", "team/"]));
+
+        // A reader: exactly the read predicate.
+        let reader = AccessFilter {
+            write_prefixes: Vec::new(),
+            ..mixed.clone()
+        };
+        let p = manage_predicate(&reader, COLUMNS, 3);
+        assert_eq!(p, sql_predicate(&reader, COLUMNS, 3));
+        assert!(p.text.contains("enabled = 1"));
+
+        // Writes everywhere: disabled files everywhere.
+        let writer = AccessFilter {
+            write_prefixes: strings(&[""]),
+            ..mixed.clone()
+        };
+        assert!(
+            !manage_predicate(&writer, COLUMNS, 3)
+                .text
+                .contains("enabled")
+        );
+
+        // Nothing readable stays nothing, whatever the write prefixes.
+        let nothing = AccessFilter {
+            allow_prefixes: Vec::new(),
+            ..mixed
+        };
+        assert!(
+            manage_predicate(&nothing, COLUMNS, 1)
+                .text
+                .starts_with("((1 = 0) AND")
+        );
     }
 }

@@ -19,7 +19,8 @@ use sqlx::any::AnyRow;
 use sqlx::{AssertSqlSafe, Row as _};
 
 use crate::error::{FilesError, Result, retry_lost_race};
-use crate::service::{FilesService, guess_mime, version_id};
+use crate::service::{FilesService, guess_mime, read_filter, version_id};
+use crate::store::manage_predicate;
 
 /// Longest branch, release version or environment name.
 const MAX_NAME_LEN: usize = 255;
@@ -149,10 +150,34 @@ fn release_from(row: &AnyRow, namespace: &str) -> Result<Release> {
     })
 }
 
-const BRANCH_COLUMNS: &str = "b.branch_id, b.name, b.created_at_ms, b.created_by, \
-     (SELECT COUNT(*) FROM kg_branch_files x WHERE x.branch_id = b.branch_id) AS changed_files";
-const RELEASE_COLUMNS: &str = "r.release_id, r.version, r.branch_id, r.note, r.created_at_ms, r.created_by, \
-     (SELECT COUNT(*) FROM kg_release_files x WHERE x.release_id = r.release_id) AS file_count";
+/// The access predicate's columns over a branch's or release's file rows `x`, with the
+/// registry row `f` of the same file id left-joined for its flags (as [`members_sql`]).
+const COUNT_COLUMNS: SqlColumns<'static> = SqlColumns {
+    path: "x.path",
+    file_id: "x.file_id",
+    enabled: "COALESCE(f.enabled, 1)",
+    hidden: "COALESCE(f.hidden, 0)",
+};
+
+/// Columns of a branch row; `changed_files` counts only the branch's files that
+/// `predicate` (over [`COUNT_COLUMNS`]) lets the caller see.
+fn branch_columns(predicate: &str) -> String {
+    format!(
+        "b.branch_id, b.name, b.created_at_ms, b.created_by, \
+         (SELECT COUNT(*) FROM kg_branch_files x LEFT JOIN kg_files f ON f.file_id = x.file_id \
+         WHERE x.branch_id = b.branch_id AND {predicate}) AS changed_files"
+    )
+}
+
+/// Columns of a release row; `file_count` counts only the release's files that
+/// `predicate` (over [`COUNT_COLUMNS`]) lets the caller see.
+fn release_columns(predicate: &str) -> String {
+    format!(
+        "r.release_id, r.version, r.branch_id, r.note, r.created_at_ms, r.created_by, \
+         (SELECT COUNT(*) FROM kg_release_files x LEFT JOIN kg_files f ON f.file_id = x.file_id \
+         WHERE x.release_id = r.release_id AND {predicate}) AS file_count"
+    )
+}
 
 /// SQL for branches, releases and environments.
 #[derive(Clone)]
@@ -225,37 +250,53 @@ impl VersionStore {
         Ok(query.fetch_one(self.sql.pool()).await?.try_get("n")?)
     }
 
-    async fn branch_row(&self, namespace: &str, id_or_name: &str) -> Result<Option<Branch>> {
+    /// A branch by id or name; `changed_files` counts what `filter` (a [`read_filter`])
+    /// lets the caller see.
+    async fn branch_row(
+        &self,
+        namespace: &str,
+        id_or_name: &str,
+        filter: &AccessFilter,
+    ) -> Result<Option<Branch>> {
+        let predicate = manage_predicate(filter, COUNT_COLUMNS, 3);
         let sql = format!(
-            "SELECT {BRANCH_COLUMNS} FROM kg_branches b WHERE b.namespace = $1 AND (b.branch_id = $2 OR b.name = $2)"
+            "SELECT {} FROM kg_branches b WHERE b.namespace = $1 AND (b.branch_id = $2 OR b.name = $2)",
+            branch_columns(&predicate.text)
         );
-        let row = sqlx::query(AssertSqlSafe(sql))
+        let mut query = sqlx::query(AssertSqlSafe(sql))
             .bind(namespace)
-            .bind(id_or_name)
-            .fetch_optional(self.sql.pool())
-            .await?;
+            .bind(id_or_name);
+        for p in &predicate.params {
+            query = query.bind(p);
+        }
+        let row = query.fetch_optional(self.sql.pool()).await?;
         row.as_ref().map(|r| branch_from(r, namespace)).transpose()
     }
 
+    /// A release by id or version; `file_count` counts what `filter` (a [`read_filter`])
+    /// lets the caller see.
     async fn release_row(
         &self,
         namespace: &str,
         column: &str,
         key: &str,
+        filter: &AccessFilter,
     ) -> Result<Option<Release>> {
         let column = if column == "version" {
             "version"
         } else {
             "release_id"
         };
+        let predicate = manage_predicate(filter, COUNT_COLUMNS, 3);
         let sql = format!(
-            "SELECT {RELEASE_COLUMNS} FROM kg_releases r WHERE r.namespace = $1 AND r.{column} = $2"
+            "SELECT {} FROM kg_releases r WHERE r.namespace = $1 AND r.{column} = $2",
+            release_columns(&predicate.text)
         );
-        let row = sqlx::query(AssertSqlSafe(sql))
-            .bind(namespace)
-            .bind(key)
-            .fetch_optional(self.sql.pool())
-            .await?;
+        let mut query = sqlx::query(AssertSqlSafe(sql)).bind(namespace).bind(key);
+        for p in &predicate.params {
+            query = query.bind(p);
+        }
+        let row = query.fetch_optional(self.sql.pool()).await?;
         row.as_ref().map(|r| release_from(r, namespace)).transpose()
     }
 
@@ -334,7 +375,10 @@ impl VersionStore {
                 if key.is_empty() {
                     return Ok(Resolved::Main);
                 }
-                let found = self.branch_row(namespace, key).await?;
+                // Only the id is used: count nothing.
+                let found = self
+                    .branch_row(namespace, key, &AccessFilter::default())
+                    .await?;
                 // An id names a branch by id, a name by name: never cross over.
                 let found = found.filter(|br| {
                     if b.branch_id.is_empty() {
@@ -390,7 +434,11 @@ impl VersionStore {
                 ));
             }
         };
-        match self.release_row(namespace, column, key).await? {
+        // Only the id and version are used: count nothing.
+        match self
+            .release_row(namespace, column, key, &AccessFilter::default())
+            .await?
+        {
             Some(r) => Ok(Resolved::Release {
                 release_id: r.release_id,
                 version: r.version,
@@ -440,7 +488,12 @@ impl FilesService {
                 "branch `{name}` already exists in namespace `{namespace}`"
             ))
         };
-        if self.versions.branch_row(namespace, name).await?.is_some() {
+        if self
+            .versions
+            .branch_row(namespace, name, &AccessFilter::default())
+            .await?
+            .is_some()
+        {
             return Err(exists());
         }
         let branch = Branch {
@@ -475,14 +528,17 @@ impl FilesService {
         caller: &CallerContext,
         namespace: &str,
     ) -> Result<Vec<Branch>> {
-        require(caller, namespace, Permission::Read)?;
+        let access = require(caller, namespace, Permission::Read)?;
+        let predicate = manage_predicate(&read_filter(&access), COUNT_COLUMNS, 2);
         let sql = format!(
-            "SELECT {BRANCH_COLUMNS} FROM kg_branches b WHERE b.namespace = $1 ORDER BY b.name"
+            "SELECT {} FROM kg_branches b WHERE b.namespace = $1 ORDER BY b.name",
+            branch_columns(&predicate.text)
         );
-        let rows = sqlx::query(AssertSqlSafe(sql))
-            .bind(namespace)
-            .fetch_all(self.versions.sql.pool())
-            .await?;
+        let mut query = sqlx::query(AssertSqlSafe(sql)).bind(namespace);
+        for p in &predicate.params {
+            query = query.bind(p);
+        }
+        let rows = query.fetch_all(self.versions.sql.pool()).await?;
         rows.iter().map(|r| branch_from(r, namespace)).collect()
     }
 
@@ -499,14 +555,18 @@ impl FilesService {
     ) -> Result<BranchFile> {
         validate_namespace(namespace)?;
         let path = normalize_path(path)?;
-        Self::writable(caller, namespace, &path)?;
+        let access = Self::writable(caller, namespace, &path)?;
         if content.len() > self.max_upload_bytes {
             return Err(FilesError::TooLarge {
                 size: content.len(),
                 limit: self.max_upload_bytes,
             });
         }
-        let Some(branch) = self.versions.branch_row(namespace, branch).await? else {
+        let Some(branch) = self
+            .versions
+            .branch_row(namespace, branch, &AccessFilter::default())
+            .await?
+        else {
             return Err(FilesError::TargetNotFound(format!(
                 "preview branch `{}` in namespace `{namespace}`",
                 clip(branch)
@@ -515,7 +575,7 @@ impl FilesService {
         // Two uploads of one path new to the branch at once make a file id each, and the
         // second breaks UNIQUE(branch_id, path): it reads again and joins the first's id.
         let (file, blob_key) = retry_lost_race(|| {
-            self.store_branch_file(namespace, &branch.branch_id, &path, content, mime)
+            self.store_branch_file(access, namespace, &branch.branch_id, &path, content, mime)
         })
         .await?;
         // The indexer parses branch uploads for metadata and links only (never the graph,
@@ -555,6 +615,7 @@ impl FilesService {
     /// One try at storing a branch upload; the file and its blob's key.
     async fn store_branch_file(
         &self,
+        access: &AccessFilter,
         namespace: &str,
         branch_id: &str,
         path: &str,
@@ -562,18 +623,32 @@ impl FilesService {
         mime: &str,
     ) -> Result<(BranchFile, String)> {
         let pool = self.versions.sql.pool();
-        let on_branch =
-            sqlx::query("SELECT file_id FROM kg_branch_files WHERE branch_id = $1 AND path = $2")
-                .bind(branch_id)
-                .bind(path)
-                .fetch_optional(pool)
-                .await?;
-        let file_id = match on_branch {
-            Some(row) => row.try_get::<String, _>("file_id")?,
-            None => match self.store.by_path_unfiltered(namespace, path).await? {
-                Some(main) => main.file_id,
-                None => uuid::Uuid::now_v7().to_string(),
-            },
+        let on_branch = sqlx::query(
+            "SELECT b.file_id, COALESCE(f.hidden, 0) AS hidden FROM kg_branch_files b \
+             LEFT JOIN kg_files f ON f.file_id = b.file_id WHERE b.branch_id = $1 AND b.path = $2",
+        )
+        .bind(branch_id)
+        .bind(path)
+        .fetch_optional(pool)
+        .await?;
+        let existing = match on_branch {
+            Some(row) => Some((
+                row.try_get::<String, _>("file_id")?,
+                row.try_get::<i64, _>("hidden")? != 0,
+            )),
+            None => self
+                .store
+                .by_path_unfiltered(namespace, path)
+                .await?
+                .map(|main| (main.file_id, main.hidden)),
+        };
+        // The upload answers with the file id: never one of a file the caller may not see.
+        let file_id = match existing {
+            Some((file_id, hidden)) => {
+                Self::may_overwrite(access, namespace, &file_id, hidden)?;
+                file_id
+            }
+            None => uuid::Uuid::now_v7().to_string(),
         };
         let content_sha256 = hex::encode(Sha256::digest(content));
         let blob_key = self.blobs.put(content).await?;
@@ -619,12 +694,17 @@ impl FilesService {
         branch: &str,
         note: &str,
     ) -> Result<Release> {
-        require(caller, namespace, Permission::Admin)?;
+        let access = require(caller, namespace, Permission::Admin)?;
+        let counted = read_filter(&access);
         check_name("release version", version, &['+'])?;
         let resolved = if branch.is_empty() || branch == "main" {
             Resolved::Main
         } else {
-            match self.versions.branch_row(namespace, branch).await? {
+            match self
+                .versions
+                .branch_row(namespace, branch, &AccessFilter::default())
+                .await?
+            {
                 Some(b) => Resolved::Branch {
                     branch_id: b.branch_id,
                 },
@@ -638,7 +718,7 @@ impl FilesService {
         };
         if self
             .versions
-            .release_row(namespace, "version", version)
+            .release_row(namespace, "version", version, &AccessFilter::default())
             .await?
             .is_some()
         {
@@ -678,7 +758,7 @@ impl FilesService {
             .await?;
         tx.commit().await?;
         self.versions
-            .release_row(namespace, "release_id", &release_id)
+            .release_row(namespace, "release_id", &release_id, &counted)
             .await?
             .ok_or_else(|| FilesError::Engine("release vanished after insert".to_owned()))
     }
@@ -689,14 +769,17 @@ impl FilesService {
         caller: &CallerContext,
         namespace: &str,
     ) -> Result<Vec<Release>> {
-        require(caller, namespace, Permission::Read)?;
+        let access = require(caller, namespace, Permission::Read)?;
+        let predicate = manage_predicate(&read_filter(&access), COUNT_COLUMNS, 2);
         let sql = format!(
-            "SELECT {RELEASE_COLUMNS} FROM kg_releases r WHERE r.namespace = $1 ORDER BY r.created_at_ms DESC, r.release_id DESC"
+            "SELECT {} FROM kg_releases r WHERE r.namespace = $1 ORDER BY r.created_at_ms DESC, r.release_id DESC",
+            release_columns(&predicate.text)
         );
-        let rows = sqlx::query(AssertSqlSafe(sql))
-            .bind(namespace)
-            .fetch_all(self.versions.sql.pool())
-            .await?;
+        let mut query = sqlx::query(AssertSqlSafe(sql)).bind(namespace);
+        for p in &predicate.params {
+            query = query.bind(p);
+        }
+        let rows = query.fetch_all(self.versions.sql.pool()).await?;
         rows.iter().map(|r| release_from(r, namespace)).collect()
     }
 

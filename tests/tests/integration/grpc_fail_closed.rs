@@ -18,6 +18,7 @@ fn forged_contexts() -> Vec<(&'static str, Option<SignedCallerContext>)> {
             namespace: "demo".into(),
             allow_prefixes: vec![String::new()],
             permission: Permission::Admin as i32,
+            write_prefixes: vec![String::new()],
             ..Default::default()
         }],
         issued_at_ms: now,

@@ -27,6 +27,7 @@ fn operator() -> CallerContext {
             namespace: NS.into(),
             allow_prefixes: vec![String::new()],
             permission: Permission::Admin as i32,
+            write_prefixes: vec![String::new()],
             ..Default::default()
         }],
         issued_at_ms: now,

@@ -34,6 +34,7 @@ fn admin() -> CallerContext {
             namespace: NS.into(),
             allow_prefixes: vec![String::new()],
             permission: Permission::Admin as i32,
+            write_prefixes: vec![String::new()],
             ..Default::default()
         }],
         issued_at_ms: now,

@@ -1,7 +1,11 @@
 //! What several scenarios share.
 
 use kg_common::caller::now_ms;
+use kg_files::FilesService;
 use kg_proto::v1::{AccessFilter, CallerContext, Permission};
+use kg_stores::blobs::BlobStore;
+use kg_stores::embedded::{EmbeddedNats, EmbeddedPostgres, find_venv};
+use kg_stores::sql::SqlStore;
 
 /// A caller who may write anywhere in `namespace`, valid for an hour.
 pub fn writer(namespace: &str) -> CallerContext {
@@ -11,11 +15,50 @@ pub fn writer(namespace: &str) -> CallerContext {
         access: vec![AccessFilter {
             namespace: namespace.into(),
             allow_prefixes: vec![String::new()],
+            write_prefixes: vec![String::new()],
             permission: Permission::Write as i32,
             ..Default::default()
         }],
         issued_at_ms: now,
         expires_at_ms: now + 3_600_000,
         ..Default::default()
+    }
+}
+
+/// A files service on real NATS and SQLite, or PostgreSQL when `postgres`.
+pub struct Env {
+    _dir: tempfile::TempDir,
+    _nats: EmbeddedNats,
+    _pg: Option<EmbeddedPostgres>,
+    pub files: FilesService,
+}
+
+pub async fn env(postgres: bool) -> Env {
+    let venv = find_venv().expect("run deploy/scripts/dev-deps.sh first");
+    let dir = tempfile::tempdir().unwrap();
+    let nats = EmbeddedNats::start(&venv, &dir.path().join("nats"))
+        .await
+        .unwrap();
+    let js = kg_stores::events::connect(&nats.url).await.unwrap();
+    let (pg, url) = if postgres {
+        let pg = EmbeddedPostgres::start(&venv, &dir.path().join("pg"))
+            .await
+            .unwrap();
+        let url = pg.url.clone();
+        (Some(pg), url)
+    } else {
+        (
+            None,
+            format!("sqlite://{}", dir.path().join("files.db").display()),
+        )
+    };
+    let sql = SqlStore::connect(&url).await.unwrap();
+    let blobs = BlobStore::new(dir.path().join("blobs"));
+    let files = FilesService::new(sql, blobs, js, 1 << 20).await.unwrap();
+    Env {
+        _dir: dir,
+        _nats: nats,
+        _pg: pg,
+        files,
     }
 }

@@ -88,6 +88,7 @@ fn admin() -> CallerContext {
     let mut c = caller(AccessFilter {
         allow_prefixes: vec![String::new()],
         permission: Permission::Admin as i32,
+        write_prefixes: vec![String::new()],
         enabled_only: true,
         ..Default::default()
     });

@@ -6,6 +6,8 @@
 use std::collections::{BTreeSet, HashMap};
 
 use kg_common::caller::now_ms;
+
+use crate::common::env;
 use kg_common::{ErrorCode, ErrorExt as _};
 use kg_files::{FilesError, FilesService};
 use kg_proto::v1::{
@@ -15,48 +17,8 @@ use kg_proto::v1::{
     VersionLinkKind, VersionLinkSyntax, VersionMeta, caller_selector, environment_target,
     lookup_target, release_target,
 };
-use kg_stores::blobs::BlobStore;
-use kg_stores::embedded::{EmbeddedNats, EmbeddedPostgres, find_venv};
-use kg_stores::sql::SqlStore;
 
 const NS: &str = "kg";
-
-struct Env {
-    _dir: tempfile::TempDir,
-    _nats: EmbeddedNats,
-    _pg: Option<EmbeddedPostgres>,
-    files: FilesService,
-}
-
-async fn env(postgres: bool) -> Env {
-    let venv = find_venv().expect("run deploy/scripts/dev-deps.sh first");
-    let dir = tempfile::tempdir().unwrap();
-    let nats = EmbeddedNats::start(&venv, &dir.path().join("nats"))
-        .await
-        .unwrap();
-    let js = kg_stores::events::connect(&nats.url).await.unwrap();
-    let (pg, url) = if postgres {
-        let pg = EmbeddedPostgres::start(&venv, &dir.path().join("pg"))
-            .await
-            .unwrap();
-        let url = pg.url.clone();
-        (Some(pg), url)
-    } else {
-        (
-            None,
-            format!("sqlite://{}", dir.path().join("files.db").display()),
-        )
-    };
-    let sql = SqlStore::connect(&url).await.unwrap();
-    let blobs = BlobStore::new(dir.path().join("blobs"));
-    let files = FilesService::new(sql, blobs, js, 1 << 20).await.unwrap();
-    Env {
-        _dir: dir,
-        _nats: nats,
-        _pg: pg,
-        files,
-    }
-}
 
 fn caller(filter: AccessFilter) -> CallerContext {
     let now = now_ms();
@@ -76,6 +38,7 @@ fn admin() -> CallerContext {
     let mut c = caller(AccessFilter {
         allow_prefixes: vec![String::new()],
         permission: Permission::Admin as i32,
+        write_prefixes: vec![String::new()],
         enabled_only: true,
         ..Default::default()
     });
@@ -98,6 +61,7 @@ fn reader() -> CallerContext {
 fn writer() -> CallerContext {
     caller(AccessFilter {
         allow_prefixes: vec![String::new()],
+        write_prefixes: vec![String::new()],
         permission: Permission::Write as i32,
         enabled_only: true,
         ..Default::default()

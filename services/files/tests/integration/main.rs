@@ -6,5 +6,6 @@ mod branch_metadata;
 mod common;
 mod file_tools;
 mod knowledge_graph;
+mod mixed_access;
 mod upload_race;
 mod version_links;
