@@ -408,21 +408,30 @@ impl FilesService {
         Ok(file)
     }
 
-    /// Deletes a file from the registry and every lane.
+    /// Deletes a file from the registry and every lane. Deleting a deleted file sends the
+    /// delete again: the registry marks a file deleted before the event goes out, so when
+    /// publishing failed (`unavailable`), the caller's retry is what still takes the file
+    /// out of the graph and vector lanes.
     pub async fn delete_file(
         &self,
         caller: &CallerContext,
         namespace: &str,
         file_id: &str,
     ) -> Result<bool> {
+        validate_namespace(namespace)?;
+        let filter = read_filter(access_for(caller, namespace)?);
         let mut file = self
-            .get_file(caller, namespace, None, Some(file_id))
-            .await?;
+            .store
+            .get_with_deleted(namespace, FileSelector::Id(file_id), &filter, true)
+            .await?
+            .ok_or_else(|| FilesError::NotFound(format!("{namespace}/{file_id}")))?;
         Self::writable(caller, namespace, &file.path)?;
         file.updated_at_ms = now_ms();
-        self.store
-            .mark_deleted(&file.file_id, file.updated_at_ms)
-            .await?;
+        if file.status() != FileStatus::Deleted {
+            self.store
+                .mark_deleted(&file.file_id, file.updated_at_ms)
+                .await?;
+        }
         self.publish(&file, "", FileChangeOp::Delete).await?;
         Ok(true)
     }

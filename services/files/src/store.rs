@@ -144,13 +144,30 @@ impl FilesStore {
         selector: FileSelector<'_>,
         filter: &AccessFilter,
     ) -> Result<Option<FileInfo>> {
+        self.get_with_deleted(namespace, selector, filter, false)
+            .await
+    }
+
+    /// Like [`Self::get`]; with `deleted`, a deleted file's row too (a delete sent again).
+    pub(crate) async fn get_with_deleted(
+        &self,
+        namespace: &str,
+        selector: FileSelector<'_>,
+        filter: &AccessFilter,
+        deleted: bool,
+    ) -> Result<Option<FileInfo>> {
         let predicate = manage_predicate(filter, COLUMNS, 3);
+        let live = if deleted {
+            ""
+        } else {
+            "status <> 'deleted' AND "
+        };
         let key_column = match selector {
             FileSelector::Path(_) => "path",
             FileSelector::Id(_) => "file_id",
         };
         let sql = format!(
-            "SELECT {FILE_COLUMNS} FROM kg_files WHERE namespace = $1 AND {key_column} = $2 AND status <> 'deleted' AND {}",
+            "SELECT {FILE_COLUMNS} FROM kg_files WHERE namespace = $1 AND {key_column} = $2 AND {live}{}",
             predicate.text
         );
         let key = match selector {

@@ -28,7 +28,7 @@ pub fn writer(namespace: &str) -> CallerContext {
 /// A files service on real NATS and SQLite, or PostgreSQL when `postgres`.
 pub struct Env {
     _dir: tempfile::TempDir,
-    _nats: EmbeddedNats,
+    pub nats: EmbeddedNats,
     _pg: Option<EmbeddedPostgres>,
     pub files: FilesService,
 }
@@ -57,7 +57,7 @@ pub async fn env(postgres: bool) -> Env {
     let files = FilesService::new(sql, blobs, js, 1 << 20).await.unwrap();
     Env {
         _dir: dir,
-        _nats: nats,
+        nats,
         _pg: pg,
         files,
     }

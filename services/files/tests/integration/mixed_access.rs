@@ -407,3 +407,66 @@ async fn branch_and_release_counts_only_readable_files_on_sqlite() {
 async fn branch_and_release_counts_only_readable_files_on_postgres() {
     counts(true).await;
 }
+
+/// The registry marks a file deleted before the delete event goes out, so a delete whose
+/// event was lost (the bus was down: `unavailable`) leaves the file in the lanes until the
+/// caller retries. The retry must send the event again, not answer `not_found`.
+#[tokio::test]
+async fn a_delete_sent_again_sends_the_event_again() {
+    use prost::Message as _;
+
+    let env = env(false).await;
+    let files = &env.files;
+    let file = put(files, "team/gone.md", "# Gone\n").await;
+    let js = kg_stores::events::connect(&env.nats.url).await.unwrap();
+    let subject = kg_stores::events::files_changed_subject(NS).unwrap();
+    let stream = js
+        .get_stream(kg_stores::events::FILES_STREAM)
+        .await
+        .unwrap();
+    let messages = || async { stream.clone().info().await.unwrap().state.messages };
+
+    assert!(
+        files
+            .delete_file(&admin(), NS, &file.file_id)
+            .await
+            .unwrap()
+    );
+    let after_first = messages().await;
+    assert!(
+        files
+            .delete_file(&admin(), NS, &file.file_id)
+            .await
+            .unwrap()
+    );
+    assert_eq!(messages().await, after_first + 1);
+    let last = stream
+        .get_last_raw_message_by_subject(&subject)
+        .await
+        .unwrap();
+    let event = kg_proto::v1::FileChanged::decode(last.payload.as_ref()).unwrap();
+    assert_eq!(
+        (event.file_id.as_str(), event.op()),
+        (file.file_id.as_str(), kg_proto::v1::FileChangeOp::Delete)
+    );
+    // Still deleted for readers, and a writer who may not write there still may not.
+    let gone = files
+        .get_file(&admin(), NS, None, Some(&file.file_id))
+        .await
+        .unwrap_err();
+    assert_eq!(gone.code(), ErrorCode::NotFound);
+    let refused = files
+        .delete_file(&mixed_reader_of_team(), NS, &file.file_id)
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), ErrorCode::PermissionDenied);
+}
+
+/// Reads `team/` only.
+fn mixed_reader_of_team() -> CallerContext {
+    caller(AccessFilter {
+        allow_prefixes: strings(&["team/"]),
+        permission: Permission::Read as i32,
+        ..Default::default()
+    })
+}
