@@ -269,6 +269,41 @@ async def test_prefix_grant_reads_only_that_folder(
             assert_no_content_leak(refused, RUNBOOK.phrase, runbook_chunk["text"][:80], "Blue-green cutover")
 
 
+def test_a_writer_of_one_folder_writes_only_there(
+    mesh: Mesh, demo: str, make_principal: Callable[..., Principal]
+) -> None:
+    """Read on handbook/ and write on drafts/: auth names the write prefixes in the signed
+    context, and the files service writes only under them, whatever the highest level held."""
+    user = make_principal("drafts-writer")
+    mesh.grant(user.id, demo, "read", prefix="handbook/")
+    mesh.grant(user.id, demo, "write", prefix="drafts/")
+    files_url = f"{mesh.base_url}/api/v1/namespaces/{demo}/files"
+    headers = {"Authorization": f"Bearer {user.token}"}
+    with httpx2.Client(timeout=60.0, headers=headers) as http:
+        listed = http.get(files_url, params={"folderPrefix": "handbook/"})
+        assert listed.status_code == 200, listed.text[:300]
+        existing = listed.json()["files"][0]["path"]
+        assert existing.startswith("handbook/"), existing
+
+        note = b"# Scratch\n\nA draft that only drafts/ may hold.\n"
+        for method, path, kwargs in (
+            ("PUT", "handbook/new-note.md", {"content": note}),
+            ("PUT", existing, {"content": note}),
+            ("PATCH", existing, {"json": {"enabled": False}}),
+            ("DELETE", existing, {}),
+        ):
+            refused = http.request(method, f"{files_url}/{path}", **kwargs)
+            assert refused.status_code == 403, f"{method} {path}: {refused.status_code} {refused.text[:300]}"
+            assert refused.json()["code"] == "permission_denied", refused.text[:300]
+        still = http.get(f"{files_url}/{existing}")
+        assert still.status_code == 200 and still.json()["file"]["enabled"] is True, still.text[:300]
+
+        written = http.put(f"{files_url}/drafts/scratch.md", content=note)
+        assert written.status_code in (200, 201), written.text[:300]
+        removed = http.delete(f"{files_url}/drafts/scratch.md")
+        assert removed.status_code in (200, 204), removed.text[:300]
+
+
 @pytest.mark.anyio
 async def test_agent_reads_only_what_its_user_may_read(
     mesh: Mesh, demo: str, make_principal: Callable[..., Principal]
