@@ -37,6 +37,12 @@ pub enum ApprovalError {
         /// Action name.
         action: String,
     },
+    /// A decision asked by anyone but a person through the admin API: an agent (or a
+    /// context minted for another tool) may never approve.
+    #[error(
+        "only a person decides proposals, through the admin API or `kgmesh approvals` with an admin user's token; {0} may not"
+    )]
+    NotAPerson(String),
     /// The ontology service could not be asked; nothing ran.
     #[error(
         "the ontology service is unavailable, so the action could not be re-checked; nothing ran and the proposal is unchanged: retry shortly"
@@ -76,9 +82,9 @@ impl ErrorExt for ApprovalError {
             ApprovalError::Invalid(_) => ErrorCode::InvalidArgument,
             ApprovalError::NotFound(_) => ErrorCode::NotFound,
             ApprovalError::AlreadyDecided { .. } => ErrorCode::FailedPrecondition,
-            ApprovalError::ApprovalRequired { .. } | ApprovalError::FourEyes { .. } => {
-                ErrorCode::PermissionDenied
-            }
+            ApprovalError::ApprovalRequired { .. }
+            | ApprovalError::FourEyes { .. }
+            | ApprovalError::NotAPerson(_) => ErrorCode::PermissionDenied,
             ApprovalError::OntologyUnavailable => ErrorCode::Unavailable,
             ApprovalError::Ontology { code, .. } => *code,
             ApprovalError::Caller(e) => e.code(),

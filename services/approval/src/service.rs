@@ -8,7 +8,7 @@ use kg_common::sanitize::sanitize_text;
 use kg_common::{ErrorCode, ErrorExt as _};
 use kg_proto::v1::ontology_client::OntologyClient;
 use kg_proto::v1::{
-    CallerContext, CheckActionRequest, CheckActionResponse, Proposal, ProposalState,
+    CallerContext, CheckActionRequest, CheckActionResponse, PrincipalKind, Proposal, ProposalState,
     SignedCallerContext, SubmitProposalRequest, WebhookEffect,
 };
 use kg_stores::sql::SqlStore;
@@ -266,7 +266,7 @@ impl ApprovalService {
         state: Option<ProposalState>,
         limit: u32,
     ) -> Result<(Vec<Proposal>, bool)> {
-        require_admin(caller)?;
+        require_admin_not_agent(caller)?;
         let limit = match limit {
             0 => DEFAULT_LIST_LIMIT,
             n => n.min(MAX_LIST_LIMIT),
@@ -278,7 +278,7 @@ impl ApprovalService {
 
     /// One proposal with its audit events (admin only).
     pub async fn get(&self, caller: &CallerContext, id: &str) -> Result<Proposal> {
-        require_admin(caller)?;
+        require_admin_not_agent(caller)?;
         let mut proposal = self.get_stored(id).await?;
         proposal.events = self.inner.store.events(id).await?;
         Ok(proposal)
@@ -305,7 +305,7 @@ impl ApprovalService {
         allowed: Duration,
     ) -> Result<Proposal> {
         let done_by = kg_common::grpc::work_deadline(allowed);
-        require_admin(caller)?;
+        require_person(caller)?;
         let reason = sanitize_text(reason, 1000);
         let proposal = self.get_stored(id).await?;
         let by = caller.principal_id.as_str();
@@ -642,6 +642,51 @@ fn within_bytes(proposals: &mut Vec<Proposal>, budget: usize) -> bool {
     let truncated = keep < proposals.len();
     proposals.truncate(keep);
     truncated
+}
+
+/// The admin flag, held by no agent: auth never gives an agent the flag, and a context that
+/// says otherwise (minted before that rule, or forged) is still not an admin's.
+fn require_admin_not_agent(caller: &CallerContext) -> Result<()> {
+    require_admin(caller)?;
+    if caller.principal_kind() == PrincipalKind::Agent || !caller.on_behalf_of.is_empty() {
+        return Err(ApprovalError::NotAPerson(format!(
+            "the agent `{}`",
+            caller.principal_id
+        )));
+    }
+    Ok(())
+}
+
+/// A decision is a person's: an admin user, for no one else, through the admin API (auth
+/// mints contexts per tool, so a context minted for MCP and relayed here is refused too).
+fn require_person(caller: &CallerContext) -> Result<()> {
+    require_admin_not_agent(caller)?;
+    if caller.principal_kind() != PrincipalKind::User {
+        return Err(ApprovalError::NotAPerson(format!(
+            "the {} principal `{}`",
+            kind_name(caller.principal_kind()),
+            caller.principal_id
+        )));
+    }
+    if caller.tool != ADMIN_TOOL {
+        return Err(ApprovalError::NotAPerson(format!(
+            "a context minted for `{}`",
+            caller.tool
+        )));
+    }
+    Ok(())
+}
+
+/// The tool name the gateway's admin API asks auth for.
+const ADMIN_TOOL: &str = "admin";
+
+fn kind_name(kind: PrincipalKind) -> &'static str {
+    match kind {
+        PrincipalKind::User => "user",
+        PrincipalKind::Agent => "agent",
+        PrincipalKind::Service => "service",
+        PrincipalKind::Unspecified => "unspecified",
+    }
 }
 
 #[cfg(test)]

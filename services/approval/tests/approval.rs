@@ -24,7 +24,8 @@ use kg_common::{ErrorCode, error::code_of};
 use kg_proto::v1::approval_client::ApprovalClient;
 use kg_proto::v1::{
     CallerContext, CheckActionRequest, CheckActionResponse, DecideRequest, GetProposalRequest,
-    ListProposalsRequest, Proposal, ProposalState, SubmitProposalRequest, WebhookEffect,
+    ListProposalsRequest, PrincipalKind, Proposal, ProposalState, SubmitProposalRequest,
+    WebhookEffect,
 };
 use kg_stores::sql::SqlStore;
 use serde_json::json;
@@ -309,6 +310,13 @@ fn context(principal: &str, admin: bool) -> CallerContext {
             "user-ada".to_owned()
         },
         is_admin: admin,
+        // An admin decides as a person through the admin API; the proposer is an agent.
+        principal_kind: if admin {
+            PrincipalKind::User as i32
+        } else {
+            PrincipalKind::Agent as i32
+        },
+        tool: if admin { "admin" } else { "mcp" }.to_owned(),
         issued_at_ms: now,
         expires_at_ms: now + CONTEXT_TTL_MS,
         ..Default::default()
@@ -1005,6 +1013,62 @@ async fn approval_on_postgres() {
     drop(pg);
 }
 
+/// Only a person decides: an admin user, for no one else, through the admin API. An agent
+/// holding the admin flag (its own proposal included), an agent acting for an admin, a
+/// service principal, and an admin user's context minted for MCP (relayed) are all refused,
+/// before any re-check, and the proposal stays pending; an admin agent cannot list or read
+/// proposals either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_person_decides() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("approval.db").display());
+    let h = Harness::start(SqlStore::connect(&url).await.unwrap()).await;
+    h.ontology.set("order", "cancel", h.rule("ok"));
+    let p = h.submit("order", "person1", false).await.unwrap();
+
+    let mut admin_agent = context("agent-1", true);
+    admin_agent.principal_kind = PrincipalKind::Agent as i32;
+    let mut agent_for_admin = context("agent-2", true);
+    agent_for_admin.on_behalf_of = "admin-user".into();
+    let mut service = context("svc-ci", true);
+    service.principal_kind = PrincipalKind::Service as i32;
+    let mut relayed = context("admin-user", true);
+    relayed.tool = "mcp".into();
+    for ctx in [admin_agent.clone(), agent_for_admin, service, relayed] {
+        let who = format!("{} ({})", ctx.principal_id, ctx.tool);
+        let err = h.decide_as(&p.id, true, ctx).await.unwrap_err();
+        assert_eq!(code_of(&err), ErrorCode::PermissionDenied, "{who}: {err:?}");
+        assert!(
+            err.message().starts_with("only a person decides"),
+            "{who}: {}",
+            err.message()
+        );
+    }
+    let still = h.get(&p.id).await;
+    assert_eq!(still.state(), ProposalState::Pending);
+    assert!(h.receiver.hits("person1").is_empty(), "no effect ran");
+    assert!(
+        h.ontology.calls("order").is_empty(),
+        "refused before any re-check"
+    );
+
+    // Nor may the admin agent list or read proposals.
+    let mut client = h.client.clone();
+    let mut request = tonic::Request::new(ListProposalsRequest::default());
+    attach_caller(&mut request, &h.signer.sign(&admin_agent));
+    let err = client.list_proposals(request).await.unwrap_err();
+    assert_eq!(code_of(&err), ErrorCode::PermissionDenied);
+    let mut request = tonic::Request::new(GetProposalRequest { id: p.id.clone() });
+    attach_caller(&mut request, &h.signer.sign(&admin_agent));
+    let err = client.get_proposal(request).await.unwrap_err();
+    assert_eq!(code_of(&err), ErrorCode::PermissionDenied);
+
+    // A person approves: the effect runs once.
+    let done = h.decide(&p.id, true).await.unwrap();
+    assert_eq!(done.state(), ProposalState::Executed, "{done:?}");
+    assert_eq!(h.receiver.hits("person1").len(), 1);
+}
+
 /// `four_eyes`: the user behind the agent (proposals here are made by agent-1
 /// on behalf of user-ada) cannot approve them, neither directly nor through
 /// an admin agent acting for them; another admin can. Off, the same approval works.
@@ -1020,13 +1084,19 @@ async fn four_eyes_refuses_self_approval() {
     let p = h.submit("order", "eyes1", false).await.unwrap();
     assert_eq!(p.on_behalf_of, "user-ada");
 
+    // An admin agent acting for her is not a person and is refused before the rule.
     let mut as_agent_for_ada = context("agent-admin", true);
     as_agent_for_ada.on_behalf_of = "user-ada".into();
-    for ctx in [
-        context("user-ada", true),
-        as_agent_for_ada,
-        context("agent-1", true),
-    ] {
+    let err = h
+        .decide_as(&p.id, true, as_agent_for_ada)
+        .await
+        .unwrap_err();
+    assert!(
+        err.message().starts_with("only a person"),
+        "{}",
+        err.message()
+    );
+    for ctx in [context("user-ada", true), context("agent-1", true)] {
         let who = ctx.principal_id.clone();
         let err = h.decide_as(&p.id, true, ctx).await.unwrap_err();
         assert_eq!(code_of(&err), ErrorCode::PermissionDenied, "{who}: {err:?}");
@@ -1041,12 +1111,7 @@ async fn four_eyes_refuses_self_approval() {
     assert_eq!(still.state(), ProposalState::Pending);
     assert_eq!(
         kinds(&still),
-        [
-            "submitted",
-            "approval_refused",
-            "approval_refused",
-            "approval_refused"
-        ]
+        ["submitted", "approval_refused", "approval_refused"]
     );
     assert!(h.receiver.hits("eyes1").is_empty(), "no effect ran");
     assert!(

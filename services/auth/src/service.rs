@@ -229,7 +229,9 @@ impl AuthService {
             request_id: request_id.to_owned(),
             tool: tool.to_owned(),
             deployment_id: self.deployment_id.clone(),
-            is_admin: principal.is_admin,
+            // An agent is never an admin, whatever an older row says (create_principal
+            // refuses the flag for agents now).
+            is_admin: principal.is_admin && principal.kind() != PrincipalKind::Agent,
         };
         Ok(AuthorizeResponse {
             context: Some(self.signer.sign(&context)),
@@ -362,6 +364,13 @@ impl AuthService {
     ) -> Result<Principal> {
         require_admin(caller)?;
         check_name("principal name", name)?;
+        if is_admin && kind == PrincipalKind::Agent {
+            return Err(AuthError::Invalid(
+                "an agent cannot be an admin: administration and approving proposals are for \
+                 people; grant the agent what it needs to read instead"
+                    .to_owned(),
+            ));
+        }
         match kind {
             PrincipalKind::Unspecified => {
                 return Err(AuthError::Invalid(

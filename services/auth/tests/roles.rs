@@ -76,3 +76,50 @@ async fn roles_come_from_role_groups() {
     assert!(roles(user_token).await.is_empty());
     assert!(roles(agent_token).await.is_empty());
 }
+
+/// An agent is never an admin: one cannot be created with the flag, and a row that has it
+/// (written before the rule) does not mint an admin context.
+#[tokio::test]
+async fn an_agent_is_never_an_admin() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("sqlite://{}", dir.path().join("a.db").display());
+    let sql = kg_stores::sql::SqlStore::connect(&url).await.unwrap();
+    let auth = AuthService::new(sql, ContextSigner::generate(), vec![7; 32], "dep".into())
+        .await
+        .unwrap();
+    let admin_token = auth.bootstrap_admin().await.unwrap().unwrap();
+    let admin = auth
+        .authorize(&admin_token, "admin", &[], "r")
+        .await
+        .unwrap()
+        .decoded
+        .unwrap();
+    assert!(admin.is_admin);
+    let refused = auth
+        .create_principal(&admin, "bot", PrincipalKind::Agent, "", true)
+        .await
+        .unwrap_err();
+    assert!(
+        refused.to_string().contains("an agent cannot be an admin"),
+        "{refused}"
+    );
+
+    let agent = auth
+        .create_principal(&admin, "bot", PrincipalKind::Agent, "", false)
+        .await
+        .unwrap();
+    let raw = sqlx::AnyPool::connect(&url).await.unwrap();
+    sqlx::query("UPDATE kg_principals SET is_admin = 1 WHERE id = $1")
+        .bind(&agent.id)
+        .execute(&raw)
+        .await
+        .unwrap();
+    let (token, _) = auth.create_pat(&admin, &agent.id, "a", None).await.unwrap();
+    let context = auth
+        .authorize(&token, "admin", &[], "r")
+        .await
+        .unwrap()
+        .decoded
+        .unwrap();
+    assert!(!context.is_admin, "{context:?}");
+}

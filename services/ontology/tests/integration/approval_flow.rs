@@ -501,6 +501,8 @@ async fn approve(m: &Mesh, id: &str) -> kg_proto::v1::Proposal {
     let now = now_ms();
     let admin = m.signer.sign(&CallerContext {
         principal_id: "admin-1".into(),
+        principal_kind: kg_proto::v1::PrincipalKind::User as i32,
+        tool: "admin".into(),
         is_admin: true,
         issued_at_ms: now,
         expires_at_ms: now + 600_000,
