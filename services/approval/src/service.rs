@@ -508,10 +508,9 @@ fn refusal_of(proposal: &Proposal, check: &CheckActionResponse) -> Option<(Strin
     if !check.refusal.is_empty() {
         return Some((check.refusal.clone(), check.detail.clone()));
     }
-    if proposal.policy_version != 0
-        && check.policy_version != 0
-        && proposal.policy_version != check.policy_version
-    {
+    // Strict: a proposal submitted without a version (0, which no compiled action has) is
+    // not let through as "unknown"; it must be proposed again through the ontology.
+    if proposal.policy_version != check.policy_version {
         return Some((
             "policy_changed".to_owned(),
             format!(

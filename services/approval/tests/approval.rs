@@ -652,6 +652,7 @@ async fn suite(sql: SqlStore) {
                 action: "cancel".into(),
                 arguments_json: json!({"tag": "tnoeffect", "order_id": 7}).to_string(),
                 role: "support".into(),
+                policy_version: 7,
                 ..Default::default()
             },
             "agent-1",
@@ -818,6 +819,30 @@ async fn suite(sql: SqlStore) {
     assert_eq!(r.state(), ProposalState::PreconditionFailed);
     assert_eq!(r.refusal, "policy_changed");
     assert!(h.receiver.hits("tpolicy").is_empty());
+
+    // A proposal without a policy version (0: sent round the ontology) is never taken for
+    // the current policy.
+    h.ontology.set("ounversioned", "cancel", h.rule("ok"));
+    let unversioned = h
+        .client
+        .clone()
+        .submit(h.request(
+            SubmitProposalRequest {
+                object: "ounversioned".into(),
+                action: "cancel".into(),
+                arguments_json: json!({"tag": "tunversioned", "order_id": 7}).to_string(),
+                role: "support".into(),
+                ..Default::default()
+            },
+            "agent-1",
+            false,
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    let r = h.decide(&unversioned.id, true).await.unwrap();
+    assert_eq!(r.refusal, "policy_changed", "{r:?}");
+    assert!(h.receiver.hits("tunversioned").is_empty());
 
     // The ontology is down: nothing runs and the proposal goes back to pending.
     let mut down = h.rule("ok");

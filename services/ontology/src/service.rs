@@ -382,6 +382,14 @@ impl OntologyService {
                         .get(&(object.to_owned(), action.to_owned()))
                         .and_then(|e| e.eval_bool(&prep.params).ok()),
                 };
+                // Without --allow-auto-effects every effect waits for a decision, so the
+                // approval service refuses `execute_now` even from a caller that went round
+                // the generated tool (which refuses with auto_effects_disabled first).
+                let approval_required = if self.inner.config.allow_auto_effects {
+                    approval_required
+                } else {
+                    Some(true)
+                };
                 Ok(CheckActionResponse {
                     refusal: String::new(),
                     detail: String::new(),

@@ -492,6 +492,32 @@ async fn auto_effects_off_refuses_without_contacting_anyone() {
     )
     .await;
     assert_eq!(r["error"], "auto_effects_disabled", "{r}");
+
+    // A caller that goes round the generated tool, straight to Approval.Submit with
+    // execute_now and its own signed context, is refused too: the ontology tells approval
+    // that this server runs no effect without a decision.
+    let mut client = kg_proto::v1::approval_client::ApprovalClient::new(
+        kg_common::grpc::channel(&m.approval_addr).unwrap(),
+    );
+    let mut request = tonic::Request::new(kg_proto::v1::SubmitProposalRequest {
+        object: "order".into(),
+        action: "refund".into(),
+        arguments_json: json!({"order_id": 102, "amount": 50}).to_string(),
+        role: "billing".into(),
+        policy_version: m
+            .ontology
+            .active()
+            .unwrap()
+            .compiled
+            .action_version("order", "refund"),
+        agent: "shell".into(),
+        execute_now: true,
+        effect: None,
+    });
+    kg_common::caller::attach_caller(&mut request, &m.signed);
+    let err = client.submit(request).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
+    assert!(err.message().contains("needs a human approval"), "{err:?}");
     assert!(receiver.received().is_empty());
     m.shutdown.cancel();
 }

@@ -456,7 +456,9 @@ async fn exercise(svc: &OntologyService) {
         )
         .await
         .unwrap();
-    assert_eq!(check.approval_required, Some(false));
+    // No approval declared for 20, but this server does not run effects without a
+    // decision (no --allow-auto-effects): the approval service must not run it at once.
+    assert_eq!(check.approval_required, Some(true));
     let check = svc
         .check_action(
             "order",
@@ -487,8 +489,19 @@ async fn shop_tools_on_sqlite() {
     )
     .await;
     assert_eq!(code(&r), "auto_effects_disabled", "{r}");
-    // With the opt-in but no approval service reachable: a stable internal error.
+    // With the opt-in, an action that declares no approval for these arguments needs none.
     let auto = service(&project, &url, true).await;
+    let check = auto
+        .check_action(
+            "order",
+            "refund",
+            r#"{"order_id": 102, "amount": 20}"#,
+            "billing",
+        )
+        .await
+        .unwrap();
+    assert_eq!(check.approval_required, Some(false));
+    // With the opt-in but no approval service reachable: a stable internal error.
     let r = call(
         &auto,
         "propose_order_refund",
