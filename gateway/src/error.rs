@@ -2,6 +2,7 @@
 //! clients see from tool calls and the admin REST API.
 
 use kg_common::error::{ERROR_CODE_METADATA_KEY, INTERNAL_MESSAGE, code_of};
+use kg_common::sanitize::sanitize_text;
 use kg_common::{ErrorCode, ErrorExt};
 use serde_json::{Value, json};
 
@@ -30,6 +31,9 @@ impl ErrorExt for GatewayError {
 
 kg_common::impl_status_from!(GatewayError);
 
+/// Longest error message a client is shown, in characters.
+const MAX_MESSAGE_CHARS: usize = 2000;
+
 /// A client-visible failure: a stable code and a message safe to show.
 /// Built only through the constructors below, so internal detail never leaks.
 #[derive(Debug, Clone, PartialEq)]
@@ -39,12 +43,14 @@ pub(crate) struct ClientError {
 }
 
 impl ClientError {
-    /// A code with a client-safe message; server faults get the generic message.
+    /// A code with a client-safe message; server faults get the generic message. Every
+    /// message is sanitised and capped here, the one way out: a backend's message can quote
+    /// a stored value (a JSONata error quotes the string it could not convert).
     pub(crate) fn new(code: ErrorCode, message: impl Into<String>) -> Self {
         let message = if code.is_server_fault() {
             INTERNAL_MESSAGE.to_owned()
         } else {
-            message.into()
+            sanitize_text(&message.into(), MAX_MESSAGE_CHARS)
         };
         Self { code, message }
     }
@@ -98,6 +104,23 @@ impl ClientError {
 mod tests {
     use super::*;
     use kg_common::error::status_with_code;
+
+    #[test]
+    fn a_backend_message_quoting_stored_text_is_sanitised_and_capped() {
+        let quoted = format!(
+            "the JSONata expression failed: Cannot convert '{}\u{202E}evil\u{E0041}' to number",
+            "x".repeat(70_000)
+        );
+        let err = ClientError::from_status(
+            "files",
+            &status_with_code(ErrorCode::InvalidArgument, quoted),
+        );
+        assert_eq!(err.code, ErrorCode::InvalidArgument);
+        assert_eq!(err.message.chars().count(), MAX_MESSAGE_CHARS + 1);
+        assert!(err.message.ends_with('…'));
+        let short = ClientError::invalid("bad '\u{202E}value\u{200B}'");
+        assert_eq!(short.message, "bad 'value'");
+    }
 
     #[test]
     fn coded_statuses_keep_their_message_and_internal_is_masked() {

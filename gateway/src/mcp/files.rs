@@ -4,7 +4,7 @@
 //! limit of one tool call, cutting row and line lists before failing.
 
 use kg_common::ErrorCode;
-use kg_common::sanitize::{DEFAULT_FIELD_CAP, sanitize_text};
+use kg_common::sanitize::{DEFAULT_FIELD_CAP, sanitize_json, sanitize_text};
 use kg_proto::v1::{
     FileInfo, FileStatus, FindFilesRequest, FindFilesResponse, FoundFile, QueryFileRequest,
     QueryFileResponse,
@@ -32,16 +32,7 @@ fn clean(text: &str) -> Value {
 /// Every string (and object key) of a parsed result, sanitised; long strings
 /// are capped at the field cap.
 fn clean_json(value: Value) -> Value {
-    match value {
-        Value::String(s) => Value::String(sanitize_text(&s, DEFAULT_FIELD_CAP)),
-        Value::Array(items) => Value::Array(items.into_iter().map(clean_json).collect()),
-        Value::Object(map) => Value::Object(
-            map.into_iter()
-                .map(|(k, v)| (sanitize_text(&k, SHORT_FIELD_CAP), clean_json(v)))
-                .collect(),
-        ),
-        other => other,
-    }
+    sanitize_json(value, DEFAULT_FIELD_CAP, SHORT_FIELD_CAP)
 }
 
 /// The lowercase name of an indexing status.

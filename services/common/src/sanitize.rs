@@ -6,11 +6,43 @@ use std::borrow::Cow;
 pub const DEFAULT_FIELD_CAP: usize = 64 * 1024;
 
 /// Removes characters that can hide or smuggle instructions: control characters
-/// (except newline and tab), ANSI escape sequences, Unicode tag characters, bidi
-/// overrides and isolates, and zero-width characters. Caps the result at
+/// (except newline and tab), ANSI escape sequences, Unicode tag characters, every other
+/// format character (bidi overrides and isolates, zero-width characters, ...), variation
+/// selectors and other invisible fillers; line and paragraph separators become newlines.
+/// Caps the result at
 /// `max_chars` characters, appending `…` when it cut.
 pub fn sanitize_text(input: &str, max_chars: usize) -> String {
     sanitized(input, max_chars).into_owned()
+}
+
+/// Every string and object key of a JSON value, [sanitised](sanitize_text): strings capped
+/// at `max_chars`, keys at `key_chars`.
+pub fn sanitize_json(
+    value: serde_json::Value,
+    max_chars: usize,
+    key_chars: usize,
+) -> serde_json::Value {
+    use serde_json::Value;
+    match value {
+        Value::String(s) => Value::String(sanitize_text(&s, max_chars)),
+        Value::Array(items) => Value::Array(
+            items
+                .into_iter()
+                .map(|v| sanitize_json(v, max_chars, key_chars))
+                .collect(),
+        ),
+        Value::Object(map) => Value::Object(
+            map.into_iter()
+                .map(|(k, v)| {
+                    (
+                        sanitize_text(&k, key_chars),
+                        sanitize_json(v, max_chars, key_chars),
+                    )
+                })
+                .collect(),
+        ),
+        other => other,
+    }
 }
 
 /// [`sanitize_text`] without the copy when there is nothing to change: the answer
@@ -46,7 +78,12 @@ fn strip_hidden(input: &str, max_chars: usize) -> String {
             out.push('…');
             break;
         }
-        out.push(c);
+        // Line and paragraph separators break lines in some renderers and not in others.
+        out.push(if matches!(c, '\u{2028}' | '\u{2029}') {
+            '\n'
+        } else {
+            c
+        });
         count += 1;
     }
     out
@@ -92,14 +129,37 @@ fn is_hidden(c: char) -> bool {
         c if c.is_control() => true,
         // Unicode tag characters (invisible ASCII look-alikes).
         '\u{E0000}'..='\u{E007F}' => true,
-        // Bidi embeddings, overrides and isolates.
-        '\u{202A}'..='\u{202E}'
-        | '\u{2066}'..='\u{2069}'
-        | '\u{200E}'
-        | '\u{200F}'
-        | '\u{061C}' => true,
-        // Zero-width and invisible formatting characters.
-        '\u{200B}'..='\u{200D}' | '\u{2060}'..='\u{2064}' | '\u{FEFF}' | '\u{180E}' => true,
+        // Every other format character (general category Cf, Unicode 15): bidi embeddings,
+        // overrides, isolates and marks, zero-width characters, the soft hyphen, invisible
+        // operators, interlinear annotation, and the script-specific format controls.
+        '\u{00AD}'
+        | '\u{0600}'..='\u{0605}'
+        | '\u{061C}'
+        | '\u{06DD}'
+        | '\u{070F}'
+        | '\u{0890}'..='\u{0891}'
+        | '\u{08E2}'
+        | '\u{180E}'
+        | '\u{200B}'..='\u{200F}'
+        | '\u{202A}'..='\u{202E}'
+        | '\u{2060}'..='\u{206F}'
+        | '\u{FEFF}'
+        | '\u{FFF9}'..='\u{FFFB}'
+        | '\u{110BD}'
+        | '\u{110CD}'
+        | '\u{13430}'..='\u{1343F}'
+        | '\u{1BCA0}'..='\u{1BCA3}'
+        | '\u{1D173}'..='\u{1D17A}' => true,
+        // Invisible characters of other categories: variation selectors (a known channel
+        // for smuggling bytes, like tag characters), the combining grapheme joiner, the
+        // Mongolian free variation selectors, and the Hangul fillers.
+        '\u{FE00}'..='\u{FE0F}'
+        | '\u{E0100}'..='\u{E01EF}'
+        | '\u{034F}'
+        | '\u{180B}'..='\u{180F}'
+        | '\u{115F}'..='\u{1160}'
+        | '\u{3164}'
+        | '\u{FFA0}' => true,
         _ => false,
     }
 }
@@ -112,6 +172,18 @@ mod tests {
     fn strips_hidden_characters_and_escapes() {
         let dirty = "Ada\u{1b}[31m Love\u{1b}[0mlace\u{E0041}\u{E0042}\u{202E}evil\u{200B}\u{7}\u{1b}]0;title\u{7}!\r";
         assert_eq!(sanitize_text(dirty, 100), "Ada Lovelaceevil!");
+    }
+
+    #[test]
+    fn strips_every_format_character_and_the_invisible_selectors() {
+        let dirty = "pay\u{00AD} 1\u{FE0F}0\u{E0101}0\u{FFF9}0\u{FFFB} to\u{2066} Bob\u{206A}\u{3164}\u{180B}";
+        assert_eq!(sanitize_text(dirty, 100), "pay 1000 to Bob");
+        assert_eq!(
+            sanitize_text("one\u{2028}two\u{2029}three", 100),
+            "one\ntwo\nthree"
+        );
+        // Visible text of every script stays.
+        assert_eq!(sanitize_text("한국어 ☃ ✓ مرحبا", 100), "한국어 ☃ ✓ مرحبا");
     }
 
     #[test]

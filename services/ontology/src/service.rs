@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 
+use kg_common::sanitize::{sanitize_json, sanitize_text};
 use kg_proto::v1::approval_client::ApprovalClient;
 use kg_proto::v1::{
     CheckActionResponse, GeneratedTool, Proposal, SignedCallerContext, SubmitProposalRequest,
@@ -78,13 +79,18 @@ pub async fn load_project(
     }
 }
 
-/// The proto form of a tool.
+/// Longest generated tool description, and longest string in its schemas, in characters.
+const TOOL_TEXT_CHARS: usize = 4096;
+
+/// The proto form of a tool. Its descriptions come from the project file, written by
+/// people but handed to a model, so they are sanitised and capped like stored text.
 pub fn tool_proto(t: &GeneratedToolDef) -> GeneratedTool {
+    let schema = |s: &Value| sanitize_json(s.clone(), TOOL_TEXT_CHARS, TOOL_TEXT_CHARS).to_string();
     GeneratedTool {
         name: t.name.clone(),
-        description: t.description.clone(),
-        input_schema_json: t.input_schema.to_string(),
-        output_schema_json: t.output_schema.to_string(),
+        description: sanitize_text(&t.description, TOOL_TEXT_CHARS),
+        input_schema_json: schema(&t.input_schema),
+        output_schema_json: schema(&t.output_schema),
         read_only: t.read_only,
     }
 }

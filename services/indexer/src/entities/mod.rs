@@ -175,8 +175,12 @@ impl Extraction {
     }
 }
 
-/// Lowercase, whitespace collapsed to single spaces, trimmed.
+/// Lowercase, whitespace collapsed to single spaces, trimmed, and without the characters
+/// the sanitiser strips: the name is part of the entity key, which tools show and take back
+/// as it is, so hidden characters (an LLM extractor can be told to put them in a name) must
+/// never reach it.
 pub fn normalize_name(name: &str) -> String {
+    let name = kg_common::sanitize::sanitized(name, usize::MAX);
     let mut out = String::with_capacity(name.len());
     for word in name.split_whitespace() {
         if !out.is_empty() {

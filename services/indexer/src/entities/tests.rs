@@ -265,6 +265,16 @@ fn no_tbox_only_proposes_candidates() {
 }
 
 #[test]
+fn entity_keys_hold_no_hidden_characters() {
+    // A name an LLM extractor was told to dress up: the same key as the plain name.
+    assert_eq!(
+        entity_key("org", "Ac\u{202E}me\u{200B} \u{E0041}Corp\u{FE0F}"),
+        "ent:org:acme corp"
+    );
+    assert_eq!(normalize_name("Ada\u{2066}  Lovelace"), "ada lovelace");
+}
+
+#[test]
 fn entity_keys_fit_the_services_limit_and_stay_one_per_entity() {
     assert_eq!(entity_key("org", "Acme  Corp"), "ent:org:acme corp");
     let long = |tail: &str| {

@@ -822,3 +822,57 @@ async fn uuid_and_enum_keys_on_postgres_are_looked_up_by_their_own_type() {
         "the enum lookup casts the value to the enum:\n{log}"
     );
 }
+
+/// Descriptions in the project file reach the model as tool descriptions: hidden characters
+/// are stripped from them and from the schemas, as from stored text.
+#[tokio::test]
+async fn tool_descriptions_are_sanitised() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = copy_project(dir.path());
+    let url = format!("sqlite://{}", dir.path().join("shop.db").display());
+    seed(&url, "seed.sqlite.sql").await;
+    let yaml = std::fs::read_to_string(project.join("ontology.yaml")).unwrap();
+    let hidden = yaml
+        .replace(
+            "description: A person who has ordered from the shop.",
+            "description: \"A person\\u202E who has\\U000E0041 ordered\\u200B from the shop.\"",
+        )
+        .replace(
+            "description: Amount to refund in EUR.",
+            "description: \"Amount\\uFE0F to refund\\u2066 in EUR.\"",
+        );
+    assert_ne!(hidden, yaml);
+    std::fs::write(project.join("ontology.yaml"), hidden).unwrap();
+    let svc = service(&project, &url, false).await;
+    let (tools, _) = svc.tools_for("", &["billing".to_owned()]);
+    let get = tools.iter().find(|t| t.name == "get_customer").unwrap();
+    assert!(
+        get.description
+            .contains("A person who has ordered from the shop."),
+        "{}",
+        get.description
+    );
+    let refund = tools
+        .iter()
+        .find(|t| t.name == "propose_order_refund")
+        .unwrap();
+    assert!(
+        refund
+            .input_schema_json
+            .contains("Amount to refund in EUR."),
+        "{}",
+        refund.input_schema_json
+    );
+    for t in &tools {
+        for text in [&t.description, &t.input_schema_json, &t.output_schema_json] {
+            assert!(
+                !text.chars().any(|c| matches!(
+                    c,
+                    '\u{202E}' | '\u{E0041}' | '\u{200B}' | '\u{FE0F}' | '\u{2066}'
+                )),
+                "{}: {text}",
+                t.name
+            );
+        }
+    }
+}
