@@ -309,9 +309,11 @@ impl ApprovalService {
         let reason = sanitize_text(reason, 1000);
         let proposal = self.get_stored(id).await?;
         let by = caller.principal_id.as_str();
+        // Whatever state the snapshot shows: one read while another admin's approval is
+        // in flight (claimed, then released when the re-check cannot run) would otherwise
+        // skip the rule and claim the proposal once it is pending again.
         if approve
             && self.inner.config.four_eyes
-            && proposal.state() == ProposalState::Pending
             && let Some(proposer) = own_proposal(caller, &proposal)
         {
             // Refused before any claim: the proposal stays pending for another admin.

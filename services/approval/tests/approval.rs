@@ -1148,6 +1148,17 @@ async fn four_eyes_refuses_self_approval() {
     let done = h.decide(&p.id, true).await.unwrap();
     assert_eq!(done.state(), ProposalState::Executed, "{done:?}");
     assert_eq!(h.receiver.hits("eyes1").len(), 1);
+    // The rule holds whatever state the proposal is read in (so a read during another
+    // admin's approval, claimed and then released, cannot skip it).
+    let err = h
+        .decide_as(&p.id, true, context("user-ada", true))
+        .await
+        .unwrap_err();
+    assert!(
+        err.message().starts_with("four_eyes: "),
+        "{}",
+        err.message()
+    );
 
     // The proposer may still withdraw (reject) their own proposal.
     let p = h.submit("order", "eyes2", false).await.unwrap();
