@@ -12,6 +12,7 @@ use axum::extract::{Extension, Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use kg_common::ErrorCode;
+use kg_common::sanitize::{reveal_hidden, reveal_hidden_json};
 use kg_proto::v1::approval_client::ApprovalClient;
 use kg_proto::v1::{
     DecideRequest, GetProposalRequest, ListProposalsRequest, Proposal, ProposalEvent, ProposalState,
@@ -182,8 +183,11 @@ impl From<Proposal> for ProposalJson {
     fn from(p: Proposal) -> Self {
         let state = state_name(p.state());
         Self {
-            arguments: serde_json::from_str(&p.arguments_json)
-                .unwrap_or(Value::String(p.arguments_json)),
+            // The approver sees every character the effect would be sent: hidden ones are
+            // written out (`⟦U+202E⟧`) rather than shown raw or stripped.
+            arguments: reveal_hidden_json(
+                serde_json::from_str(&p.arguments_json).unwrap_or(Value::String(p.arguments_json)),
+            ),
             id: p.id,
             object: p.object,
             action: p.action,
@@ -192,7 +196,7 @@ impl From<Proposal> for ProposalJson {
             proposer: p.proposer,
             on_behalf_of: p.on_behalf_of,
             agent: p.agent,
-            role: p.role,
+            role: reveal_hidden(&p.role).into_owned(),
             state,
             refusal: p.refusal,
             outcome_detail: p.outcome_detail,
@@ -340,6 +344,18 @@ mod tests {
             assert_eq!(parse_state(state_name(state)).ok(), Some(state));
         }
         assert!(parse_state("approved_on_timeout").is_err());
+    }
+
+    #[test]
+    fn an_approver_sees_hidden_characters_in_arguments_written_out() {
+        let p = Proposal {
+            id: "prp_2".into(),
+            arguments_json: r#"{"reason":"refund 10\u202e0 EUR","note\u200b":"ok"}"#.into(),
+            ..Default::default()
+        };
+        let v = serde_json::to_value(ProposalJson::from(p)).unwrap();
+        assert_eq!(v["arguments"]["reason"], "refund 10⟦U+202E⟧0 EUR");
+        assert_eq!(v["arguments"]["note⟦U+200B⟧"], "ok");
     }
 
     #[test]

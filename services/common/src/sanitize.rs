@@ -15,6 +15,40 @@ pub fn sanitize_text(input: &str, max_chars: usize) -> String {
     sanitized(input, max_chars).into_owned()
 }
 
+/// `input` with every character [`sanitize_text`] would strip (and ESC) written out as a
+/// visible `⟦U+202E⟧`, for a person who must see exactly what a value holds before acting
+/// on it (an approver reading a proposal's arguments), where stripping would hide a
+/// difference between what they read and what is sent.
+pub fn reveal_hidden(input: &str) -> Cow<'_, str> {
+    if !input.chars().any(|c| c == '\u{1b}' || is_hidden(c)) {
+        return Cow::Borrowed(input);
+    }
+    let mut out = String::with_capacity(input.len() + 16);
+    for c in input.chars() {
+        if c == '\u{1b}' || is_hidden(c) {
+            out.push_str(&format!("⟦U+{:04X}⟧", u32::from(c)));
+        } else {
+            out.push(c);
+        }
+    }
+    Cow::Owned(out)
+}
+
+/// [`reveal_hidden`] over every string and object key of a JSON value.
+pub fn reveal_hidden_json(value: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match value {
+        Value::String(s) => Value::String(reveal_hidden(&s).into_owned()),
+        Value::Array(items) => Value::Array(items.into_iter().map(reveal_hidden_json).collect()),
+        Value::Object(map) => Value::Object(
+            map.into_iter()
+                .map(|(k, v)| (reveal_hidden(&k).into_owned(), reveal_hidden_json(v)))
+                .collect(),
+        ),
+        other => other,
+    }
+}
+
 /// Every string and object key of a JSON value, [sanitised](sanitize_text): strings capped
 /// at `max_chars`, keys at `key_chars`.
 pub fn sanitize_json(
@@ -184,6 +218,15 @@ mod tests {
         );
         // Visible text of every script stays.
         assert_eq!(sanitize_text("한국어 ☃ ✓ مرحبا", 100), "한국어 ☃ ✓ مرحبا");
+    }
+
+    #[test]
+    fn reveal_writes_hidden_characters_out() {
+        assert_eq!(reveal_hidden("plain"), "plain");
+        assert_eq!(
+            reveal_hidden("pay 10\u{202E}0 to\u{E0041} Bob\u{1b}"),
+            "pay 10⟦U+202E⟧0 to⟦U+E0041⟧ Bob⟦U+001B⟧"
+        );
     }
 
     #[test]
