@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import sys
-import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -30,8 +29,10 @@ SETS = [
 
 
 @pytest.mark.parametrize(("root", "questions", "kinds"), SETS)
-def test_the_corpus_is_the_one_the_questions_were_written_for(root: Path, questions: int, kinds: dict) -> None:
-    dataset = quality.load_dataset(root, Path(tempfile.mkdtemp()))
+def test_the_corpus_is_the_one_the_questions_were_written_for(
+    root: Path, questions: int, kinds: dict, tmp_path: Path
+) -> None:
+    dataset = quality.load_dataset(root, tmp_path)
     source = json.loads((root / "corpus-source.json").read_text(encoding="utf-8"))
     assert quality.corpus_digest(dataset.corpus_dir, ".md") == (source["files"], source["sha256"])
     assert dataset.ids_are_paths, "corpus-ids are paths under the package folder"
@@ -41,8 +42,10 @@ def test_the_corpus_is_the_one_the_questions_were_written_for(root: Path, questi
 
 
 @pytest.mark.parametrize(("root", "questions", "kinds"), SETS)
-def test_the_questions_are_judged_and_their_phrases_verbatim(root: Path, questions: int, kinds: dict) -> None:
-    dataset = quality.load_dataset(root, Path(tempfile.mkdtemp()))
+def test_the_questions_are_judged_and_their_phrases_verbatim(
+    root: Path, questions: int, kinds: dict, tmp_path: Path
+) -> None:
+    dataset = quality.load_dataset(root, tmp_path)
     ids = [query["_id"] for query in dataset.queries]
     assert len(ids) == len(set(ids)) == questions
     assert Counter(query["metadata"]["kind"] for query in dataset.queries) == kinds
