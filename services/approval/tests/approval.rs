@@ -505,7 +505,8 @@ async fn suite(sql: SqlStore) {
     let h = Harness::start(sql).await;
 
     // Pending proposal: proposer from the context, hash of the canonical args,
-    // template and host only, nothing sent, ontology not asked.
+    // template and host only (rendered by the ontology, asked once as the proposer),
+    // nothing sent.
     h.ontology.set("order", "cancel", h.rule("ok"));
     let p = h.submit("order", "pending1", false).await.unwrap();
     assert_eq!(p.state(), ProposalState::Pending);
@@ -527,7 +528,7 @@ async fn suite(sql: SqlStore) {
     );
     assert_no_secrets(&p);
     assert_eq!(h.receiver.total(), 0);
-    assert!(h.ontology.calls("order").is_empty());
+    assert_eq!(h.ontology.calls("order"), ["agent-1"]);
     let stored = h.get(&p.id).await;
     assert_eq!(kinds(&stored), ["submitted"]);
     assert_no_secrets(&stored);
@@ -606,8 +607,9 @@ async fn suite(sql: SqlStore) {
         serde_json::from_str::<serde_json::Value>(&hit.body).unwrap()["order_id"],
         42
     );
-    // The re-check ran with the approver's forwarded context.
-    assert_eq!(h.ontology.calls("order"), ["admin-1"]);
+    // The re-check ran with the approver's forwarded context (after the proposer's
+    // summary check at submit).
+    assert_eq!(h.ontology.calls("order"), ["agent-1", "admin-1"]);
     let full = h.get(&p.id).await;
     assert_eq!(
         kinds(&full),
@@ -640,10 +642,10 @@ async fn suite(sql: SqlStore) {
     );
     assert_eq!(h.receiver.hits("t4xx").len(), 1);
 
-    // Stored without an effect summary (the ontology sends none for pending
-    // proposals): the re-check fills in method, template and host, never the URL.
+    // The summary an approver reads is the ontology's, whatever the submitter sends (a
+    // caller that went round the generated tool could send any method and host).
     h.ontology.set("onoeffect", "cancel", h.rule("ok"));
-    let bare = h
+    let claimed = h
         .client
         .clone()
         .submit(h.request(
@@ -653,6 +655,13 @@ async fn suite(sql: SqlStore) {
                 arguments_json: json!({"tag": "tnoeffect", "order_id": 7}).to_string(),
                 role: "support".into(),
                 policy_version: 7,
+                effect: Some(WebhookEffect {
+                    method: "GET".into(),
+                    url: "https://harmless.example/ping".into(),
+                    url_template: "https://harmless.example/ping".into(),
+                    host: "harmless.example".into(),
+                    ..Default::default()
+                }),
                 ..Default::default()
             },
             "agent-1",
@@ -661,7 +670,23 @@ async fn suite(sql: SqlStore) {
         .await
         .unwrap()
         .into_inner();
-    assert!(bare.effect_host.is_empty());
+    assert_eq!(claimed.effect_host, h.receiver_addr);
+    assert_eq!(claimed.effect_method, "POST");
+    assert!(claimed.effect_url_template.contains("{tag}"));
+    let r = h.decide(&claimed.id, true).await.unwrap();
+    assert_eq!(r.state(), ProposalState::Executed, "{r:?}");
+    assert_eq!(r.effect_host, h.receiver_addr);
+    assert_no_secrets(&r);
+
+    // With the ontology down at submit, the proposal is stored without a summary and the
+    // re-check at decision time fills in method, template and host, never the URL.
+    let mut down_then_up = h.rule("ok");
+    down_then_up.unavailable = true;
+    h.ontology.set("obare", "cancel", down_then_up);
+    let bare = h.submit("obare", "tbare", false).await.unwrap();
+    assert!(bare.effect_host.is_empty(), "{bare:?}");
+    h.ontology
+        .update("obare", "cancel", |rule| rule.unavailable = false);
     let r = h.decide(&bare.id, true).await.unwrap();
     assert_eq!(r.state(), ProposalState::Executed, "{r:?}");
     assert_eq!(r.effect_host, h.receiver_addr);
@@ -791,7 +816,7 @@ async fn suite(sql: SqlStore) {
     let err = h.decide(&p.id, true).await.unwrap_err();
     assert_eq!(code_of(&err), ErrorCode::FailedPrecondition);
     assert!(h.receiver.hits("treject").is_empty());
-    assert!(h.ontology.calls("oreject").is_empty());
+    assert_eq!(h.ontology.calls("oreject"), ["agent-1"], "no re-check");
     assert_eq!(kinds(&h.get(&p.id).await), ["submitted", "rejected"]);
 
     // The precondition held at proposal time and fails at approval time.
@@ -1072,9 +1097,10 @@ async fn only_a_person_decides() {
     let still = h.get(&p.id).await;
     assert_eq!(still.state(), ProposalState::Pending);
     assert!(h.receiver.hits("person1").is_empty(), "no effect ran");
-    assert!(
-        h.ontology.calls("order").is_empty(),
-        "refused before any re-check"
+    assert_eq!(
+        h.ontology.calls("order"),
+        ["agent-1"],
+        "refused before any re-check (the one call is the summary's, at submit)"
     );
 
     // Nor may the admin agent list or read proposals.
@@ -1139,9 +1165,10 @@ async fn four_eyes_refuses_self_approval() {
         ["submitted", "approval_refused", "approval_refused"]
     );
     assert!(h.receiver.hits("eyes1").is_empty(), "no effect ran");
-    assert!(
-        h.ontology.calls("order").is_empty(),
-        "refused before any re-check"
+    assert_eq!(
+        h.ontology.calls("order"),
+        ["agent-1"],
+        "refused before any re-check (the one call is the summary's, at submit)"
     );
 
     // Another admin approves: the effect runs once.

@@ -651,9 +651,9 @@ async fn propose(
         policy_version: compiled.action_version(object, action),
         agent: opts.agent.to_owned(),
         execute_now: !needs_approval,
-        // The approver sees method, template and host; the effect that runs is
-        // the one CheckAction renders again at decision time.
-        effect: Some(prep.effect.clone()),
+        // Not sent: approval renders what the approver sees and what runs through
+        // CheckAction itself, so no submitter can dress either up.
+        effect: None,
     };
     let proposal = approval
         .submit(request)
