@@ -203,16 +203,18 @@ impl ApprovalService {
         if !request.execute_now {
             // The method, template and host an approver reads come from the ontology, like
             // the effect that runs: a caller that went round the generated tool could send
-            // any. With the ontology down the proposal is stored without them, and the
-            // re-check at decision time fills them in.
+            // any. When the ontology cannot render them now (down, or serving no project
+            // here) the proposal is stored without them, and the re-check at decision time,
+            // which must succeed before anything runs, fills them in.
             match self.check(&proposal, signed, done_by).await {
                 Ok(check) => {
                     if let (true, Some(effect)) = (check.refusal.is_empty(), &check.effect) {
                         set_effect_summary(&mut proposal, effect);
                     }
                 }
-                Err(ApprovalError::OntologyUnavailable) => {}
-                Err(err) => return Err(err),
+                Err(err) => {
+                    tracing::info!(proposal = %proposal.id, error = %err, "no effect summary at submit; the re-check will render it");
+                }
             }
             self.inner.store.insert(&proposal, &[submitted]).await?;
             tracing::info!(proposal = %proposal.id, object = %proposal.object, action = %proposal.action, "proposal stored, pending approval");
