@@ -386,6 +386,17 @@ impl Harness {
         request
     }
 
+    /// Submits `request` as the agent, as written (what a caller that goes round the
+    /// generated tool can send).
+    async fn submit_as_agent(&self, request: SubmitProposalRequest) -> Proposal {
+        self.client
+            .clone()
+            .submit(self.request(request, "agent-1", false))
+            .await
+            .unwrap()
+            .into_inner()
+    }
+
     /// Decide as an arbitrary (signed) admin context.
     async fn decide_as(
         &self,
@@ -646,30 +657,22 @@ async fn suite(sql: SqlStore) {
     // caller that went round the generated tool could send any method and host).
     h.ontology.set("onoeffect", "cancel", h.rule("ok"));
     let claimed = h
-        .client
-        .clone()
-        .submit(h.request(
-            SubmitProposalRequest {
-                object: "onoeffect".into(),
-                action: "cancel".into(),
-                arguments_json: json!({"tag": "tnoeffect", "order_id": 7}).to_string(),
-                role: "support".into(),
-                policy_version: 7,
-                effect: Some(WebhookEffect {
-                    method: "GET".into(),
-                    url: "https://harmless.example/ping".into(),
-                    url_template: "https://harmless.example/ping".into(),
-                    host: "harmless.example".into(),
-                    ..Default::default()
-                }),
+        .submit_as_agent(SubmitProposalRequest {
+            object: "onoeffect".into(),
+            action: "cancel".into(),
+            arguments_json: json!({"tag": "tnoeffect", "order_id": 7}).to_string(),
+            role: "support".into(),
+            policy_version: 7,
+            effect: Some(WebhookEffect {
+                method: "GET".into(),
+                url: "https://harmless.example/ping".into(),
+                url_template: "https://harmless.example/ping".into(),
+                host: "harmless.example".into(),
                 ..Default::default()
-            },
-            "agent-1",
-            false,
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+            }),
+            ..Default::default()
+        })
+        .await;
     assert_eq!(claimed.effect_host, h.receiver_addr);
     assert_eq!(claimed.effect_method, "POST");
     assert!(claimed.effect_url_template.contains("{tag}"));
@@ -849,22 +852,14 @@ async fn suite(sql: SqlStore) {
     // the current policy.
     h.ontology.set("ounversioned", "cancel", h.rule("ok"));
     let unversioned = h
-        .client
-        .clone()
-        .submit(h.request(
-            SubmitProposalRequest {
-                object: "ounversioned".into(),
-                action: "cancel".into(),
-                arguments_json: json!({"tag": "tunversioned", "order_id": 7}).to_string(),
-                role: "support".into(),
-                ..Default::default()
-            },
-            "agent-1",
-            false,
-        ))
-        .await
-        .unwrap()
-        .into_inner();
+        .submit_as_agent(SubmitProposalRequest {
+            object: "ounversioned".into(),
+            action: "cancel".into(),
+            arguments_json: json!({"tag": "tunversioned", "order_id": 7}).to_string(),
+            role: "support".into(),
+            ..Default::default()
+        })
+        .await;
     let r = h.decide(&unversioned.id, true).await.unwrap();
     assert_eq!(r.refusal, "policy_changed", "{r:?}");
     assert!(h.receiver.hits("tunversioned").is_empty());
@@ -1011,24 +1006,16 @@ async fn no_mcp_sequence_runs_a_governed_effect(h: &Harness) {
             }
             // Arguments that try to smuggle an approval flag change nothing.
             let smuggled = h
-                .client
-                .clone()
-                .submit(h.request(
-                    SubmitProposalRequest {
-                        object: object.to_owned(),
-                        action: "cancel".into(),
-                        arguments_json:
-                            json!({"tag": tag, "order_id": 42, "approved": true}).to_string(),
-                        role: "admin".into(),
-                        execute_now: false,
-                        ..Default::default()
-                    },
-                    "agent-1",
-                    false,
-                ))
-                .await
-                .unwrap()
-                .into_inner();
+                .submit_as_agent(SubmitProposalRequest {
+                    object: object.to_owned(),
+                    action: "cancel".into(),
+                    arguments_json: json!({"tag": tag, "order_id": 42, "approved": true})
+                        .to_string(),
+                    role: "admin".into(),
+                    execute_now: false,
+                    ..Default::default()
+                })
+                .await;
             assert_eq!(smuggled.state(), ProposalState::Pending);
             ids.push(smuggled.id);
             assert!(h.receiver.hits(&tag).is_empty(), "an effect ran for {tag}");

@@ -33,7 +33,14 @@ pub struct Env {
     pub files: FilesService,
 }
 
+/// [`env_with`] taking uploads of up to 1 MiB.
 pub async fn env(postgres: bool) -> Env {
+    env_with(postgres, 1 << 20).await
+}
+
+/// A files service on real NATS and SQLite (or PostgreSQL), taking uploads of up to
+/// `max_upload` bytes.
+pub async fn env_with(postgres: bool, max_upload: usize) -> Env {
     let venv = find_venv().expect("run deploy/scripts/dev-deps.sh first");
     let dir = tempfile::tempdir().unwrap();
     let nats = EmbeddedNats::start(&venv, &dir.path().join("nats"))
@@ -54,7 +61,7 @@ pub async fn env(postgres: bool) -> Env {
     };
     let sql = SqlStore::connect(&url).await.unwrap();
     let blobs = BlobStore::new(dir.path().join("blobs"));
-    let files = FilesService::new(sql, blobs, js, 1 << 20).await.unwrap();
+    let files = FilesService::new(sql, blobs, js, max_upload).await.unwrap();
     Env {
         _dir: dir,
         nats,

@@ -11,10 +11,9 @@ use kg_proto::v1::{
     AccessFilter, CallerContext, FindFilesRequest, FindFilesResponse, Permission, QueryFileRequest,
     QueryFileResponse,
 };
-use kg_stores::blobs::BlobStore;
-use kg_stores::embedded::{EmbeddedNats, find_venv};
-use kg_stores::sql::SqlStore;
 use serde_json::{Value, json};
+
+use crate::common::{Env, env_with};
 
 const NS: &str = "tools";
 
@@ -42,32 +41,8 @@ const APP_JSON: &str = r#"{
 
 const RUNBOOK: &str = "# Database runbook\n\n## Failover\n\nPromote the replica with `pg_ctl promote`.\nThen update DNS.\n\n## Backups\n\nNightly at 02:00 UTC. Restore drills monthly.\nFailover drills quarterly.\n";
 
-struct Env {
-    _dir: tempfile::TempDir,
-    _nats: EmbeddedNats,
-    files: FilesService,
-}
-
 async fn env() -> Env {
-    let venv = find_venv().expect("run deploy/scripts/dev-deps.sh first");
-    let dir = tempfile::tempdir().unwrap();
-    let nats = EmbeddedNats::start(&venv, &dir.path().join("nats"))
-        .await
-        .unwrap();
-    let js = kg_stores::events::connect(&nats.url).await.unwrap();
-    let sql = SqlStore::connect(&format!(
-        "sqlite://{}",
-        dir.path().join("files.db").display()
-    ))
-    .await
-    .unwrap();
-    let blobs = BlobStore::new(dir.path().join("blobs"));
-    let files = FilesService::new(sql, blobs, js, 64 << 20).await.unwrap();
-    Env {
-        _dir: dir,
-        _nats: nats,
-        files,
-    }
+    env_with(false, 64 << 20).await
 }
 
 fn caller(filter: AccessFilter) -> CallerContext {

@@ -11,40 +11,13 @@ use kg_files::{
 use kg_indexer::document::{ChunkOptions, indexed_event_fields};
 use kg_indexer::pipeline::{FileMeta, index_document};
 use kg_proto::v1::{FileIndexed, FileInfo, FileStatus};
-use kg_stores::blobs::BlobStore;
-use kg_stores::embedded::{EmbeddedNats, find_venv};
-use kg_stores::sql::SqlStore;
 
-use crate::common::writer;
+use crate::common::{Env, env_with, writer};
 
 const NS: &str = "links";
 
-struct Env {
-    _dir: tempfile::TempDir,
-    _nats: EmbeddedNats,
-    files: FilesService,
-}
-
 async fn env() -> Env {
-    let venv = find_venv().expect("run deploy/scripts/dev-deps.sh first");
-    let dir = tempfile::tempdir().unwrap();
-    let nats = EmbeddedNats::start(&venv, &dir.path().join("nats"))
-        .await
-        .unwrap();
-    let js = kg_stores::events::connect(&nats.url).await.unwrap();
-    let sql = SqlStore::connect(&format!(
-        "sqlite://{}",
-        dir.path().join("files.db").display()
-    ))
-    .await
-    .unwrap();
-    let blobs = BlobStore::new(dir.path().join("blobs"));
-    let files = FilesService::new(sql, blobs, js, 64 << 20).await.unwrap();
-    Env {
-        _dir: dir,
-        _nats: nats,
-        files,
-    }
+    env_with(false, 64 << 20).await
 }
 
 /// Uploads `content` at `path`, runs the indexer pipeline on it and applies the event it
