@@ -3,7 +3,8 @@
 //! It owns the stable error codes and their one mapping to gRPC, the signed
 //! caller context (signing, verification, the tower layer every service runs),
 //! access-filter compilation into store predicates, the gRPC server stack,
-//! configuration loading, telemetry, metrics and untrusted-text sanitising.
+//! configuration loading, telemetry (with credentials masked in every log
+//! line), metrics and untrusted-text sanitising.
 //! It never talks to a store.
 
 pub mod access;
@@ -12,6 +13,7 @@ pub mod config;
 pub mod error;
 pub mod grpc;
 pub mod metrics;
+pub mod redact;
 pub mod sanitize;
 pub mod telemetry;
 

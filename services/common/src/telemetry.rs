@@ -1,9 +1,11 @@
 //! Logging and tracing: `tracing` to stderr (text or JSON), optionally
 //! exported over OTLP when an endpoint is configured. Never to stdout: the
-//! stdio MCP server's stdout carries JSON-RPC frames only.
+//! stdio MCP server's stdout carries JSON-RPC frames only. Every line passes
+//! through [`crate::redact`] on its way out, whichever crate logged it.
 
 use serde::Deserialize;
 use tracing_subscriber::EnvFilter;
+use tracing_subscriber::fmt::MakeWriter;
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 
@@ -109,26 +111,55 @@ pub fn init(
     };
 
     let registry = tracing_subscriber::registry().with(filter).with(otel_layer);
+    let writer = Redacting(std::io::stderr);
     let result = if config.log_json {
         registry
-            .with(
-                tracing_subscriber::fmt::layer()
-                    .json()
-                    .with_writer(std::io::stderr),
-            )
+            .with(tracing_subscriber::fmt::layer().json().with_writer(writer))
             .try_init()
     } else {
         registry
             .with(
                 tracing_subscriber::fmt::layer()
                     .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-                    .with_writer(std::io::stderr),
+                    .with_writer(writer),
             )
             .try_init()
     };
     // A second init in one process (tests) keeps the first subscriber.
     drop(result);
     Ok(TelemetryGuard { provider })
+}
+
+/// A log writer that masks credentials in each formatted event before it is written: the
+/// formatter hands over one whole event per write, so a secret is never split across calls.
+#[derive(Clone, Copy)]
+pub struct Redacting<M>(pub M);
+
+impl<'a, M: MakeWriter<'a>> MakeWriter<'a> for Redacting<M> {
+    type Writer = RedactingWriter<M::Writer>;
+
+    fn make_writer(&'a self) -> Self::Writer {
+        RedactingWriter(self.0.make_writer())
+    }
+}
+
+/// What [`Redacting`] makes.
+pub struct RedactingWriter<W>(W);
+
+impl<W: std::io::Write> std::io::Write for RedactingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match std::str::from_utf8(buf) {
+            Ok(text) => self.0.write_all(crate::redact::redact(text).as_bytes())?,
+            Err(_) => self
+                .0
+                .write_all(crate::redact::redact(&String::from_utf8_lossy(buf)).as_bytes())?,
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
 }
 
 #[cfg(test)]
@@ -175,5 +206,25 @@ mod tests {
         assert!(!text.contains("session opened"), "{text}");
         assert!(text.contains("recount failed"), "{text}");
         assert!(text.contains("indexed"), "{text}");
+    }
+
+    #[test]
+    fn credentials_never_reach_a_log_line() {
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .json()
+            .with_writer(Redacting(move || writer.clone()))
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let err = "pool timed out connecting to postgres://kgmesh:Pw-4c1d9e@db:5432/kg";
+            tracing::error!(error = %err, "store unavailable");
+            tracing::warn!(url = "https://llm.example/v1?api_key=sk-9f8e7d", "retrying");
+        });
+        let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+        assert!(!text.contains("Pw-4c1d9e"), "{text}");
+        assert!(!text.contains("sk-9f8e7d"), "{text}");
+        assert!(text.contains("postgres://kgmesh:***@db:5432/kg"), "{text}");
+        assert!(text.contains("store unavailable"), "{text}");
     }
 }
