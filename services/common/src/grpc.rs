@@ -105,13 +105,29 @@ fn incoming(listener: TcpListener) -> TcpIncoming {
     TcpIncoming::from(listener).with_nodelay(Some(true))
 }
 
-/// A lazily connecting channel to `addr` (`http://host:port`), with the
-/// message limits the servers use.
+/// How long a client waits for a TCP connection to a service.
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A lazily connecting channel to `addr` (`http://host:port`). A host given by name is looked
+/// up again every few seconds and calls spread over every address it lists, so the replicas
+/// of a lane behind a headless Kubernetes Service share its calls ([`crate::balance`]); an IP
+/// address (every `kgmesh up` address) is one plain connection.
 pub fn channel(addr: &str) -> Result<tonic::transport::Channel, tonic::transport::Error> {
-    Ok(tonic::transport::Endpoint::from_shared(addr.to_owned())?
-        .connect_timeout(Duration::from_secs(5))
-        .tcp_nodelay(true)
-        .connect_lazy())
+    let endpoint = tonic::transport::Endpoint::from_shared(addr.to_owned())?
+        .connect_timeout(CONNECT_TIMEOUT)
+        .tcp_nodelay(true);
+    if let (Some((host, port)), Ok(_)) = (
+        crate::balance::dns_host(&endpoint),
+        tokio::runtime::Handle::try_current(),
+    ) {
+        let resolve = move || crate::balance::lookup(host.clone(), port);
+        return Ok(crate::balance::balanced(
+            endpoint,
+            resolve,
+            crate::balance::RESOLVE_EVERY,
+        ));
+    }
+    Ok(endpoint.connect_lazy())
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@
 //! It never talks to a store.
 
 pub mod access;
+pub mod balance;
 pub mod caller;
 pub mod config;
 pub mod error;
