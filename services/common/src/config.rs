@@ -43,7 +43,16 @@ pub fn load<T: DeserializeOwned>(file: Option<&Path>) -> Result<T, ConfigError> 
     figment = figment.merge(
         Env::prefixed(ENV_PREFIX)
             .split("__")
-            .ignore(&["CONFIG", "TOKEN", "URL", "BIN", "VENV"]),
+            // Command-line flags' variables, not config keys (kgmesh up/serve/mcp, the tests).
+            .ignore(&[
+                "CONFIG",
+                "TOKEN",
+                "URL",
+                "BIN",
+                "VENV",
+                "ONTOLOGY_PROJECT_DIR",
+                "WAREHOUSE_URL",
+            ]),
     );
     figment.extract::<T>().map_err(|err| ConfigError {
         problems: err.into_iter().map(|e| e.to_string()).collect(),
