@@ -65,6 +65,43 @@ pub struct UpConfig {
     /// Search (`[retrieval]`).
     #[serde(default)]
     pub retrieval: RetrievalSection,
+    /// One service per process (`kgmesh serve`); `kgmesh up` does not read it.
+    #[serde(default)]
+    pub cluster: ClusterSection,
+}
+
+/// `[cluster]`: what `kgmesh serve <service>` needs besides the shared settings: where this
+/// process listens, where the other services are, and the state every replica must share.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterSection {
+    /// gRPC address of this process; default every interface on the service's own port
+    /// (auth 7101, files 7102, retrieval 7103, graph 7104, ontology 7105, approval 7106,
+    /// indexer 7107); the gateway listens on `http_addr`.
+    pub listen_addr: Option<SocketAddr>,
+    /// `http://HOST:PORT` of the auth service; every other service fetches the
+    /// caller-context key from it.
+    pub auth_addr: Option<String>,
+    /// The files service (the gateway calls it).
+    pub files_addr: Option<String>,
+    /// The retrieval service (the gateway calls it).
+    pub retrieval_addr: Option<String>,
+    /// The graph service (the gateway calls it).
+    pub graph_addr: Option<String>,
+    /// The ontology service (the gateway; approval re-checks actions with it).
+    pub ontology_addr: Option<String>,
+    /// The approval service (the gateway; ontology submits proposals to it).
+    pub approval_addr: Option<String>,
+    /// Holds `caller-signing.key` and `pat-hmac.key` (32 bytes each) for auth; never created
+    /// by serve. Default `<data_dir>/secrets`.
+    pub secrets_dir: Option<PathBuf>,
+    /// Blob directory: files writes, the indexer reads (one shared volume). Default
+    /// `<data_dir>/blobs`.
+    pub blob_dir: Option<PathBuf>,
+    /// Tags every PAT auth issues; keep it for the life of the install.
+    pub deployment_id: Option<String>,
+    /// Plain HTTP `/metrics` and `/health` of a service process (the gateway has its own).
+    pub metrics_addr: Option<SocketAddr>,
 }
 
 /// `[retrieval]`.
@@ -139,6 +176,34 @@ pub struct FilesSection {
     pub max_query_file_bytes: Option<u64>,
 }
 
+impl ClusterSection {
+    fn problems(&self) -> Vec<String> {
+        let mut problems = Vec::new();
+        for (key, addr) in [
+            ("auth_addr", &self.auth_addr),
+            ("files_addr", &self.files_addr),
+            ("retrieval_addr", &self.retrieval_addr),
+            ("graph_addr", &self.graph_addr),
+            ("ontology_addr", &self.ontology_addr),
+            ("approval_addr", &self.approval_addr),
+        ] {
+            if let Some(addr) = addr
+                && !(addr.starts_with("http://") || addr.starts_with("https://"))
+            {
+                problems.push(format!(
+                    "cluster.{key}: expected http://HOST:PORT, got `{addr}`"
+                ));
+            }
+        }
+        if let Some(id) = &self.deployment_id
+            && (id.trim().is_empty() || id.len() > 200)
+        {
+            problems.push("cluster.deployment_id: expected 1 to 200 characters".to_owned());
+        }
+        problems
+    }
+}
+
 /// Values given on the command line; `None` leaves the lower layers in charge.
 #[derive(Debug, Default)]
 pub struct UpFlags {
@@ -163,6 +228,35 @@ pub fn resolve(
     file: Option<&Path>,
     flags: UpFlags,
 ) -> Result<(MeshOptions, TelemetryConfig), ConfigError> {
+    resolve_with_cluster(file, flags, Sections::ALL)
+        .map(|(options, telemetry, _)| (options, telemetry))
+}
+
+/// Which sections a process uses, so one it does not use cannot stop it: the LLM key is given
+/// to the indexer alone, the embedder's CA file to the processes that embed.
+#[derive(Debug, Clone, Copy)]
+pub struct Sections {
+    /// `[embedding]` (and the vector index it writes).
+    pub embedding: bool,
+    /// `[indexer.llm]`.
+    pub llm: bool,
+}
+
+impl Sections {
+    /// Every section: `kgmesh up`, which runs every service.
+    pub const ALL: Sections = Sections {
+        embedding: true,
+        llm: true,
+    };
+}
+
+/// [`resolve`] for a process that uses `sections`, with the `[cluster]` section `kgmesh serve`
+/// reads.
+pub fn resolve_with_cluster(
+    file: Option<&Path>,
+    flags: UpFlags,
+    sections: Sections,
+) -> Result<(MeshOptions, TelemetryConfig, ClusterSection), ConfigError> {
     let config: UpConfig = kg_common::config::load(file)?;
     let mut problems = Vec::new();
 
@@ -220,7 +314,9 @@ pub fn resolve(
             ));
         }
     }
-    problems.extend(config.embedding.problems());
+    if sections.embedding {
+        problems.extend(config.embedding.problems());
+    }
     if config.retrieval.fulltext_backend
         == Some(kg_stores::vector::sparse::FulltextBackend::QdrantSparse)
         && config.vector.qdrant_url.is_none()
@@ -255,7 +351,10 @@ pub fn resolve(
             "retrieval.statistics_ttl_seconds: expected 1..={MAX_STATISTICS_TTL_SECONDS} seconds, got {seconds}"
         ));
     }
-    problems.extend(config.indexer.llm.problems());
+    if sections.llm {
+        problems.extend(config.indexer.llm.problems());
+    }
+    problems.extend(config.cluster.problems());
     let mut telemetry = config.telemetry;
     telemetry.log_json |= flags.log_json;
     if let Some(filter) = &telemetry.log_filter
@@ -268,6 +367,7 @@ pub fn resolve(
     };
     let mut allowed_hosts = config.allowed_hosts;
     allowed_hosts.extend(flags.allowed_hosts);
+    let cluster = config.cluster;
     Ok((
         MeshOptions {
             data_dir: flags
@@ -312,6 +412,7 @@ pub fn resolve(
             },
         },
         telemetry,
+        cluster,
     ))
 }
 

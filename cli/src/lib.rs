@@ -9,5 +9,7 @@ pub mod client;
 pub mod config;
 pub mod ingest;
 pub mod mesh;
+mod parts;
+pub mod serve;
 
 pub use mesh::{Mesh, MeshInfo, MeshOptions};

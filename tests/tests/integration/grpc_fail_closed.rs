@@ -70,6 +70,15 @@ fn assert_unauthenticated<T: std::fmt::Debug>(
 async fn services_refuse_calls_without_a_valid_caller_context() {
     let (mesh, dir) = kg_e2e::start_mesh().await.unwrap();
     let grpc = mesh.info.grpc.clone();
+    // Kubernetes' gRPC probes ask for the whole server (service ""), with no caller context.
+    let mut probed = vec![&grpc.auth, &grpc.files, &grpc.retrieval, &grpc.graph];
+    probed.extend(mesh.info.ontology.as_ref());
+    probed.extend(mesh.info.approval.as_ref());
+    for addr in probed {
+        kgmesh::mesh::wait_serving(addr, "", std::time::Duration::from_secs(5))
+            .await
+            .unwrap_or_else(|err| panic!("probe of {addr}: {err:#}"));
+    }
     let channel = |addr: &str| kg_common::grpc::channel(addr).unwrap();
     let mut auth = AuthClient::new(channel(&grpc.auth));
     let mut files = FilesClient::new(channel(&grpc.files));

@@ -1,0 +1,311 @@
+"""kgmesh with every service in its own process, as on Kubernetes: `kgmesh stores` starts
+FalkorDB, NATS and PostgreSQL, then one `kgmesh serve <service>` per service shares them
+through one config file, and an MCP client searches what was ingested through the gateway.
+A lane is replaced on its own: retrieval stops, searches fail with a clear error while the
+rest answers, and a new retrieval process picks up where the old one left off.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from kgmesh_support import REPO_ROOT, MeshError, call_ok, call_tool, kgmesh_bin, mcp_http, tail
+
+SERVICES = ("auth", "files", "indexer", "retrieval", "graph", "ontology", "approval")
+START_TIMEOUT_S = 120.0
+STOP_TIMEOUT_S = 20.0
+NAMESPACE = "split"
+FAQ = "# Billing FAQ\n\n## Invoices\n\nThe quarterly invoice lists the walrus surcharge separately.\n"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def http_get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+    except OSError:
+        return 0, b""
+
+
+@dataclass
+class Process:
+    name: str
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+
+@dataclass
+class SplitMesh:
+    work: Path
+    binary: Path
+    processes: dict[str, Process] = field(default_factory=dict)
+    ports: dict[str, int] = field(default_factory=dict)
+    metrics_ports: dict[str, int] = field(default_factory=dict)
+    stores_url: dict[str, str] = field(default_factory=dict)
+    stores_dir: Path | None = None
+
+    @property
+    def config(self) -> Path:
+        return self.work / "kgmesh.toml"
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports['gateway']}"
+
+    def spawn(self, name: str, args: list[str], env: dict[str, str] | None = None) -> Process:
+        log = self.work / f"{name}.log"
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(
+                [str(self.binary), *args],
+                cwd=REPO_ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**os.environ, **(env or {})},
+            )
+        process = Process(name, proc, log)
+        self.processes[name] = process
+        return process
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name} ---\n{tail(p.log, 25)}" for p in self.processes.values())
+
+    def start_stores(self) -> None:
+        ready = self.work / "stores.json"
+        # Run as root, PostgreSQL runs as nobody, which cannot enter pytest's private tmp dirs.
+        self.stores_dir = Path(tempfile.mkdtemp(prefix="kgmesh-split-stores-"))
+        self.stores_dir.chmod(0o755)
+        self.spawn("stores", ["stores", "--postgres", "--data-dir", str(self.stores_dir), "--ready-file", str(ready)])
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not ready.exists():
+            if self.processes["stores"].proc.poll() is not None or time.monotonic() > deadline:
+                raise MeshError(f"`kgmesh stores` did not come up\n{self.logs()}")
+            time.sleep(0.2)
+        assert ready.stat().st_mode & 0o077 == 0, "the stores file holds a password: it must be private"
+        self.stores_url = json.loads(ready.read_text())
+
+    def write_config(self) -> None:
+        for name in (*SERVICES, "gateway"):
+            self.ports[name] = free_port()
+            self.metrics_ports[name] = free_port()
+        secrets_dir = self.work / "secrets"
+        secrets_dir.mkdir()
+        for key in ("caller-signing.key", "pat-hmac.key"):
+            (secrets_dir / key).write_bytes(os.urandom(32))
+        addr = {name: f"http://127.0.0.1:{self.ports[name]}" for name in SERVICES}
+        self.config.write_text(
+            f"""
+data_dir = "{self.work / 'data'}"
+http_addr = "127.0.0.1:{self.ports['gateway']}"
+database_url = "{self.stores_url['database_url']}"
+falkordb_url = "{self.stores_url['falkordb_url']}"
+nats_url = "{self.stores_url['nats_url']}"
+
+[embedding]
+provider = "none"
+
+[cluster]
+auth_addr = "{addr['auth']}"
+files_addr = "{addr['files']}"
+retrieval_addr = "http://localhost:{self.ports['retrieval']}"
+graph_addr = "http://localhost:{self.ports['graph']}"
+ontology_addr = "{addr['ontology']}"
+approval_addr = "{addr['approval']}"
+secrets_dir = "{secrets_dir}"
+blob_dir = "{self.work / 'blobs'}"
+deployment_id = "split-test"
+"""
+        )
+
+    def serve(self, name: str) -> Process:
+        # What differs between processes rides in the environment, as a Deployment sets it.
+        env = {
+            "KGMESH_CLUSTER__LISTEN_ADDR": f"127.0.0.1:{self.ports[name]}",
+            "KGMESH_CLUSTER__METRICS_ADDR": f"127.0.0.1:{self.metrics_ports[name]}",
+        }
+        if name == "gateway":
+            env.pop("KGMESH_CLUSTER__LISTEN_ADDR")
+        return self.spawn(name, ["serve", name, "--config", str(self.config)], env)
+
+    def wait_ready(self, name: str) -> None:
+        url = f"{self.base_url}/health" if name == "gateway" else f"http://127.0.0.1:{self.metrics_ports[name]}/health"
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while http_get(url)[0] != 200:
+            process = self.processes[name]
+            if process.proc.poll() is not None:
+                raise MeshError(f"`kgmesh serve {name}` exited with {process.proc.returncode}\n{self.logs()}")
+            if time.monotonic() > deadline:
+                raise MeshError(f"`kgmesh serve {name}` not ready within {START_TIMEOUT_S}s\n{self.logs()}")
+            time.sleep(0.2)
+
+    def stop(self, name: str) -> int | None:
+        """SIGTERM, as Kubernetes stops a pod; the exit code, or None if it had to be killed."""
+        process = self.processes[name]
+        if process.proc.poll() is None:
+            process.proc.send_signal(signal.SIGTERM)
+        try:
+            return process.proc.wait(timeout=STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.proc.pid, signal.SIGKILL)
+            process.proc.wait()
+            return None
+
+    def stop_all(self) -> list[str]:
+        problems = []
+        # The gateway first and the stores last, as a rollout drains them.
+        order = ["gateway", *reversed(SERVICES), "stores"]
+        for name in [n for n in order if n in self.processes]:
+            code = self.stop(name)
+            if code != 0:
+                problems.append(f"{name} did not stop cleanly on SIGTERM (exit {code})\n{tail(self.processes[name].log, 30)}")
+        if self.stores_dir is not None:
+            shutil.rmtree(self.stores_dir, ignore_errors=True)
+        return problems
+
+    def cli(self, *args: str, token: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(self.binary), *args, "--url", self.base_url, "--token", token],
+            cwd=REPO_ROOT,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+
+@pytest.fixture(scope="module")
+def split(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SplitMesh]:
+    binary = kgmesh_bin()
+    if not binary.is_file():
+        pytest.fail(f"kgmesh binary not found at {binary}", pytrace=False)
+    mesh = SplitMesh(work=tmp_path_factory.mktemp("split"), binary=binary)
+    try:
+        mesh.start_stores()
+        mesh.write_config()
+        mesh.serve("auth")
+        mesh.wait_ready("auth")
+        for name in (*SERVICES[1:], "gateway"):
+            mesh.serve(name)
+        for name in (*SERVICES[1:], "gateway"):
+            mesh.wait_ready(name)
+    except BaseException:
+        mesh.stop_all()
+        raise
+    yield mesh
+    problems = mesh.stop_all()
+    assert not problems, "\n".join(problems)
+
+
+def bootstrap(split: SplitMesh) -> str:
+    done = subprocess.run(
+        [str(split.binary), "bootstrap-admin", "--config", str(split.config)],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+@pytest.mark.anyio
+async def test_services_apart_ingest_and_search_and_a_lane_is_replaced_alone(split: SplitMesh) -> None:
+    token = bootstrap(split)
+    assert token.startswith("kg_pat_"), "bootstrap-admin prints the first admin's token"
+    assert bootstrap(split) == "", "a second bootstrap must not mint another admin token"
+
+    docs = split.work / "docs"
+    docs.mkdir()
+    (docs / "faq.md").write_text(FAQ)
+    ingested = split.cli("ingest", str(docs), "--namespace", NAMESPACE, token=token)
+    assert ingested.returncode == 0, f"{ingested.stdout}\n{ingested.stderr}\n{split.logs()}"
+    assert (split.work / "blobs").is_dir(), "files writes its blobs under [cluster] blob_dir"
+
+    async with mcp_http(f"{split.base_url}/mcp", token) as client:
+        found = await call_ok(client, "kg_search", {"query": "walrus surcharge", "namespaces": [NAMESPACE]})
+        hits = found["results"]
+        assert hits and hits[0]["path"] == "faq.md", found
+        assert "walrus surcharge" in hits[0]["text"]
+        assert hits[0]["citation"], "graph (another process) filled in the chunk package"
+
+    # Each service process has its own /metrics; retrieval's counted the search it served.
+    status, body = http_get(f"http://127.0.0.1:{split.metrics_ports['retrieval']}/metrics")
+    assert status == 200, body[:300]
+    assert b"kg.v1.Retrieval" in body, body.decode(errors="replace")[:1500]
+
+    # Retrieval goes away on its own: the call fails clearly, nothing else stops.
+    assert split.stop("retrieval") == 0, tail(split.processes["retrieval"].log, 30)
+    async with mcp_http(f"{split.base_url}/mcp", token) as client:
+        outcome = await call_tool(client, "kg_search", {"query": "walrus surcharge", "namespaces": [NAMESPACE]})
+        error = outcome.error()
+        assert error["code"] == "unavailable" and error["retryable"] is True, error
+        assert "retrieval" in error["message"], error
+        listed = await call_ok(client, "kg_namespaces", {})
+        assert NAMESPACE in json.dumps(listed), listed
+
+    # A new retrieval process (a new pod) serves the same data at once.
+    split.serve("retrieval")
+    split.wait_ready("retrieval")
+    async with mcp_http(f"{split.base_url}/mcp", token) as client:
+        found = await call_ok(client, "kg_search", {"query": "walrus surcharge", "namespaces": [NAMESPACE]})
+        assert found["results"] and found["results"][0]["path"] == "faq.md", found
+
+    # The PostgreSQL password is in the config every process read; it reaches no log line.
+    password = split.stores_url["database_url"].split(":")[2].split("@")[0]
+    assert len(password) >= 8
+    for process in split.processes.values():
+        assert password not in process.log.read_text(errors="replace"), f"{process.name} logged the database password"
+
+
+def serve_check(service: str, config: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(kgmesh_bin()), "serve", service, "--config", str(config), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
+
+
+def test_serve_refuses_a_config_it_cannot_run_and_says_what_to_change(tmp_path: Path) -> None:
+    config = tmp_path / "kgmesh.toml"
+    config.write_text('[embedding]\nprovider = "minilm"\n[cluster]\nauth_addr = "auth:7101"\n')
+    done = serve_check("retrieval", config)
+    assert done.returncode == 64, (done.returncode, done.stdout, done.stderr)
+    assert "cluster.auth_addr: expected http://HOST:PORT, got `auth:7101`" in done.stderr, done.stderr
+    config.write_text('falkordb_url = "redis://f:6379"\n[embedding]\nprovider = "minilm"\n[cluster]\nauth_addr = "http://auth:7101"\n')
+    done = serve_check("retrieval", config)
+    assert done.returncode == 64, (done.returncode, done.stdout, done.stderr)
+    assert "vector.qdrant_url: required by `kgmesh serve retrieval`" in done.stderr, done.stderr
+    config.write_text(config.read_text().replace('"minilm"', '"none"'))
+    # The variables of `--project-dir` and `--warehouse-url` are flags, not config keys.
+    flags = {"KGMESH_ONTOLOGY_PROJECT_DIR": str(tmp_path), "KGMESH_WAREHOUSE_URL": "sqlite://x.db"}
+    done = serve_check("retrieval", config, flags)
+    assert done.returncode == 0, done.stderr
+    assert "0.0.0.0:7103" in done.stdout, done.stdout
+    assert done.stderr == "", done.stderr
