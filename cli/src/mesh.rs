@@ -538,6 +538,7 @@ impl Mesh {
                 enabled_only: false,
                 permission: Permission::Admin as i32,
                 write_prefixes: vec![String::new()],
+                admin_prefixes: vec![String::new()],
                 ..Default::default()
             }],
             issued_at_ms: now,

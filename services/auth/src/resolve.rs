@@ -53,6 +53,7 @@ pub(crate) fn resolve(grants: &[GrantRow], denies: &[DenyRow]) -> BTreeMap<Strin
 
     let mut by_namespace: BTreeMap<String, AccessFilter> = BTreeMap::new();
     let mut writable: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut administered: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for grant in grants {
         if grant.permission == Permission::Unspecified {
             continue;
@@ -82,12 +83,19 @@ pub(crate) fn resolve(grants: &[GrantRow], denies: &[DenyRow]) -> BTreeMap<Strin
                 .or_default()
                 .push(grant.path_prefix.clone());
         }
+        if grant.permission == Permission::Admin {
+            administered
+                .entry(grant.namespace.clone())
+                .or_default()
+                .push(grant.path_prefix.clone());
+        }
     }
     for (namespace, filter) in &mut by_namespace {
         filter.allow_prefixes = minimal_prefixes(std::mem::take(&mut filter.allow_prefixes));
         let writable = writable.get(namespace).map(Vec::as_slice).unwrap_or(&[]);
         filter.visible_only = !filter.allow_prefixes.iter().all(|p| covered(p, writable));
         filter.write_prefixes = writable.to_vec();
+        filter.admin_prefixes = administered.get(namespace).cloned().unwrap_or_default();
         filter.deny_prefixes = deny_prefixes
             .get(namespace.as_str())
             .cloned()
@@ -115,6 +123,7 @@ pub(crate) fn admin_filters(namespaces: &[String]) -> BTreeMap<String, AccessFil
                     permission: Permission::Admin as i32,
                     visible_only: false,
                     write_prefixes: vec![String::new()],
+                    admin_prefixes: vec![String::new()],
                     ..Default::default()
                 },
             )
@@ -140,6 +149,11 @@ pub(crate) fn intersect(
         } else {
             Vec::new()
         };
+        let admin_prefixes = if permission >= Permission::Admin as i32 {
+            overlap(&a.admin_prefixes, &u.admin_prefixes)
+        } else {
+            Vec::new()
+        };
         out.insert(
             namespace.clone(),
             AccessFilter {
@@ -161,6 +175,7 @@ pub(crate) fn intersect(
                 permission,
                 visible_only: a.visible_only || u.visible_only,
                 write_prefixes,
+                admin_prefixes,
             },
         );
     }
@@ -203,6 +218,10 @@ fn finish(filters: BTreeMap<String, AccessFilter>) -> BTreeMap<String, AccessFil
             f.write_prefixes = minimal_prefixes(std::mem::take(&mut f.write_prefixes))
                 .into_iter()
                 .filter(|p| !covered(p, &deny) && covered(p, &allow))
+                .collect();
+            f.admin_prefixes = minimal_prefixes(std::mem::take(&mut f.admin_prefixes))
+                .into_iter()
+                .filter(|p| covered(p, &f.write_prefixes))
                 .collect();
             // A deny outside every remaining allow prefix never matches.
             f.deny_prefixes = deny.into_iter().filter(|d| covered(d, &allow)).collect();
@@ -368,6 +387,41 @@ mod tests {
         assert_eq!(both["a"].permission, Permission::Write as i32);
         assert!(both["b"].write_prefixes.is_empty());
         assert_eq!(both["b"].permission, Permission::Read as i32);
+    }
+
+    #[test]
+    fn admin_prefixes_are_where_admin_is_granted() {
+        let f = resolve(
+            &[
+                grant("folder", Permission::Write, ""),
+                grant("folder", Permission::Admin, "handbook/"),
+                grant("whole", Permission::Admin, ""),
+                grant("writer", Permission::Write, ""),
+            ],
+            &[],
+        );
+        // The highest level is admin in both, but only `whole` administers everything.
+        assert_eq!(f["folder"].permission, Permission::Admin as i32);
+        assert_eq!(f["folder"].admin_prefixes, strings(&["handbook/"]));
+        assert_eq!(f["whole"].admin_prefixes, vec![String::new()]);
+        assert!(f["writer"].admin_prefixes.is_empty());
+        assert_eq!(
+            admin_filters(&strings(&["a"]))["a"].admin_prefixes,
+            vec![String::new()]
+        );
+        // An agent administers only where both it and its user do.
+        let agent = resolve(&[grant("whole", Permission::Admin, "")], &[]);
+        let user = resolve(&[grant("whole", Permission::Admin, "ops/")], &[]);
+        assert_eq!(
+            intersect(&agent, &user)["whole"].admin_prefixes,
+            strings(&["ops/"])
+        );
+        let reader = resolve(&[grant("whole", Permission::Read, "")], &[]);
+        assert!(
+            intersect(&agent, &reader)["whole"]
+                .admin_prefixes
+                .is_empty()
+        );
     }
 
     #[test]

@@ -18,8 +18,10 @@ pub enum FilesError {
     /// Creating a branch, release or environment that already exists.
     #[error("{0}")]
     Exists(String),
-    /// Releases and environments are managed by namespace admins.
-    #[error("managing releases and environments of namespace `{0}` needs admin permission")]
+    /// Releases and environments are managed by admins of the whole namespace.
+    #[error(
+        "managing releases and environments of namespace `{0}` needs admin permission on the whole namespace (an admin grant on a folder is not enough)"
+    )]
     AdminDenied(String),
     /// A knowledge graph page over the payload limit even before its links.
     #[error(

@@ -473,6 +473,16 @@ fn require(
     Ok(access.clone())
 }
 
+/// Admin of the whole namespace: a release and an environment change what every folder serves,
+/// so an admin grant on one folder is not enough.
+fn require_namespace_admin(caller: &CallerContext, namespace: &str) -> Result<AccessFilter> {
+    let access = require(caller, namespace, Permission::Admin)?;
+    if !access.admin_prefixes.iter().any(String::is_empty) {
+        return Err(FilesError::AdminDenied(namespace.to_owned()));
+    }
+    Ok(access)
+}
+
 impl FilesService {
     /// Creates a preview branch of main.
     pub async fn create_branch(
@@ -694,7 +704,7 @@ impl FilesService {
         branch: &str,
         note: &str,
     ) -> Result<Release> {
-        let access = require(caller, namespace, Permission::Admin)?;
+        let access = require_namespace_admin(caller, namespace)?;
         let counted = read_filter(&access);
         check_name("release version", version, &['+'])?;
         let resolved = if branch.is_empty() || branch == "main" {
@@ -792,7 +802,7 @@ impl FilesService {
         environment: &str,
         release: &ReleaseTarget,
     ) -> Result<Environment> {
-        require(caller, namespace, Permission::Admin)?;
+        require_namespace_admin(caller, namespace)?;
         check_name("environment name", environment, &[])?;
         let Resolved::Release { release_id, .. } =
             self.versions.resolve_release(namespace, release).await?

@@ -39,6 +39,7 @@ fn admin() -> CallerContext {
         allow_prefixes: vec![String::new()],
         permission: Permission::Admin as i32,
         write_prefixes: vec![String::new()],
+        admin_prefixes: vec![String::new()],
         enabled_only: true,
         ..Default::default()
     });

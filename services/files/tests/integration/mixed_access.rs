@@ -41,6 +41,7 @@ fn admin() -> CallerContext {
     let mut c = caller(AccessFilter {
         allow_prefixes: strings(&[""]),
         write_prefixes: strings(&[""]),
+        admin_prefixes: strings(&[""]),
         permission: Permission::Admin as i32,
         ..Default::default()
     });
@@ -469,4 +470,63 @@ fn mixed_reader_of_team() -> CallerContext {
         permission: Permission::Read as i32,
         ..Default::default()
     })
+}
+
+/// Admin of `handbook/` only (and write on everything): the highest level held is admin.
+fn folder_admin() -> CallerContext {
+    caller(AccessFilter {
+        allow_prefixes: strings(&[""]),
+        write_prefixes: strings(&[""]),
+        admin_prefixes: strings(&["handbook/"]),
+        permission: Permission::Admin as i32,
+        ..Default::default()
+    })
+}
+
+/// A release and an environment change what every folder serves: an admin of one folder may
+/// neither cut one nor deploy one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_an_admin_of_the_whole_namespace_releases_and_deploys() {
+    let env = env(false).await;
+    let files = &env.files;
+    put(files, "handbook/a.md", "# A\n").await;
+    put(files, "ops/b.md", "# B\n").await;
+    let refused = files
+        .create_release(&folder_admin(), NS, "v1", "", "")
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), ErrorCode::PermissionDenied);
+    assert!(
+        refused.to_string().contains("on the whole namespace"),
+        "{refused}"
+    );
+    files
+        .create_release(&admin(), NS, "v1", "", "")
+        .await
+        .unwrap();
+    let v1 = ReleaseTarget {
+        selector: Some(release_target::Selector::ReleaseVersion("v1".into())),
+    };
+    let refused = files
+        .deploy_environment(&folder_admin(), NS, "production", &v1)
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), ErrorCode::PermissionDenied);
+    assert!(
+        files
+            .list_environments(&admin(), NS)
+            .await
+            .unwrap()
+            .is_empty(),
+        "nothing was deployed"
+    );
+    files
+        .deploy_environment(&admin(), NS, "production", &v1)
+        .await
+        .unwrap();
+    assert_eq!(
+        files.list_releases(&admin(), NS).await.unwrap().len(),
+        1,
+        "the refused release left nothing behind"
+    );
 }

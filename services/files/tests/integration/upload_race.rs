@@ -52,6 +52,7 @@ async fn race(files: &FilesService, path: &str) {
 async fn names_race(files: &FilesService, tag: &str) {
     let mut admin = writer(NS);
     admin.access[0].permission = Permission::Admin as i32;
+    admin.access[0].admin_prefixes = vec![String::new()];
     admin.is_admin = true;
     let branch = format!("preview-{tag}");
     let made =
