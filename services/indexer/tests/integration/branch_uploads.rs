@@ -7,10 +7,8 @@ use async_nats::jetstream::consumer;
 use futures::StreamExt as _;
 use kg_indexer::IndexerConfig;
 use kg_proto::v1::{FileChangeOp, FileChanged, FileIndexed, FileStatus, VersionLinkKind};
-use kg_stores::blobs::BlobStore;
-use kg_stores::embedded::{EmbeddedFalkor, EmbeddedNats, find_venv};
 use kg_stores::events;
-use kg_stores::graph::{GraphStore, Params};
+use kg_stores::graph::Params;
 use prost::Message as _;
 use tokio_util::sync::CancellationToken;
 
@@ -19,18 +17,12 @@ const DOC: &str = "---\ntitle: Preview Guide\ntags: [preview, draft]\ndate: 2026
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_branch_upload_yields_metadata_and_links_but_no_graph_writes() {
-    let venv = find_venv().unwrap_or_else(|err| panic!("{err}"));
-    let dir = tempfile::tempdir().unwrap();
-    let falkor = EmbeddedFalkor::start(&venv, &dir.path().join("falkor"))
-        .await
-        .unwrap();
-    let nats = EmbeddedNats::start(&venv, &dir.path().join("nats"))
-        .await
-        .unwrap();
-    let graph = GraphStore::connect(&falkor.url).await.unwrap();
-    let js = events::connect(&nats.url).await.unwrap();
-    events::ensure_streams(&js).await.unwrap();
-    let blobs = BlobStore::new(dir.path().join("blobs"));
+    let stores = crate::stores::start().await;
+    let (graph, js, blobs) = (
+        stores.graph.clone(),
+        stores.js.clone(),
+        stores.blobs.clone(),
+    );
 
     let stop = CancellationToken::new();
     let worker = tokio::spawn(kg_indexer::run(

@@ -9,8 +9,6 @@ use kg_indexer::entity_writer::{self, EntityWriteOutcome};
 use kg_indexer::graph_writer;
 use kg_indexer::pipeline::{self, FileMeta, IndexedDocument};
 use kg_proto::v1::{EntityInstance, EntityType, RelationType, Tbox};
-use kg_stores::embedded::{EmbeddedFalkor, EmbeddedNats, find_venv};
-use kg_stores::events;
 use kg_stores::graph::{GraphStore, Params};
 use kg_stores::tbox::TboxBucket;
 use serde_json::{Value, json};
@@ -177,16 +175,8 @@ fn span(text: &str, needle: &str, nth: usize) -> (u64, u64) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn entities_and_relations_follow_the_published_tbox() {
-    let venv = find_venv().unwrap_or_else(|err| panic!("{err}"));
-    let dir = tempfile::tempdir().unwrap();
-    let falkor = EmbeddedFalkor::start(&venv, &dir.path().join("falkor"))
-        .await
-        .unwrap();
-    let nats = EmbeddedNats::start(&venv, &dir.path().join("nats"))
-        .await
-        .unwrap();
-    let graph = GraphStore::connect(&falkor.url).await.unwrap();
-    let js = events::connect(&nats.url).await.unwrap();
+    let stores = crate::stores::start().await;
+    let (graph, js) = (stores.graph.clone(), stores.js.clone());
     let publisher = TboxBucket::open(&js).await.unwrap();
     // The indexer's handle: another process's view, re-read on every call.
     let tboxes = TboxBucket::open(&js)

@@ -320,22 +320,13 @@ async fn a_spent_budget_or_a_failing_endpoint_costs_only_the_llm_mentions() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn llm_mentions_and_relations_are_written_once_per_version() {
-    use kg_stores::embedded::{EmbeddedFalkor, EmbeddedNats, find_venv};
-    use kg_stores::graph::{GraphStore, Params};
+    use kg_stores::graph::Params;
     use kg_stores::tbox::TboxBucket;
 
     let _turn = SERIAL.lock().await;
 
-    let venv = find_venv().unwrap_or_else(|err| panic!("{err}"));
-    let dir = tempfile::tempdir().unwrap();
-    let falkor = EmbeddedFalkor::start(&venv, &dir.path().join("falkor"))
-        .await
-        .unwrap();
-    let nats = EmbeddedNats::start(&venv, &dir.path().join("nats"))
-        .await
-        .unwrap();
-    let graph = GraphStore::connect(&falkor.url).await.unwrap();
-    let js = kg_stores::events::connect(&nats.url).await.unwrap();
+    let stores = crate::stores::start().await;
+    let (graph, js) = (stores.graph.clone(), stores.js.clone());
     let tboxes = TboxBucket::open(&js).await.unwrap();
     tboxes.put(&tbox()).await.unwrap();
     let (endpoint, server) = start(0, false).await;

@@ -7,4 +7,5 @@ mod entities;
 mod formats_graph;
 mod llm_extractor;
 mod progress_acks;
+mod stores;
 mod vector_backfill;

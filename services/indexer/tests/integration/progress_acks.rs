@@ -10,9 +10,8 @@ use kg_embed::{EmbedError, Embedder, HashingEmbedder};
 use kg_indexer::{IndexerConfig, Vectors};
 use kg_proto::v1::{FileChangeOp, FileChanged};
 use kg_stores::blobs::BlobStore;
-use kg_stores::embedded::{EmbeddedFalkor, EmbeddedNats, find_venv};
 use kg_stores::events;
-use kg_stores::graph::{GraphStore, Params};
+use kg_stores::graph::Params;
 use kg_stores::vector::EdgeIndex;
 use prost::Message as _;
 use tokio_util::sync::CancellationToken;
@@ -68,18 +67,13 @@ async fn upload(js: &async_nats::jetstream::Context, blobs: &BlobStore, file_id:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_queued_behind_a_slow_file_is_delivered_once() {
-    let venv = find_venv().unwrap_or_else(|err| panic!("{err}"));
-    let dir = tempfile::tempdir().unwrap();
-    let falkor = EmbeddedFalkor::start(&venv, &dir.path().join("falkor"))
-        .await
-        .unwrap();
-    let nats = EmbeddedNats::start(&venv, &dir.path().join("nats"))
-        .await
-        .unwrap();
-    let graph = GraphStore::connect(&falkor.url).await.unwrap();
-    let js = events::connect(&nats.url).await.unwrap();
-    events::ensure_streams(&js).await.unwrap();
-    let blobs = BlobStore::new(dir.path().join("blobs"));
+    let stores = crate::stores::start().await;
+    let (graph, js, blobs) = (
+        stores.graph.clone(),
+        stores.js.clone(),
+        stores.blobs.clone(),
+    );
+    let dir = &stores.dir;
     let index = EdgeIndex::open(dir.path().join("vectors"), 16)
         .await
         .unwrap();

@@ -10,7 +10,6 @@ use kg_embed::{EmbedError, Embedder, HashingEmbedder};
 use kg_indexer::{IndexerConfig, Vectors};
 use kg_proto::v1::{AccessFilter, FileChangeOp, FileChanged, Permission};
 use kg_stores::blobs::BlobStore;
-use kg_stores::embedded::{EmbeddedFalkor, EmbeddedNats, find_venv};
 use kg_stores::events;
 use kg_stores::graph::{GraphStore, Params};
 use kg_stores::vector::EdgeIndex;
@@ -99,18 +98,13 @@ async fn wait_for(what: &str, mut check: impl AsyncFnMut() -> bool) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enabling_embeddings_backfills_current_versions_once() {
-    let venv = find_venv().unwrap_or_else(|err| panic!("{err}"));
-    let dir = tempfile::tempdir().unwrap();
-    let falkor = EmbeddedFalkor::start(&venv, &dir.path().join("falkor"))
-        .await
-        .unwrap();
-    let nats = EmbeddedNats::start(&venv, &dir.path().join("nats"))
-        .await
-        .unwrap();
-    let graph = GraphStore::connect(&falkor.url).await.unwrap();
-    let js = events::connect(&nats.url).await.unwrap();
-    events::ensure_streams(&js).await.unwrap();
-    let blobs = BlobStore::new(dir.path().join("blobs"));
+    let stores = crate::stores::start().await;
+    let (graph, js, blobs) = (
+        stores.graph.clone(),
+        stores.js.clone(),
+        stores.blobs.clone(),
+    );
+    let dir = &stores.dir;
 
     // Indexed without embeddings: f1 twice (v1 then v2), f2 once.
     upload(
