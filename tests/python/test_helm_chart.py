@@ -146,7 +146,7 @@ def test_every_rendered_deployment_passes_its_own_serve_check(tmp_path: Path) ->
 @pytest.mark.parametrize(
     ("setting", "message"),
     [
-        ("indexer.replicas=2", "indexer"),
+        ("indexer.concurrency=0", "indexer.concurrency"),
     ],
 )
 def test_the_chart_refuses_settings_that_would_break_the_mesh(setting: str, message: str) -> None:

@@ -79,7 +79,7 @@ retrieval: {port: 7103, grpc: true,  falkordb: true, vector: true, metrics: true
 graph:     {port: 7104, grpc: true,  falkordb: true, nats: true, vector: true, metrics: true, hpa: true}
 ontology:  {port: 7105, grpc: true,  database: true, nats: true, metrics: true, hpa: true}
 approval:  {port: 7106, grpc: true,  database: true, webhook: true, metrics: true, hpa: true}
-indexer:   {port: 7107, grpc: true,  falkordb: true, nats: true, vector: true, llm: true, blobs: ro, metrics: true, hpa: false}
+indexer:   {port: 7107, grpc: true,  falkordb: true, nats: true, vector: true, llm: true, blobs: ro, metrics: true, hpa: true}
 gateway:   {port: 8080, grpc: false, metrics: false, hpa: true}
 {{- end }}
 
@@ -228,13 +228,6 @@ Values the chart owns in kgmesh.toml: set elsewhere in the values, or computed.
 {{- $indexer := get $c "indexer" }}
 {{- if and (kindIs "map" $indexer) (kindIs "map" (get $indexer "llm")) (hasKey (get $indexer "llm") "api_key_env") }}
 {{- fail "config.indexer.llm.api_key_env must not be set: set apiKeys.llm (the chart names the variable LLM_API_KEY)" }}
-{{- end }}
-{{- $replicas := int (.Values.indexer.replicas | default 0) }}
-{{- if gt $replicas 1 }}
-{{- fail (printf "indexer.replicas is %d, but the indexer must run with at most 1 replica: it orders each file's events inside one process, so two indexers could apply two versions of a file out of order. Scale indexing with indexer.concurrency (files indexed at once, 1..=64) and the indexer's CPU instead." $replicas) }}
-{{- end }}
-{{- if and (hasKey .Values.indexer "hpa") .Values.indexer.hpa .Values.indexer.hpa.enabled }}
-{{- fail "indexer.hpa cannot be enabled: the indexer runs with at most 1 replica (scale it with indexer.concurrency)" }}
 {{- end }}
 {{- $concurrency := int .Values.indexer.concurrency }}
 {{- if or (lt $concurrency 1) (gt $concurrency 64) }}

@@ -6,13 +6,15 @@
 //! other lanes proceed in parallel. A lane also remembers the highest stream sequence
 //! it applied per key: a redelivered older event (e.g. one that was NAKed while a
 //! newer one succeeded) is acked without being applied. Each message is acked only
-//! after its handler says its writes are durable. Every message pulled and not yet
+//! after its handler says its writes are durable. Replicas of the indexer share the
+//! durable consumer; a lane takes its key's lease before it runs an event and reads the
+//! highest sequence applied from a shared bucket (`leases`), so the same holds across them. Every message pulled and not yet
 //! settled, queued or running, gets progress acks (see `in_flight`), so JetStream
 //! never redelivers work that is still pending here.
 
 mod in_flight;
+mod leases;
 
-use std::collections::HashMap;
 use std::hash::{Hash as _, Hasher as _};
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,6 +31,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use in_flight::{InFlight, Pending};
+use leases::{Lease, Leases};
 
 /// How long one pull request waits for messages before a new one is sent.
 const PULL_EXPIRES: Duration = Duration::from_secs(10);
@@ -109,6 +112,7 @@ pub(crate) async fn run<H: LaneHandler>(
         server_ack_wait.min(spec.ack_wait)
     };
 
+    let leases = Arc::new(Leases::open(js).await?);
     // The lanes stop with the caller's token, or when this loop ends for any reason.
     let shutdown = shutdown.child_token();
     let in_flight = InFlight::new();
@@ -126,6 +130,7 @@ pub(crate) async fn run<H: LaneHandler>(
             lane,
             rx,
             Arc::clone(&handler),
+            Arc::clone(&leases),
             spec.clone(),
             shutdown.clone(),
         ));
@@ -208,11 +213,10 @@ async fn run_lane<H: LaneHandler>(
     lane: usize,
     mut jobs: mpsc::UnboundedReceiver<Job>,
     handler: Arc<H>,
+    leases: Arc<Leases>,
     spec: ConsumerSpec,
     shutdown: CancellationToken,
 ) {
-    // Highest stream sequence applied per key, so an older redelivery never wins.
-    let mut applied: HashMap<String, u64> = HashMap::new();
     loop {
         let job = tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -226,13 +230,34 @@ async fn run_lane<H: LaneHandler>(
             .info()
             .map(|i| (i.delivered, i.stream_sequence))
             .unwrap_or((1, 0));
-        if let Some(&last) = applied.get(&key)
+        let shared_key = Leases::bucket_key(&spec.durable, &key);
+        let lease = match leases.acquire(&shared_key, &shutdown).await {
+            Ok(Some(lease)) => lease,
+            // Stopping: the message is redelivered to whoever consumes next.
+            Ok(None) => return,
+            Err(err) => {
+                tracing::warn!(error = %err.detail(), lane, "indexer lease unavailable; the message will be redelivered");
+                settle(&spec, pending, AckKind::Nak(Some(backoff(attempt)))).await;
+                continue;
+            }
+        };
+        // Highest stream sequence applied for this key by any replica, so an older
+        // redelivery never wins.
+        let last = match leases.applied(&shared_key).await {
+            Ok(last) => last,
+            Err(err) => {
+                tracing::warn!(error = %err.detail(), lane, "indexer progress unreadable; the message will be redelivered");
+                leases.release(lease).await;
+                settle(&spec, pending, AckKind::Nak(Some(backoff(attempt)))).await;
+                continue;
+            }
+        };
+        if let Some(last) = last
             && sequence < last
         {
             tracing::info!(lane, key = %key, sequence, last, "skipping an event older than one already applied");
-            if let Err(err) = pending.settle(AckKind::Ack).await {
-                tracing::warn!(error = %err, "ack failed");
-            }
+            leases.release(lease).await;
+            settle(&spec, pending, AckKind::Ack).await;
             continue;
         }
         let delivery = Delivery {
@@ -241,25 +266,64 @@ async fn run_lane<H: LaneHandler>(
             attempt,
             last_attempt: attempt >= spec.max_deliver,
         };
-        // The in-flight ticker keeps the message alive while this runs.
-        let outcome = tokio::select! {
-            _ = shutdown.cancelled() => return,
-            outcome = handler.handle(delivery) => outcome,
+        // The in-flight ticker keeps the message alive while this runs, and the lease is
+        // renewed alongside.
+        let Some((outcome, lease)) =
+            handle_leased(&*handler, delivery, &leases, lease, &shutdown).await
+        else {
+            return;
         };
-        let settled = match outcome {
+        let kind = match outcome {
             Handled::Ack => {
-                let entry = applied.entry(key).or_insert(sequence);
-                *entry = (*entry).max(sequence);
-                pending.settle(AckKind::Ack).await
+                if let Err(err) = leases.record(&shared_key, sequence).await {
+                    tracing::warn!(error = %err.detail(), lane, "recording indexer progress failed; an older redelivery of this file could apply again");
+                }
+                AckKind::Ack
             }
             Handled::Retry(reason) => {
                 tracing::warn!(consumer = %spec.durable, lane, attempt, reason = %reason, "message will be redelivered");
-                pending.settle(AckKind::Nak(Some(backoff(attempt)))).await
+                AckKind::Nak(Some(backoff(attempt)))
             }
         };
-        if let Err(err) = settled {
-            tracing::warn!(error = %err, consumer = %spec.durable, "ack failed; the message will be redelivered");
+        settle(&spec, pending, kind).await;
+        leases.release(lease).await;
+    }
+}
+
+/// Runs one event while renewing its lease; `None` when stopping (the lease is released and
+/// the message is redelivered to whoever consumes next).
+async fn handle_leased<H: LaneHandler>(
+    handler: &H,
+    delivery: Delivery<'_>,
+    leases: &Leases,
+    mut lease: Lease,
+    shutdown: &CancellationToken,
+) -> Option<(Handled, Lease)> {
+    let handling = handler.handle(delivery);
+    tokio::pin!(handling);
+    let mut renew = tokio::time::interval_at(
+        tokio::time::Instant::now() + leases::RENEW_EVERY,
+        leases::RENEW_EVERY,
+    );
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => {
+                leases.release(lease).await;
+                return None;
+            }
+            outcome = &mut handling => return Some((outcome, lease)),
+            _ = renew.tick() => {
+                if let Err(err) = leases.renew(&mut lease).await {
+                    tracing::warn!(error = %err.detail(), "renewing an indexer lease failed; another replica may start this file after it expires");
+                }
+            }
         }
+    }
+}
+
+async fn settle(spec: &ConsumerSpec, pending: Pending<jetstream::Message>, kind: AckKind) {
+    if let Err(err) = pending.settle(kind).await {
+        tracing::warn!(error = %err, consumer = %spec.durable, "ack failed; the message will be redelivered");
     }
 }
 

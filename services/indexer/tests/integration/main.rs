@@ -8,4 +8,5 @@ mod formats_graph;
 mod llm_extractor;
 mod progress_acks;
 mod stores;
+mod two_replicas;
 mod vector_backfill;

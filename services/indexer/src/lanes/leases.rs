@@ -1,0 +1,154 @@
+//! What keeps one file's events in order across indexer replicas. A lane orders the events
+//! of a key inside one process; a second replica pulling from the same durable consumer could
+//! run a newer event of the same file at once, and an older one finishing last would win. So
+//! before it runs an event a lane takes the key's lease in a JetStream KV bucket (create only
+//! if absent, renewed while the event runs, expiring when its holder dies), and the highest
+//! stream sequence applied per key is kept in a second bucket that every replica reads.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, kv};
+use bytes::Bytes;
+use kg_stores::StoreError;
+use kg_stores::error::StoreKind;
+use tokio_util::sync::CancellationToken;
+
+/// Leases of keys being indexed (one entry per key while an event of it runs).
+const LEASE_BUCKET: &str = "kg_indexer_leases";
+/// The highest stream sequence applied per key.
+const APPLIED_BUCKET: &str = "kg_indexer_applied";
+/// A lease not renewed for this long is gone: its holder stopped.
+pub(crate) const LEASE_TTL: Duration = Duration::from_secs(30);
+/// How often a running event renews its lease.
+pub(crate) const RENEW_EVERY: Duration = Duration::from_secs(10);
+/// How often a lane asks again for a lease another replica holds.
+const BUSY_RETRY: Duration = Duration::from_millis(100);
+
+/// The shared buckets, and who this replica is.
+pub(crate) struct Leases {
+    leases: kv::Store,
+    applied: kv::Store,
+    owner: Bytes,
+}
+
+/// A lease this replica holds on one key.
+pub(crate) struct Lease {
+    key: String,
+    revision: u64,
+}
+
+fn events_err(err: impl Into<kg_stores::error::BoxError>) -> StoreError {
+    StoreError::Unavailable {
+        store: StoreKind::Events,
+        source: err.into(),
+    }
+}
+
+impl Leases {
+    /// Opens (or creates) both buckets.
+    pub(crate) async fn open(js: &jetstream::Context) -> Result<Self, StoreError> {
+        let bucket = |name: &str, description: &str, max_age| kv::Config {
+            bucket: name.to_owned(),
+            description: description.to_owned(),
+            history: 1,
+            max_age,
+            storage: jetstream::stream::StorageType::File,
+            ..Default::default()
+        };
+        let leases = js
+            .create_or_update_key_value(bucket(
+                LEASE_BUCKET,
+                "indexer replicas: who runs an event of a file now",
+                LEASE_TTL,
+            ))
+            .await
+            .map_err(events_err)?;
+        let applied = js
+            .create_or_update_key_value(bucket(
+                APPLIED_BUCKET,
+                "indexer replicas: highest stream sequence applied per file",
+                Duration::ZERO,
+            ))
+            .await
+            .map_err(events_err)?;
+        Ok(Leases {
+            leases,
+            applied,
+            owner: Bytes::from(uuid::Uuid::new_v4().to_string()),
+        })
+    }
+
+    /// The bucket key of a lane key in `durable`: KV keys allow few characters.
+    pub(crate) fn bucket_key(durable: &str, key: &str) -> String {
+        format!("{durable}.{}", hex::encode(key.as_bytes()))
+    }
+
+    /// Waits until this replica holds the lease of `key`; `None` if `shutdown` came first.
+    pub(crate) async fn acquire(
+        &self,
+        key: &str,
+        shutdown: &CancellationToken,
+    ) -> Result<Option<Lease>, StoreError> {
+        loop {
+            match self.leases.create(key, self.owner.clone()).await {
+                Ok(revision) => {
+                    return Ok(Some(Lease {
+                        key: key.to_owned(),
+                        revision,
+                    }));
+                }
+                Err(err) if err.kind() == kv::CreateErrorKind::AlreadyExists => {}
+                Err(err) => return Err(events_err(err)),
+            }
+            // Another replica runs an event of this file: its message stays ours meanwhile
+            // (progress acks), and we run after it.
+            tokio::select! {
+                _ = shutdown.cancelled() => return Ok(None),
+                _ = tokio::time::sleep(BUSY_RETRY) => {}
+            }
+        }
+    }
+
+    /// Keeps `lease` alive for another [`LEASE_TTL`].
+    pub(crate) async fn renew(&self, lease: &mut Lease) -> Result<(), StoreError> {
+        lease.revision = self
+            .leases
+            .update(&lease.key, self.owner.clone(), lease.revision)
+            .await
+            .map_err(events_err)?;
+        Ok(())
+    }
+
+    /// Gives `lease` up; if that fails it expires after [`LEASE_TTL`].
+    pub(crate) async fn release(&self, lease: Lease) {
+        if let Err(err) = self
+            .leases
+            .delete_expect_revision(&lease.key, Some(lease.revision))
+            .await
+        {
+            tracing::warn!(error = %err, "releasing an indexer lease failed; it expires on its own");
+        }
+    }
+
+    /// The highest stream sequence applied for `key` by any replica.
+    pub(crate) async fn applied(&self, key: &str) -> Result<Option<u64>, StoreError> {
+        let value = self.applied.get(key).await.map_err(events_err)?;
+        Ok(value.and_then(|bytes| std::str::from_utf8(&bytes).ok()?.parse().ok()))
+    }
+
+    /// Records that `sequence` was applied for `key` (called under the key's lease).
+    pub(crate) async fn record(&self, key: &str, sequence: u64) -> Result<(), StoreError> {
+        if self
+            .applied(key)
+            .await?
+            .is_some_and(|last| last >= sequence)
+        {
+            return Ok(());
+        }
+        self.applied
+            .put(key, Bytes::from(sequence.to_string()))
+            .await
+            .map_err(events_err)?;
+        Ok(())
+    }
+}
