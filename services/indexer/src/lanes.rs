@@ -275,7 +275,7 @@ async fn run_lane<H: LaneHandler>(
         };
         let kind = match outcome {
             Handled::Ack => {
-                if let Err(err) = leases.record(&shared_key, sequence).await {
+                if let Err(err) = leases.record(&shared_key, sequence, last).await {
                     tracing::warn!(error = %err.detail(), lane, "recording indexer progress failed; an older redelivery of this file could apply again");
                 }
                 AckKind::Ack

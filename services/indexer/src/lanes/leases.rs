@@ -136,13 +136,15 @@ impl Leases {
         Ok(value.and_then(|bytes| std::str::from_utf8(&bytes).ok()?.parse().ok()))
     }
 
-    /// Records that `sequence` was applied for `key` (called under the key's lease).
-    pub(crate) async fn record(&self, key: &str, sequence: u64) -> Result<(), StoreError> {
-        if self
-            .applied(key)
-            .await?
-            .is_some_and(|last| last >= sequence)
-        {
+    /// Records that `sequence` was applied for `key`, whose newest applied sequence was
+    /// `last` when its lease was taken (and, under the lease, still is).
+    pub(crate) async fn record(
+        &self,
+        key: &str,
+        sequence: u64,
+        last: Option<u64>,
+    ) -> Result<(), StoreError> {
+        if last.is_some_and(|last| last >= sequence) {
             return Ok(());
         }
         self.applied
