@@ -18,11 +18,11 @@ pub const MASK: &str = "***";
 static URL_USERINFO: LazyLock<Option<Regex>> = LazyLock::new(|| {
     Regex::new(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<userinfo>[^\s/?#@'\x22<>]+)@").ok()
 });
-// password=…, "api_key":"…", ?key=… and the like; the value stops at a separator. A bare
+// password=…, db_password=…, "api_key":"…", ?key=… and the like; the value stops at a separator. A bare
 // `key=` is not a secret (log fields are called that); only a query string's is.
 static SECRET_PAIR: LazyLock<Option<Regex>> = LazyLock::new(|| {
     Regex::new(
-        r#"(?i)(?P<key>(?:\b(?:password|passwd|pwd|secret|client_secret|token|access_token|refresh_token|api[_-]?key|apikey)|[?&](?:key|sig|signature))(?:\s*=\s*\x22?|\x22\s*:\s*\x22?))(?P<value>[^\s&;,'\x22)\]}]+)"#,
+        r#"(?i)(?P<key>(?:\b[A-Za-z0-9_.\-]*?(?:password|passwd|pwd|secret|client_secret|token|access_token|refresh_token|api[_-]?key|apikey)|[?&](?:key|sig|signature))(?:\s*=\s*\x22?|\x22\s*:\s*\x22?))(?P<value>[^\s&;,'\x22)\]}]+)"#,
     )
     .ok()
 });
@@ -30,6 +30,24 @@ static AUTH_SCHEME: LazyLock<Option<Regex>> = LazyLock::new(|| {
     Regex::new(r"(?i)\b(?P<scheme>bearer|basic)\s+(?P<value>[A-Za-z0-9._~+/=\-]{8,})").ok()
 });
 static PAT: LazyLock<Option<Regex>> = LazyLock::new(|| Regex::new(r"kg_pat_[A-Za-z0-9_\-]+").ok());
+
+/// Whether a field or attribute called `name` holds a credential as a whole (`password`,
+/// `db_password`, `api_key`, `authorization`, ...): a structured value carries no `name=`
+/// for [`redact`] to find, so exporters that keep names and values apart mask it by name.
+pub fn is_secret_name(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    // The last word names what the value is: `access_token` is one, `token_budget` is not.
+    let last = name
+        .rsplit(|c: char| !c.is_ascii_alphanumeric())
+        .next()
+        .unwrap_or_default();
+    matches!(last, "pwd" | "authorization" | "signature")
+        || ["password", "passwd", "secret", "token", "apikey"]
+            .iter()
+            .any(|word| last.ends_with(word))
+        || name.contains("api_key")
+        || name.contains("api-key")
+}
 
 /// `text` with every credential it recognises masked; borrowed when there was none.
 pub fn redact(text: &str) -> Cow<'_, str> {
@@ -127,6 +145,10 @@ mod tests {
             "token kg_pat_*** rejected"
         );
         assert_eq!(redact(&redact("password=x")), "password=***");
+        assert_eq!(
+            redact(r#"db_password="pw-1" max_tokens=5 token_budget=9"#),
+            r#"db_password="***" max_tokens=5 token_budget=9"#
+        );
         // Log fields named key, and prose, stay readable.
         assert_eq!(
             redact("lane=2 key=demo/f_1 sequence=9"),
@@ -136,5 +158,31 @@ mod tests {
             redact("invalid token: expected kg_pat_"),
             "invalid token: expected kg_pat_"
         );
+    }
+
+    #[test]
+    fn credential_names_are_told_from_ordinary_ones() {
+        for name in [
+            "password",
+            "db.password",
+            "PGPASSWORD",
+            "api_key",
+            "x-api-key",
+            "access_token",
+            "client_secret",
+            "http.request.header.authorization",
+        ] {
+            assert!(is_secret_name(name), "{name}");
+        }
+        for name in [
+            "key",
+            "chunk_key",
+            "tokens",
+            "token_budget",
+            "path",
+            "namespace",
+        ] {
+            assert!(!is_secret_name(name), "{name}");
+        }
     }
 }

@@ -1,8 +1,15 @@
 //! Logging and tracing: `tracing` to stderr (text or JSON), optionally
 //! exported over OTLP when an endpoint is configured. Never to stdout: the
 //! stdio MCP server's stdout carries JSON-RPC frames only. Every line passes
-//! through [`crate::redact`] on its way out, whichever crate logged it.
+//! through [`crate::redact`] on its way out, whichever crate logged it, and so does
+//! every span exported over OTLP.
 
+use std::borrow::Cow;
+use std::time::Duration;
+
+use opentelemetry::{Array, KeyValue, StringValue, Value};
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::trace::{SpanData, SpanExporter};
 use serde::Deserialize;
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::fmt::MakeWriter;
@@ -93,14 +100,7 @@ pub fn init(
                     endpoint: endpoint.clone(),
                     reason: e.to_string(),
                 })?;
-            let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
-                .with_batch_exporter(exporter)
-                .with_resource(
-                    opentelemetry_sdk::Resource::builder()
-                        .with_service_name(service_name.to_owned())
-                        .build(),
-                )
-                .build();
+            let provider = tracer_provider(service_name, exporter);
             let tracer = provider.tracer("kgmesh");
             (
                 Some(tracing_opentelemetry::layer().with_tracer(tracer)),
@@ -128,6 +128,98 @@ pub fn init(
     // A second init in one process (tests) keeps the first subscriber.
     drop(result);
     Ok(TelemetryGuard { provider })
+}
+
+/// The tracer provider `init` exports through: batches of spans, masked by
+/// [`RedactingExporter`] before `exporter` sees them.
+fn tracer_provider<E: SpanExporter + 'static>(
+    service_name: &str,
+    exporter: E,
+) -> opentelemetry_sdk::trace::SdkTracerProvider {
+    opentelemetry_sdk::trace::SdkTracerProvider::builder()
+        .with_batch_exporter(RedactingExporter(exporter))
+        .with_resource(
+            opentelemetry_sdk::Resource::builder()
+                .with_service_name(service_name.to_owned())
+                .build(),
+        )
+        .build()
+}
+
+/// A span exporter that masks credentials in what leaves the process, as the log writer
+/// does for lines: span and event names, attribute values (whole values under a credential's
+/// name, see [`crate::redact::is_secret_name`]), link attributes and error descriptions.
+/// A span carries the same fields a log line does, and a collector is one more reader.
+#[derive(Debug)]
+struct RedactingExporter<E>(E);
+
+impl<E: SpanExporter> SpanExporter for RedactingExporter<E> {
+    fn export(
+        &self,
+        mut batch: Vec<SpanData>,
+    ) -> impl std::future::Future<Output = OTelSdkResult> + Send {
+        for span in &mut batch {
+            redact_span(span);
+        }
+        self.0.export(batch)
+    }
+
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.0.shutdown_with_timeout(timeout)
+    }
+
+    fn shutdown(&self) -> OTelSdkResult {
+        self.0.shutdown()
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        self.0.force_flush()
+    }
+
+    fn set_resource(&mut self, resource: &opentelemetry_sdk::Resource) {
+        self.0.set_resource(resource);
+    }
+}
+
+fn redact_span(span: &mut SpanData) {
+    redact_name(&mut span.name);
+    redact_attributes(&mut span.attributes);
+    for event in &mut span.events.events {
+        redact_name(&mut event.name);
+        redact_attributes(&mut event.attributes);
+    }
+    for link in &mut span.links.links {
+        redact_attributes(&mut link.attributes);
+    }
+    if let opentelemetry::trace::Status::Error { description } = &mut span.status {
+        redact_name(description);
+    }
+}
+
+fn redact_name(text: &mut Cow<'static, str>) {
+    if let Cow::Owned(masked) = crate::redact::redact(text) {
+        *text = Cow::Owned(masked);
+    }
+}
+
+fn redact_attributes(attributes: &mut [KeyValue]) {
+    for attribute in attributes {
+        if crate::redact::is_secret_name(attribute.key.as_str()) {
+            attribute.value = Value::from(crate::redact::MASK);
+            continue;
+        }
+        match &mut attribute.value {
+            Value::String(text) => redact_string(text),
+            Value::Array(Array::String(texts)) => texts.iter_mut().for_each(redact_string),
+            _ => {}
+        }
+    }
+}
+
+fn redact_string(text: &mut StringValue) {
+    if let Cow::Owned(masked) = crate::redact::redact(text.as_str()) {
+        *text = StringValue::from(masked);
+    }
 }
 
 /// A log writer that masks credentials in each formatted event before it is written: the
@@ -226,5 +318,79 @@ mod tests {
         assert!(!text.contains("sk-9f8e7d"), "{text}");
         assert!(text.contains("postgres://kgmesh:***@db:5432/kg"), "{text}");
         assert!(text.contains("store unavailable"), "{text}");
+    }
+
+    /// Keeps what the provider exports, as a collector would receive it.
+    #[derive(Debug, Clone, Default)]
+    struct Collector(Arc<Mutex<Vec<SpanData>>>);
+
+    impl SpanExporter for Collector {
+        fn export(
+            &self,
+            batch: Vec<SpanData>,
+        ) -> impl std::future::Future<Output = OTelSdkResult> + Send {
+            self.0.lock().unwrap().extend(batch);
+            std::future::ready(Ok(()))
+        }
+    }
+
+    #[test]
+    fn credentials_never_reach_the_otlp_collector() {
+        use opentelemetry::trace::TracerProvider as _;
+        let collector = Collector::default();
+        let provider = tracer_provider("kg-test", collector.clone());
+        let subscriber = tracing_subscriber::registry()
+            .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("kgmesh")));
+        tracing::subscriber::with_default(subscriber, || {
+            let span = tracing::info_span!(
+                "connect postgres://kgmesh:Pw-span-name@db/kg",
+                store = "postgres://kgmesh:Pw-4c1d9e@db:5432/kg",
+                password = "hunter2-field",
+                token_budget = 400,
+                namespace = "docs",
+            );
+            let _entered = span.enter();
+            tracing::warn!(
+                api_key = "sk-event-field",
+                url = "https://llm.example/v1?key=AIza-query",
+                "embedder rejected Bearer eyJhbGciOiJIUzI1NiJ9.event-name"
+            );
+            tracing::error!(error = "bad kg_pat_Abc123secret", "caller refused");
+        });
+        provider.force_flush().unwrap();
+        let spans = collector.0.lock().unwrap().clone();
+        assert_eq!(spans.len(), 1, "{spans:?}");
+        let exported = format!("{spans:?}");
+        for secret in [
+            "Pw-span-name",
+            "Pw-4c1d9e",
+            "hunter2-field",
+            "sk-event-field",
+            "AIza-query",
+            "event-name",
+            "Abc123secret",
+        ] {
+            assert!(!exported.contains(secret), "{secret} exported: {exported}");
+        }
+        // What is not a credential arrives as it was.
+        assert!(
+            exported.contains("postgres://kgmesh:***@db:5432/kg"),
+            "{exported}"
+        );
+        assert!(exported.contains("docs"), "{exported}");
+        assert!(exported.contains("caller refused"), "{exported}");
+        let attribute = |name: &str| {
+            spans[0]
+                .attributes
+                .iter()
+                .find(|kv| kv.key.as_str() == name)
+                .map(|kv| kv.value.clone())
+        };
+        assert_eq!(
+            attribute("password"),
+            Some(Value::from(crate::redact::MASK))
+        );
+        assert_eq!(attribute("token_budget"), Some(Value::I64(400)));
+        let _ = provider.shutdown();
     }
 }
