@@ -102,6 +102,10 @@ pub struct ClusterSection {
     pub deployment_id: Option<String>,
     /// Plain HTTP `/metrics` and `/health` of a service process (the gateway has its own).
     pub metrics_addr: Option<SocketAddr>,
+    /// `[cluster.tls]`: mutual TLS between the services (CA, certificate and key files, PEM).
+    /// With it every service requires a client certificate from the CA and every `*_addr` is
+    /// `https://`; without it they talk plain h2c.
+    pub tls: Option<kg_common::tls::TlsFiles>,
 }
 
 /// `[retrieval]`.
@@ -187,13 +191,28 @@ impl ClusterSection {
             ("ontology_addr", &self.ontology_addr),
             ("approval_addr", &self.approval_addr),
         ] {
-            if let Some(addr) = addr
-                && !(addr.starts_with("http://") || addr.starts_with("https://"))
-            {
-                problems.push(format!(
-                    "cluster.{key}: expected http://HOST:PORT, got `{addr}`"
-                ));
+            let Some(addr) = addr else { continue };
+            match (addr.split_once("://").map(|(scheme, _)| scheme), &self.tls) {
+                (Some("http"), None) | (Some("https"), Some(_)) => {}
+                (Some("http"), Some(_)) => problems.push(format!(
+                    "cluster.{key}: `{addr}` is plaintext but [cluster.tls] is set, and every \
+                     service then requires TLS: use https://HOST:PORT"
+                )),
+                (Some("https"), None) => problems.push(format!(
+                    "cluster.{key}: `{addr}` needs TLS between services: set [cluster.tls] \
+                     (ca_file, cert_file, key_file) or use http://HOST:PORT"
+                )),
+                _ => problems.push(format!(
+                    "cluster.{key}: expected http://HOST:PORT (https:// with [cluster.tls]), \
+                     got `{addr}`"
+                )),
             }
+        }
+        // The certificates are read now, so `serve --check` reports them with the rest.
+        if let Some(files) = &self.tls
+            && let Err(problem) = kg_common::tls::ClusterTls::load(files)
+        {
+            problems.push(problem.to_string());
         }
         if let Some(id) = &self.deployment_id
             && (id.trim().is_empty() || id.len() > 200)

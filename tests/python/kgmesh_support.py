@@ -757,3 +757,71 @@ def check_core_tools(tools: Iterable[Any]) -> None:
     assert {"namespace", "chunkKey", "outlineKey", "entityKey", "fileId"} <= set(open_props), sorted(open_props)
     outline_props = by_name["kg_outline"].input_schema.get("properties", {})
     assert {"namespace", "fileId", "cursor", "limit", "maxDepth"} <= set(outline_props), sorted(outline_props)
+
+
+@dataclass(frozen=True)
+class ServiceCertificates:
+    """PEM files as a cert-manager Secret holds them: the CA, one service certificate, its key."""
+
+    ca: Path
+    cert: Path
+    key: Path
+
+    def toml(self) -> str:
+        return f'[cluster.tls]\nca_file = "{self.ca}"\ncert_file = "{self.cert}"\nkey_file = "{self.key}"\n'
+
+
+def write_service_certificates(
+    directory: Path, *, names: Iterable[str] = ("localhost",), ips: Iterable[str] = ("127.0.0.1",)
+) -> ServiceCertificates:
+    """A fresh private CA and a certificate it issues for `names` and `ips`, usable by a server and
+    a client (each kgmesh service is both), valid for a day."""
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    directory.mkdir(parents=True, exist_ok=True)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    start, end = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=1)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kgmesh test CA")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    alt_names: list[x509.GeneralName] = [x509.DNSName(name) for name in names]
+    alt_names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
+    leaf = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kgmesh service")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(start)
+        .not_valid_after(end)
+        .add_extension(x509.SubjectAlternativeName(alt_names), critical=False)
+        .add_extension(
+            x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    files = ServiceCertificates(directory / "ca.crt", directory / "tls.crt", directory / "tls.key")
+    files.ca.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    files.cert.write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
+    files.key.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    files.key.chmod(0o600)
+    return files

@@ -1,7 +1,8 @@
 """The Helm chart (helm/kgmesh) renders, and each Deployment it renders would start: its
 command, its config file, its environment (from the rendered Secrets) and its key files go
 through `kgmesh serve <service> --check` of the binary under test, so the chart and the
-binary cannot drift apart. The store URLs are the chart's CI values; nothing is started.
+binary cannot drift apart, with and without mutual TLS between the services. The store URLs
+are the chart's CI values; nothing is started.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from kgmesh_support import REPO_ROOT, kgmesh_bin
+from kgmesh_support import REPO_ROOT, kgmesh_bin, write_service_certificates
 
 CHART = REPO_ROOT / "helm" / "kgmesh"
 CI_VALUES = CHART / "ci" / "test-values.yaml"
@@ -87,8 +88,28 @@ def container_env(container: dict[str, Any], secrets: dict[str, dict[str, bytes]
     return env
 
 
-def test_every_rendered_deployment_passes_its_own_serve_check(tmp_path: Path) -> None:
-    docs = rendered()
+TLS_SECRET = "kgmesh-service-tls"
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["h2c", "mtls"])
+def test_every_rendered_deployment_passes_its_own_serve_check(tmp_path: Path, tls: bool) -> None:
+    docs = rendered(*(["--set", "tls.enabled=true", "--set", f"tls.existingSecret={TLS_SECRET}"] if tls else []))
+    certificates = None
+    if tls:
+        # The Secret the operator provides, with the names the chart's services are dialled by.
+        names = [f"kgmesh-{service}" for service in SERVICES if service != "gateway"]
+        certificates = write_service_certificates(tmp_path / "tls", names=names, ips=())
+        docs.append(
+            {
+                "kind": "Secret",
+                "metadata": {"name": TLS_SECRET},
+                "stringData": {
+                    "ca.crt": certificates.ca.read_text(),
+                    "tls.crt": certificates.cert.read_text(),
+                    "tls.key": certificates.key.read_text(),
+                },
+            }
+        )
     configs = [d for d in docs if d["kind"] == "ConfigMap" and "kgmesh.toml" in (d.get("data") or {})]
     assert len(configs) == 1, [d["metadata"]["name"] for d in docs if d["kind"] == "ConfigMap"]
     config = tmp_path / "kgmesh.toml"
@@ -109,14 +130,22 @@ def test_every_rendered_deployment_passes_its_own_serve_check(tmp_path: Path) ->
         command = container["command"]
         assert command[:3] == ["kgmesh", "serve", service], command
         env = container_env(container, secrets)
-        # Where the pod mounts its Secret of keys, the test writes the same files.
-        keys = tmp_path / f"{service}-secrets"
-        keys.mkdir()
+        # Where the pod mounts a Secret, the test writes the same files.
+        mounts = {m["name"]: m["mountPath"] for m in container.get("volumeMounts") or []}
+        mounted: dict[str, Path] = {}
         for volume in pod.get("volumes") or []:
             if "secret" in volume:
-                for key, value in secrets[volume["secret"]["secretName"]].items():
-                    (keys / key).write_bytes(value)
-        env["KGMESH_CLUSTER__SECRETS_DIR"] = str(keys)
+                directory = tmp_path / f"{service}-{volume['name']}"
+                directory.mkdir()
+                for item in volume["secret"]["items"]:
+                    (directory / item["path"]).write_bytes(secrets[volume["secret"]["secretName"]][item["key"]])
+                mounted[mounts[volume["name"]]] = directory
+        env["KGMESH_CLUSTER__SECRETS_DIR"] = str(mounted.get("/etc/kgmesh/secrets", tmp_path / "absent"))
+        if tls:
+            assert "/etc/kgmesh/tls" in mounted, f"{service} does not mount the TLS Secret: {mounts}"
+            for key, file in (("CA_FILE", "ca.crt"), ("CERT_FILE", "tls.crt"), ("KEY_FILE", "tls.key")):
+                assert f"/etc/kgmesh/tls/{file}" in config.read_text(), file
+                env[f"KGMESH_CLUSTER__TLS__{key}"] = str(mounted["/etc/kgmesh/tls"] / file)
         # The image's model path, here: the wheel's copy of the same file.
         env["KGMESH_EMBEDDING__MODEL_ZIP"] = str(minilm_zip())
         args = [re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), a) for a in command[1:]]
@@ -134,9 +163,15 @@ def test_every_rendered_deployment_passes_its_own_serve_check(tmp_path: Path) ->
         assert f"0.0.0.0:{port}" in done.stdout, (service, done.stdout)
         probe = container["readinessProbe"]
         probed = probe.get("grpc", probe.get("httpGet", {})).get("port")
-        assert probed in (port, "http"), (service, probe)
-        if service != "gateway":
-            assert "grpc" in probe, f"{service} is probed over gRPC health, as it serves: {probe}"
+        if service == "gateway":
+            assert probed == "http", probe
+        elif tls:
+            # A kubelet gRPC probe shows no client certificate: /health on the metrics port.
+            assert probe.get("httpGet") == {"path": "/health", "port": "metrics"}, (service, probe)
+        else:
+            assert probed == port and "grpc" in probe, f"{service} is probed over gRPC health, as it serves: {probe}"
+    scheme = "https" if tls else "http"
+    assert f'auth_addr = "{scheme}://kgmesh-auth:7101"' in config.read_text()
     # gRPC Services are headless, so clients see every ready pod of a lane and spread calls.
     for doc in docs:
         if doc["kind"] == "Service" and doc["metadata"]["name"] != "kgmesh-gateway":
@@ -147,9 +182,27 @@ def test_every_rendered_deployment_passes_its_own_serve_check(tmp_path: Path) ->
     ("setting", "message"),
     [
         ("indexer.concurrency=0", "indexer.concurrency"),
+        ("tls.enabled=true", "tls.enabled needs the services' certificate"),
     ],
 )
 def test_the_chart_refuses_settings_that_would_break_the_mesh(setting: str, message: str) -> None:
     done = helm_template("--set", setting)
     assert done.returncode != 0, f"--set {setting} rendered"
     assert message in done.stderr, done.stderr
+
+
+def test_cert_manager_issues_one_certificate_naming_every_service_for_both_ends() -> None:
+    docs = rendered("--set", "tls.enabled=true", "--set", "tls.certManager.issuerRef.name=kgmesh-ca")
+    [certificate] = [d for d in docs if d["kind"] == "Certificate"]
+    spec = certificate["spec"]
+    assert spec["issuerRef"] == {"name": "kgmesh-ca"}
+    assert {"server auth", "client auth"} <= set(spec["usages"]), spec["usages"]
+    for service in SERVICES:
+        if service != "gateway":
+            assert f"kgmesh-{service}" in spec["dnsNames"], (service, spec["dnsNames"])
+            assert f"kgmesh-{service}.default.svc" in spec["dnsNames"], service
+    # Every pod mounts the Secret cert-manager writes.
+    for doc in docs:
+        if doc["kind"] == "Deployment":
+            secrets = [v["secret"]["secretName"] for v in doc["spec"]["template"]["spec"]["volumes"] if "secret" in v]
+            assert spec["secretName"] in secrets, (doc["metadata"]["name"], secrets)

@@ -2,7 +2,9 @@
 FalkorDB, NATS and PostgreSQL, then one `kgmesh serve <service>` per service shares them
 through one config file, and an MCP client searches what was ingested through the gateway.
 A lane is replaced on its own: retrieval stops, searches fail with a clear error while the
-rest answers, and a new retrieval process picks up where the old one left off.
+rest answers, and a new retrieval process picks up where the old one left off. The whole run
+goes twice: services talking plain h2c, and with mutual TLS (`[cluster.tls]`), where a service
+answers only a peer holding a certificate from the cluster's CA.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -23,7 +26,17 @@ from pathlib import Path
 
 import pytest
 
-from kgmesh_support import REPO_ROOT, MeshError, call_ok, call_tool, kgmesh_bin, mcp_http, tail
+from kgmesh_support import (
+    REPO_ROOT,
+    MeshError,
+    ServiceCertificates,
+    call_ok,
+    call_tool,
+    kgmesh_bin,
+    mcp_http,
+    tail,
+    write_service_certificates,
+)
 
 SERVICES = ("auth", "files", "indexer", "retrieval", "graph", "ontology", "approval")
 START_TIMEOUT_S = 120.0
@@ -64,6 +77,7 @@ class SplitMesh:
     metrics_ports: dict[str, int] = field(default_factory=dict)
     stores_url: dict[str, str] = field(default_factory=dict)
     stores_dir: Path | None = None
+    tls: ServiceCertificates | None = None
 
     @property
     def config(self) -> Path:
@@ -114,7 +128,8 @@ class SplitMesh:
         secrets_dir.mkdir()
         for key in ("caller-signing.key", "pat-hmac.key"):
             (secrets_dir / key).write_bytes(os.urandom(32))
-        addr = {name: f"http://127.0.0.1:{self.ports[name]}" for name in SERVICES}
+        scheme = "https" if self.tls else "http"
+        addr = {name: f"{scheme}://127.0.0.1:{self.ports[name]}" for name in SERVICES}
         self.config.write_text(
             f"""
 data_dir = "{self.work / 'data'}"
@@ -129,14 +144,14 @@ provider = "none"
 [cluster]
 auth_addr = "{addr['auth']}"
 files_addr = "{addr['files']}"
-retrieval_addr = "http://localhost:{self.ports['retrieval']}"
-graph_addr = "http://localhost:{self.ports['graph']}"
+retrieval_addr = "{scheme}://localhost:{self.ports['retrieval']}"
+graph_addr = "{scheme}://localhost:{self.ports['graph']}"
 ontology_addr = "{addr['ontology']}"
 approval_addr = "{addr['approval']}"
 secrets_dir = "{secrets_dir}"
 blob_dir = "{self.work / 'blobs'}"
 deployment_id = "split-test"
-"""
+{self.tls.toml() if self.tls else ""}"""
         )
 
     def serve(self, name: str) -> Process:
@@ -196,12 +211,14 @@ deployment_id = "split-test"
         )
 
 
-@pytest.fixture(scope="module")
-def split(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SplitMesh]:
+@pytest.fixture(scope="module", params=["h2c", "mtls"])
+def split(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SplitMesh]:
     binary = kgmesh_bin()
     if not binary.is_file():
         pytest.fail(f"kgmesh binary not found at {binary}", pytrace=False)
-    mesh = SplitMesh(work=tmp_path_factory.mktemp("split"), binary=binary)
+    mesh = SplitMesh(work=tmp_path_factory.mktemp(f"split-{request.param}"), binary=binary)
+    if request.param == "mtls":
+        mesh.tls = write_service_certificates(mesh.work / "tls")
     try:
         mesh.start_stores()
         mesh.write_config()
@@ -281,6 +298,54 @@ async def test_services_apart_ingest_and_search_and_a_lane_is_replaced_alone(spl
         assert password not in process.log.read_text(errors="replace"), f"{process.name} logged the database password"
 
 
+H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+
+
+def first_bytes(sock: socket.socket) -> bytes:
+    """What a server answers to an HTTP/2 client preface ("" when it hangs up)."""
+    sock.sendall(H2_PREFACE)
+    sock.settimeout(5)
+    try:
+        return sock.recv(64)
+    except ConnectionResetError:
+        return b""
+
+
+def is_h2_settings(answer: bytes) -> bool:
+    return len(answer) >= 9 and answer[3] == 0x04
+
+
+@pytest.mark.parametrize("split", ["mtls"], indirect=True)
+def test_with_tls_a_service_answers_only_peers_holding_a_certificate_from_the_cluster_ca(split: SplitMesh) -> None:
+    assert split.tls is not None
+    auth = ("127.0.0.1", split.ports["auth"])
+    # Plaintext gRPC gets no HTTP/2 session.
+    with socket.create_connection(auth, timeout=5) as sock:
+        assert not is_h2_settings(first_bytes(sock)), "auth answered plaintext HTTP/2"
+
+    def tls_context(with_certificate: bool) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=str(split.tls.ca))
+        context.set_alpn_protocols(["h2"])
+        if with_certificate:
+            context.load_cert_chain(str(split.tls.cert), str(split.tls.key))
+        return context
+
+    # TLS without a client certificate: the server ends the session before any HTTP/2.
+    with socket.create_connection(auth, timeout=5) as raw:
+        with tls_context(False).wrap_socket(raw, server_hostname="localhost") as sock:
+            try:
+                answer = first_bytes(sock)
+            except ssl.SSLError as err:
+                answer = b""
+                assert "CERTIFICATE" in str(err).upper(), err
+            assert not is_h2_settings(answer), "auth served a client without a certificate"
+    # With the cluster's certificate, the same handshake reaches HTTP/2.
+    with socket.create_connection(auth, timeout=5) as raw:
+        with tls_context(True).wrap_socket(raw, server_hostname="localhost") as sock:
+            assert sock.selected_alpn_protocol() == "h2"
+            assert is_h2_settings(first_bytes(sock)), "auth refused a peer holding the cluster's certificate"
+
+
 def serve_check(service: str, config: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(kgmesh_bin()), "serve", service, "--config", str(config), "--check"],
@@ -297,7 +362,9 @@ def test_serve_refuses_a_config_it_cannot_run_and_says_what_to_change(tmp_path: 
     config.write_text('[embedding]\nprovider = "minilm"\n[cluster]\nauth_addr = "auth:7101"\n')
     done = serve_check("retrieval", config)
     assert done.returncode == 64, (done.returncode, done.stdout, done.stderr)
-    assert "cluster.auth_addr: expected http://HOST:PORT, got `auth:7101`" in done.stderr, done.stderr
+    assert "cluster.auth_addr: expected http://HOST:PORT (https:// with [cluster.tls]), got `auth:7101`" in done.stderr, (
+        done.stderr
+    )
     config.write_text('falkordb_url = "redis://f:6379"\n[embedding]\nprovider = "minilm"\n[cluster]\nauth_addr = "http://auth:7101"\n')
     done = serve_check("retrieval", config)
     assert done.returncode == 64, (done.returncode, done.stdout, done.stderr)
@@ -309,3 +376,32 @@ def test_serve_refuses_a_config_it_cannot_run_and_says_what_to_change(tmp_path: 
     assert done.returncode == 0, done.stderr
     assert "0.0.0.0:7103" in done.stdout, done.stdout
     assert done.stderr == "", done.stderr
+
+
+def test_serve_refuses_tls_settings_peers_would_reject_and_says_what_to_change(tmp_path: Path) -> None:
+    ours = write_service_certificates(tmp_path / "ours")
+    theirs = write_service_certificates(tmp_path / "theirs")
+    config = tmp_path / "kgmesh.toml"
+    base = 'falkordb_url = "redis://f:6379"\n[embedding]\nprovider = "none"\n[cluster]\n'
+    config.write_text(base + 'auth_addr = "https://auth:7101"\n' + ours.toml())
+    done = serve_check("retrieval", config)
+    assert done.returncode == 0, done.stderr
+
+    # A certificate from another CA, and a plaintext peer address beside TLS.
+    mixed = ServiceCertificates(ours.ca, theirs.cert, theirs.key)
+    config.write_text(base + 'auth_addr = "http://auth:7101"\n' + mixed.toml())
+    done = serve_check("retrieval", config)
+    assert done.returncode == 64, (done.returncode, done.stderr)
+    assert "cluster.auth_addr: `http://auth:7101` is plaintext but [cluster.tls] is set" in done.stderr, done.stderr
+    assert f"cluster.tls.cert_file: {theirs.cert} would be refused by the other services" in done.stderr, done.stderr
+    assert "-----BEGIN" not in done.stderr, "no key or certificate material in the message"
+
+    # A key that is not the certificate's, and https without TLS.
+    config.write_text(base + 'auth_addr = "https://auth:7101"\n' + ServiceCertificates(ours.ca, ours.cert, theirs.key).toml())
+    done = serve_check("retrieval", config)
+    assert done.returncode == 64 and f"cluster.tls.key_file: {theirs.key} is not the key of the certificate" in done.stderr, (
+        done.stderr
+    )
+    config.write_text(base + 'auth_addr = "https://auth:7101"\n')
+    done = serve_check("retrieval", config)
+    assert done.returncode == 64 and "needs TLS between services: set [cluster.tls]" in done.stderr, done.stderr

@@ -88,11 +88,28 @@ gateway:   {port: 8080, grpc: false, metrics: false, hpa: true}
 {{- printf "%s-%s" (include "kgmesh.fullname" .root) .service }}
 {{- end }}
 
-{{/* http://<fullname>-<service>:<port>, as [cluster] *_addr. */}}
+{{/* http://<fullname>-<service>:<port> (https:// with tls.enabled), as [cluster] *_addr. */}}
 {{- define "kgmesh.serviceAddr" -}}
 {{- $svc := get (fromYaml (include "kgmesh.services" .root)) .service }}
-{{- printf "http://%s:%v" (include "kgmesh.serviceName" .) $svc.port }}
+{{- printf "%s://%s:%v" (ternary "https" "http" (.root.Values.tls.enabled | default false)) (include "kgmesh.serviceName" .) $svc.port }}
 {{- end }}
+
+{{/* Every name a service is dialled by, for its TLS certificate. */}}
+{{- define "kgmesh.tls.dnsNames" -}}
+{{- $names := list }}
+{{- range $service := list "auth" "files" "retrieval" "graph" "ontology" "approval" "indexer" }}
+{{- $name := include "kgmesh.serviceName" (dict "root" $ "service" $service) }}
+{{- $names = concat $names (list $name (printf "%s.%s" $name $.Release.Namespace) (printf "%s.%s.svc" $name $.Release.Namespace) (printf "%s.%s.svc.%s" $name $.Release.Namespace $.Values.clusterDomain)) }}
+{{- end }}
+{{- toYaml $names }}
+{{- end }}
+
+{{/* The Secret holding ca.crt, tls.crt and tls.key. */}}
+{{- define "kgmesh.tls.secretName" -}}
+{{- .Values.tls.existingSecret | default (printf "%s-tls" (include "kgmesh.fullname" .)) }}
+{{- end }}
+
+{{- define "kgmesh.tlsDir" -}}/etc/kgmesh/tls{{- end }}
 
 {{- define "kgmesh.configPath" -}}/etc/kgmesh/kgmesh.toml{{- end }}
 {{- define "kgmesh.secretsDir" -}}/etc/kgmesh/secrets{{- end }}
@@ -207,7 +224,7 @@ Values the chart owns in kgmesh.toml: set elsewhere in the values, or computed.
   "database_url" "set database.url or database.existingSecret (it reaches the pods from a Secret)"
   "falkordb_url" "set falkordb.url or falkordb.existingSecret"
   "nats_url" "set nats.url or nats.existingSecret"
-  "cluster" "the chart writes [cluster] (service addresses, secrets_dir, blob_dir, deployment_id, metrics_addr)" }}
+  "cluster" "the chart writes [cluster] (service addresses, secrets_dir, blob_dir, deployment_id, metrics_addr, tls)" }}
 {{- range $key, $why := $owned }}
 {{- if hasKey $c $key }}
 {{- fail (printf "config.%s must not be set: %s" $key $why) }}
@@ -228,6 +245,9 @@ Values the chart owns in kgmesh.toml: set elsewhere in the values, or computed.
 {{- $indexer := get $c "indexer" }}
 {{- if and (kindIs "map" $indexer) (kindIs "map" (get $indexer "llm")) (hasKey (get $indexer "llm") "api_key_env") }}
 {{- fail "config.indexer.llm.api_key_env must not be set: set apiKeys.llm (the chart names the variable LLM_API_KEY)" }}
+{{- end }}
+{{- if and .Values.tls.enabled (not .Values.tls.existingSecret) (not (and .Values.tls.certManager.issuerRef .Values.tls.certManager.issuerRef.name)) }}
+{{- fail "tls.enabled needs the services' certificate: set tls.existingSecret (a Secret with ca.crt, tls.crt, tls.key) or tls.certManager.issuerRef.name (cert-manager issues it)" }}
 {{- end }}
 {{- $concurrency := int .Values.indexer.concurrency }}
 {{- if or (lt $concurrency 1) (gt $concurrency 64) }}
@@ -296,6 +316,10 @@ The whole kgmesh.toml as a map: .Values.config plus the keys the chart owns.
   "blob_dir" (include "kgmesh.blobDir" .)
   "deployment_id" (include "kgmesh.deploymentId" .)
   "metrics_addr" (printf "0.0.0.0:%v" .Values.metrics.port) }}
+{{- if .Values.tls.enabled }}
+{{- $dir := include "kgmesh.tlsDir" . }}
+{{- $_ := set $cluster "tls" (dict "ca_file" (printf "%s/ca.crt" $dir) "cert_file" (printf "%s/tls.crt" $dir) "key_file" (printf "%s/tls.key" $dir)) }}
+{{- end }}
 {{- $_ := set $c "cluster" $cluster }}
 {{- toYaml $c }}
 {{- end }}

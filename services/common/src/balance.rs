@@ -11,7 +11,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use tonic::transport::channel::Change;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 
 /// How often a balanced name is looked up again (new pods join within this).
 pub const RESOLVE_EVERY: Duration = Duration::from_secs(5);
@@ -19,8 +19,7 @@ pub const RESOLVE_EVERY: Duration = Duration::from_secs(5);
 /// Whether `endpoint` names a host by DNS (balanced) rather than an IP literal.
 pub(crate) fn dns_host(endpoint: &Endpoint) -> Option<(String, u16)> {
     let uri = endpoint.uri();
-    if uri.scheme_str() != Some("http") {
-        // https would need the name for SNI on every address; services talk plain h2c today.
+    if !matches!(uri.scheme_str(), Some("http" | "https")) {
         return None;
     }
     let host = uri.host()?.trim_start_matches('[').trim_end_matches(']');
@@ -31,8 +30,14 @@ pub(crate) fn dns_host(endpoint: &Endpoint) -> Option<(String, u16)> {
 }
 
 /// A channel over every address `resolve` lists, refreshed every `every` for as long as the
-/// channel lives. Needs a tokio runtime.
-pub(crate) fn balanced<R, F>(template: Endpoint, resolve: R, every: Duration) -> Channel
+/// channel lives; with `tls` (its server name set to the balanced host) when the template is
+/// `https`. Needs a tokio runtime.
+pub(crate) fn balanced<R, F>(
+    template: Endpoint,
+    tls: Option<ClientTlsConfig>,
+    resolve: R,
+    every: Duration,
+) -> Channel
 where
     R: Fn() -> F + Send + 'static,
     F: Future<Output = io::Result<Vec<SocketAddr>>> + Send,
@@ -50,7 +55,7 @@ where
                         }
                     }
                     for new in found.difference(&current) {
-                        let Ok(endpoint) = endpoint_at(&template, *new) else {
+                        let Ok(endpoint) = endpoint_at(&template, tls.as_ref(), *new) else {
                             continue;
                         };
                         if changes.send(Change::Insert(*new, endpoint)).await.is_err() {
@@ -84,12 +89,20 @@ fn one_family(found: Vec<SocketAddr>) -> HashSet<SocketAddr> {
 }
 
 /// `template`'s settings aimed at one address; requests still name the original host.
-fn endpoint_at(template: &Endpoint, addr: SocketAddr) -> Result<Endpoint, tonic::transport::Error> {
-    let endpoint = Endpoint::from_shared(format!("http://{addr}"))?
+fn endpoint_at(
+    template: &Endpoint,
+    tls: Option<&ClientTlsConfig>,
+    addr: SocketAddr,
+) -> Result<Endpoint, tonic::transport::Error> {
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let endpoint = Endpoint::from_shared(format!("{scheme}://{addr}"))?
         .origin(template.uri().clone())
         .connect_timeout(super::grpc::CONNECT_TIMEOUT)
         .tcp_nodelay(true);
-    Ok(endpoint)
+    match tls {
+        Some(tls) => endpoint.tls_config(tls.clone()),
+        None => Ok(endpoint),
+    }
 }
 
 /// Looks `host:port` up through the system resolver.
@@ -189,6 +202,7 @@ mod tests {
         let template = Endpoint::from_shared(format!("http://lane.test:{}", first.port())).unwrap();
         let channel = balanced(
             template,
+            None,
             move || {
                 let found = resolver.lock().unwrap().clone();
                 async move { Ok(found) }
@@ -226,7 +240,11 @@ mod tests {
         );
         assert_eq!(at("http://127.0.0.1:7103"), None);
         assert_eq!(at("http://[::1]:7103"), None);
-        assert_eq!(at("https://retrieval.example:443"), None);
+        assert_eq!(
+            at("https://retrieval.example:443"),
+            Some(("retrieval.example".to_owned(), 443))
+        );
+        assert_eq!(at("https://10.0.0.7:7103"), None);
         let mixed: Vec<SocketAddr> = vec![
             "[::1]:1".parse().unwrap(),
             "127.0.0.1:1".parse().unwrap(),

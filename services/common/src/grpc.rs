@@ -1,5 +1,6 @@
 //! The one gRPC server stack every service runs: standard health service,
-//! caller-context verification, request metrics, a per-request timeout.
+//! caller-context verification, request metrics, a per-request timeout, and mutual TLS
+//! when the process has it; and the client channels services call each other over.
 
 use std::time::Duration;
 
@@ -11,6 +12,7 @@ use tonic_health::ServingStatus;
 
 use crate::caller::CallerContextLayer;
 use crate::metrics::GrpcMetricsLayer;
+use crate::tls::ClusterTls;
 
 /// Upper bound on one RPC; tool-level limits (e.g. Cypher's 2 s) are tighter.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -44,7 +46,7 @@ pub async fn serve(
         .copied()
         .unwrap_or("unknown")
         .to_owned();
-    tonic::transport::Server::builder()
+    server()?
         .timeout(REQUEST_TIMEOUT)
         .layer(GrpcMetricsLayer::new(service_label))
         .layer(caller_layer)
@@ -52,6 +54,20 @@ pub async fn serve(
         .serve_with_incoming_shutdown(incoming(listener), shutdown.cancelled_owned())
         .await?;
     Ok(())
+}
+
+/// A gRPC server builder, requiring the process's mutual TLS when it has one
+/// ([`crate::tls::install`]). Every gRPC server a service runs starts from here.
+pub fn server() -> Result<tonic::transport::Server, ServeError> {
+    server_with(crate::tls::installed())
+}
+
+fn server_with(tls: Option<&ClusterTls>) -> Result<tonic::transport::Server, ServeError> {
+    let builder = tonic::transport::Server::builder();
+    Ok(match tls {
+        Some(tls) => builder.tls_config(tls.server.clone())?,
+        None => builder,
+    })
 }
 
 /// How long the server lets a request run from now: the caller's `grpc-timeout` when it
@@ -108,21 +124,41 @@ fn incoming(listener: TcpListener) -> TcpIncoming {
 /// How long a client waits for a TCP connection to a service.
 pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// A lazily connecting channel to `addr` (`http://host:port`). A host given by name is looked
-/// up again every few seconds and calls spread over every address it lists, so the replicas
-/// of a lane behind a headless Kubernetes Service share its calls ([`crate::balance`]); an IP
-/// address (every `kgmesh up` address) is one plain connection.
+/// A lazily connecting channel to `addr` (`http://host:port`, or `https://host:port` with the
+/// process's mutual TLS, [`crate::tls`]). A host given by name is looked up again every few
+/// seconds and calls spread over every address it lists, so the replicas of a lane behind a
+/// headless Kubernetes Service share its calls ([`crate::balance`]); an IP address (every
+/// `kgmesh up` address) is one plain connection.
 pub fn channel(addr: &str) -> Result<tonic::transport::Channel, tonic::transport::Error> {
-    let endpoint = tonic::transport::Endpoint::from_shared(addr.to_owned())?
+    channel_with(addr, crate::tls::installed())
+}
+
+pub(crate) fn channel_with(
+    addr: &str,
+    tls: Option<&ClusterTls>,
+) -> Result<tonic::transport::Channel, tonic::transport::Error> {
+    let mut endpoint = tonic::transport::Endpoint::from_shared(addr.to_owned())?
         .connect_timeout(CONNECT_TIMEOUT)
         .tcp_nodelay(true);
+    // Without the process's TLS an https:// channel fails every call, as it should: the
+    // services check their addresses against `[cluster.tls]` before they start.
+    let client_tls = match (endpoint.uri().scheme_str(), tls) {
+        (Some("https"), Some(tls)) => Some(tls.client.clone()),
+        _ => None,
+    };
+    if let Some(client_tls) = &client_tls {
+        endpoint = endpoint.tls_config(client_tls.clone())?;
+    }
     if let (Some((host, port)), Ok(_)) = (
         crate::balance::dns_host(&endpoint),
         tokio::runtime::Handle::try_current(),
     ) {
+        // Each pod is dialled by address; its certificate is still checked against the name.
+        let client_tls = client_tls.map(|config| config.domain_name(host.clone()));
         let resolve = move || crate::balance::lookup(host.clone(), port);
         return Ok(crate::balance::balanced(
             endpoint,
+            client_tls,
             resolve,
             crate::balance::RESOLVE_EVERY,
         ));
@@ -174,6 +210,84 @@ mod tests {
             REQUEST_TIMEOUT,
             "unparsable: ignored"
         );
+    }
+
+    /// A health server on 127.0.0.1 behind `tls`.
+    async fn health_server(tls: &ClusterTls, shutdown: CancellationToken) -> u16 {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (_reporter, health) = tonic_health::server::health_reporter();
+        let server = server_with(Some(tls)).unwrap().add_service(health);
+        tokio::spawn(
+            server.serve_with_incoming_shutdown(incoming(listener), shutdown.cancelled_owned()),
+        );
+        port
+    }
+
+    async fn health(addr: &str, tls: Option<&ClusterTls>) -> Result<(), tonic::Status> {
+        use tonic_health::pb::HealthCheckRequest;
+        use tonic_health::pb::health_client::HealthClient;
+        let mut client = HealthClient::new(channel_with(addr, tls).unwrap());
+        let mut request = tonic::Request::new(HealthCheckRequest {
+            service: String::new(),
+        });
+        request.set_timeout(Duration::from_secs(5));
+        client.check(request).await.map(drop)
+    }
+
+    #[tokio::test]
+    async fn services_with_tls_talk_only_to_peers_holding_a_certificate_from_their_ca() {
+        use crate::tls::testing::{Authority, write};
+        use rcgen::ExtendedKeyUsagePurpose::{ClientAuth, ServerAuth};
+        let dir = tempfile::tempdir().unwrap();
+        let ca = Authority::new("kgmesh services");
+        let load = |files| ClusterTls::load(&files).unwrap();
+        // Named for `localhost` only: a peer dialling 127.0.0.1 by name is checked against it.
+        let (cert, key) = ca.leaf(&["localhost"], &[ServerAuth, ClientAuth]);
+        let service = load(write(dir.path(), "service", &ca.pem, &cert, &key));
+        let shutdown = CancellationToken::new();
+        let port = health_server(&service, shutdown.clone()).await;
+
+        // A peer with its own certificate from the CA, dialling a name the certificate holds
+        // (looked up and balanced, so each address is dialled under that name).
+        let peer = load(ca.service_files(dir.path(), "peer"));
+        health(&format!("https://localhost:{port}"), Some(&peer))
+            .await
+            .unwrap();
+
+        // Plaintext, no client certificate, a certificate from another CA, or a name the
+        // server's certificate does not hold: every call fails.
+        let plain = health(&format!("http://127.0.0.1:{port}"), None).await;
+        assert!(plain.is_err(), "plaintext call answered");
+        let anonymous = ClusterTls {
+            server: peer.server.clone(),
+            client: tonic::transport::ClientTlsConfig::new()
+                .ca_certificate(tonic::transport::Certificate::from_pem(&ca.pem)),
+        };
+        let refused = health(&format!("https://localhost:{port}"), Some(&anonymous)).await;
+        assert!(
+            refused.is_err(),
+            "a client without a certificate was served"
+        );
+        let other = Authority::new("someone else");
+        let (foreign_cert, foreign_key) = other.leaf(&["localhost"], &[ServerAuth, ClientAuth]);
+        let stranger = ClusterTls {
+            server: peer.server.clone(),
+            client: tonic::transport::ClientTlsConfig::new()
+                .ca_certificate(tonic::transport::Certificate::from_pem(&ca.pem))
+                .identity(tonic::transport::Identity::from_pem(
+                    foreign_cert,
+                    foreign_key,
+                )),
+        };
+        let refused = health(&format!("https://localhost:{port}"), Some(&stranger)).await;
+        assert!(refused.is_err(), "a client from another CA was served");
+        let by_address = health(&format!("https://127.0.0.1:{port}"), Some(&peer)).await;
+        assert!(
+            by_address.is_err(),
+            "the server's certificate does not name 127.0.0.1"
+        );
+        shutdown.cancel();
     }
 
     #[tokio::test]

@@ -2,7 +2,8 @@
 //!
 //! It owns the stable error codes and their one mapping to gRPC, the signed
 //! caller context (signing, verification, the tower layer every service runs),
-//! access-filter compilation into store predicates, the gRPC server stack,
+//! access-filter compilation into store predicates, the gRPC server stack and
+//! client channels (balanced, with mutual TLS between services when configured),
 //! configuration loading, telemetry (with credentials masked in every log
 //! line), metrics and untrusted-text sanitising.
 //! It never talks to a store.
@@ -17,5 +18,6 @@ pub mod metrics;
 pub mod redact;
 pub mod sanitize;
 pub mod telemetry;
+pub mod tls;
 
 pub use error::{ErrorCode, ErrorExt};
