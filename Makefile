@@ -115,6 +115,14 @@ bench-search: deps
 	$(CARGO) build --release --bin kgmesh --bin kg-search-bench
 	$(PYTHON) bench/search/run.py $(BENCH_ARGS)
 
+# What mutual TLS between the services costs per gRPC call: plain h2c against mTLS through
+# kg_common's own servers and channels on loopback (warm sequential calls, calls in flight, a
+# new connection per call), p50/p95/p99 and ratios. Not part of `make test`.
+.PHONY: bench-grpc
+bench-grpc:
+	$(CARGO) build --release --bin kg-grpc-bench
+	target/release/kg-grpc-bench $(BENCH_ARGS)
+
 # kg_cypher's parse + validate + rewrite under fuzzing for FUZZ_SECS (default 60): libFuzzer via
 # cargo-fuzz when it is installed (`cargo install cargo-fuzz`; RUSTC_BOOTSTRAP lets the stable
 # toolchain build it), else the stable grammar-aware harness. Fails on a panic, a print/parse

@@ -10,6 +10,7 @@ pub mod config;
 pub mod ingest;
 pub mod mesh;
 mod parts;
+pub mod percentiles;
 pub mod serve;
 
 pub use mesh::{Mesh, MeshInfo, MeshOptions};

@@ -857,31 +857,11 @@ struct Failure {
     message: String,
 }
 
-#[derive(Clone, Copy)]
-struct Stats {
-    p50: f64,
-    p95: f64,
-    p99: f64,
-    mean: f64,
-}
+type Stats = kgmesh::percentiles::Summary;
 
 /// Nearest-rank percentiles in milliseconds (signed: overheads can be negative).
-fn stats(mut values: Vec<f64>) -> Stats {
-    values.sort_by(f64::total_cmp);
-    let rank = |p: f64| {
-        if values.is_empty() {
-            return f64::NAN;
-        }
-        let index = ((p * values.len() as f64).ceil() as usize).clamp(1, values.len()) - 1;
-        values[index]
-    };
-    let mean = values.iter().sum::<f64>() / values.len().max(1) as f64;
-    Stats {
-        p50: rank(0.50),
-        p95: rank(0.95),
-        p99: rank(0.99),
-        mean,
-    }
+fn stats(values: Vec<f64>) -> Stats {
+    Stats::of(values)
 }
 
 fn ms(d: Duration) -> f64 {

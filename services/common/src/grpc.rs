@@ -59,10 +59,11 @@ pub async fn serve(
 /// A gRPC server builder, requiring the process's mutual TLS when it has one
 /// ([`crate::tls::install`]). Every gRPC server a service runs starts from here.
 pub fn server() -> Result<tonic::transport::Server, ServeError> {
-    server_with(crate::tls::installed())
+    server_for(crate::tls::installed())
 }
 
-fn server_with(tls: Option<&ClusterTls>) -> Result<tonic::transport::Server, ServeError> {
+/// [`server`] with `tls` instead of the process's (tests and benches).
+pub fn server_for(tls: Option<&ClusterTls>) -> Result<tonic::transport::Server, ServeError> {
     let builder = tonic::transport::Server::builder();
     Ok(match tls {
         Some(tls) => builder.tls_config(tls.server.clone())?,
@@ -130,10 +131,11 @@ pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// headless Kubernetes Service share its calls ([`crate::balance`]); an IP address (every
 /// `kgmesh up` address) is one plain connection.
 pub fn channel(addr: &str) -> Result<tonic::transport::Channel, tonic::transport::Error> {
-    channel_with(addr, crate::tls::installed())
+    channel_for(addr, crate::tls::installed())
 }
 
-pub(crate) fn channel_with(
+/// [`channel`] with `tls` instead of the process's (tests and benches).
+pub fn channel_for(
     addr: &str,
     tls: Option<&ClusterTls>,
 ) -> Result<tonic::transport::Channel, tonic::transport::Error> {
@@ -217,7 +219,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let (_reporter, health) = tonic_health::server::health_reporter();
-        let server = server_with(Some(tls)).unwrap().add_service(health);
+        let server = server_for(Some(tls)).unwrap().add_service(health);
         tokio::spawn(
             server.serve_with_incoming_shutdown(incoming(listener), shutdown.cancelled_owned()),
         );
@@ -227,7 +229,7 @@ mod tests {
     async fn health(addr: &str, tls: Option<&ClusterTls>) -> Result<(), tonic::Status> {
         use tonic_health::pb::HealthCheckRequest;
         use tonic_health::pb::health_client::HealthClient;
-        let mut client = HealthClient::new(channel_with(addr, tls).unwrap());
+        let mut client = HealthClient::new(channel_for(addr, tls).unwrap());
         let mut request = tonic::Request::new(HealthCheckRequest {
             service: String::new(),
         });
