@@ -157,7 +157,7 @@ pub(crate) fn output_schema() -> Value {
                 "type": "object",
                 "properties": {
                     "file_id": uuid, "file_version_id": uuid, "path": {"type": "string"},
-                    "title": {"type": ["string", "null"]}, "type": {"type": ["string", "null"]},
+                    "title": {"anyOf": [{"type": "string"}, {"type": "null"}]}, "type": {"anyOf": [{"type": "string"}, {"type": "null"}]},
                     "tags": {"type": "array", "items": {"type": "string"}},
                     "reserved": {"type": "boolean", "description": "A path segment starts with _ or . (index, config, system files)."}
                 },
@@ -190,9 +190,9 @@ pub(crate) fn output_schema() -> Value {
             "page_info": {
                 "type": "object",
                 "properties": {
-                    "self": {"type": ["string", "null"], "description": "Cursor supplied on this request, if any."},
+                    "self": {"anyOf": [{"type": "string"}, {"type": "null"}], "description": "Cursor supplied on this request, if any."},
                     "first": {"type": "object", "description": "Reserved; a first-page cursor is not emitted."},
-                    "next": {"type": ["string", "null"], "description": "Cursor for the next page, or null on the last page."},
+                    "next": {"anyOf": [{"type": "string"}, {"type": "null"}], "description": "Cursor for the next page, or null on the last page."},
                     "prev": {"type": "object", "description": "Reserved; a previous-page cursor is not emitted."}
                 },
                 "required": ["self", "first", "next", "prev"],

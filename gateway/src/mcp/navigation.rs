@@ -468,7 +468,7 @@ fn ontology_output() -> Value {
             "namespace": string,
             "published": {"type": "boolean", "description": "False when the namespace has no published TBox."},
             "version": {"type": "integer"},
-            "publishedAtMs": {"type": ["integer", "null"]},
+            "publishedAtMs": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
             "entityTypes": {"type": "array", "items": {"type": "object", "properties": {
                 "typeId": string, "label": string, "aliases": {"type": "array", "items": string}, "side": string,
                 "instances": {"type": "array", "items": {"type": "object", "properties": {
@@ -513,7 +513,7 @@ fn file_entities_output() -> Value {
             }, "required": ["typeId", "label"]}},
             "total": int,
             "truncated": {"type": "boolean"},
-            "nextAfterEntityKey": {"type": ["string", "null"]}
+            "nextAfterEntityKey": {"anyOf": [{"type": "string"}, {"type": "null"}]}
         },
         "required": ["fileId", "entities", "entityTypes", "total", "truncated", "nextAfterEntityKey"],
     })
@@ -548,7 +548,7 @@ fn file_triples_output() -> Value {
             }, "required": ["sourceEntityKey", "relationTypeId", "targetEntityKey"]}},
             "total": {"type": "integer"},
             "truncated": {"type": "boolean"},
-            "continueAfter": {"type": ["object", "null"], "properties": {
+            "continueAfter": {"anyOf": [{"type": "object"}, {"type": "null"}], "properties": {
                 "afterSourceEntityKey": string, "afterRelationTypeId": string, "afterTargetEntityKey": string
             }}
         },

@@ -525,7 +525,7 @@ fn outline_output() -> Value {
                 "outlineKey": {"type": "string"}, "title": {"type": "string"}, "depth": int, "order": int,
                 "parentKey": {"type": "string"}, "lineStart": int, "pageStart": int, "pageEnd": int, "chunkCount": int
             }, "required": ["outlineKey", "title", "depth", "order", "chunkCount"]}},
-            "nextCursor": {"type": ["string", "null"]},
+            "nextCursor": {"anyOf": [{"type": "string"}, {"type": "null"}]},
             "total": int
         },
         "required": ["fileId", "path", "sections", "nextCursor", "total"],
@@ -553,7 +553,7 @@ fn files_output() -> Value {
                 },
                 "required": ["namespace", "path", "fileId", "size", "mime", "status"]
             }},
-            "nextCursor": {"type": ["string", "null"]},
+            "nextCursor": {"anyOf": [{"type": "string"}, {"type": "null"}]},
             "total": {"type": "integer", "description": "Matching files you may read (with pattern: among those scanned so far)."},
             "stoppedEarly": {"type": "boolean", "description": "The content scan stopped on its time or byte budget."},
             "stopReason": string,
@@ -576,9 +576,9 @@ fn file_output() -> Value {
                 },
                 "required": ["namespace", "path", "fileId", "size", "mime", "status"]
             },
-            "format": {"type": ["string", "null"], "description": "The format that ran; null for metadata."},
+            "format": {"anyOf": [{"type": "string"}, {"type": "null"}], "description": "The format that ran; null for metadata."},
             "columns": {"type": "array", "items": string, "description": "CSV/TSV header names in file order."},
-            "result": {"description": "Depends on format. Metadata: {size, mime, status, statusReason?, tooLarge, columnTypes?}. \
+            "result": {"type": "object", "additionalProperties": true, "description": "Depends on format. Metadata: {size, mime, status, statusReason?, tooLarge, columnTypes?}. \
     sql: {columns, types, rows, rowCount, truncated, malformedRows?}. text: {matches: [{lineNumber, line}], ...} or {startLine, endLine, lines}. \
     jsonpath, jsonata, jinja: {result}."},
             "truncated": {"type": "boolean", "description": "More rows, matches or lines exist than were returned."}
@@ -587,7 +587,7 @@ fn file_output() -> Value {
     })
 }
 
-/// A checker for the JSON Schema subset these schemas use (type, enum,
+/// A checker for the JSON Schema subset these schemas use (type, anyOf, enum,
 /// properties, required, items, additionalProperties), so tests can prove
 /// results match the outputSchema that MCP clients validate against.
 #[cfg(test)]
@@ -610,6 +610,13 @@ pub(crate) fn check_schema(schema: &Value, value: &Value, path: &str) -> Result<
             return Err(format!("{path}: expected one of {ts:?}, got {value}"));
         }
         _ => {}
+    }
+    if let Some(Value::Array(branches)) = schema.get("anyOf")
+        && !branches
+            .iter()
+            .any(|branch| check_schema(branch, value, path).is_ok())
+    {
+        return Err(format!("{path}: {value} matches none of {branches:?}"));
     }
     if let Some(Value::Array(allowed)) = schema.get("enum")
         && !allowed.contains(value)
@@ -775,6 +782,42 @@ mod tests {
             )
             .is_err()
         );
+        let nullable = json!({"anyOf": [{"type": "string"}, {"type": "null"}]});
+        assert!(check_schema(&nullable, &json!(3), "$").is_err());
+        assert!(check_schema(&nullable, &json!(null), "$").is_ok());
+        assert!(check_schema(&nullable, &json!("next"), "$").is_ok());
         assert!(check_schema(&json!({"type": ["string", "null"]}), &json!(3), "$").is_err());
+    }
+
+    #[test]
+    fn output_schemas_spell_nullable_values_portably() {
+        // A `type` array is legal JSON Schema, but clients that map schemas onto a single-type
+        // dialect (Gemini's OpenAPI subset) reject or mangle it; anyOf branches map everywhere.
+        fn walk(schema: &Value, path: &str, found: &mut Vec<String>) {
+            match schema {
+                Value::Object(map) => {
+                    if matches!(map.get("type"), Some(Value::Array(_))) {
+                        found.push(path.to_owned());
+                    }
+                    for (key, value) in map {
+                        walk(value, &format!("{path}.{key}"), found);
+                    }
+                }
+                Value::Array(items) => {
+                    for (i, item) in items.iter().enumerate() {
+                        walk(item, &format!("{path}[{i}]"), found);
+                    }
+                }
+                _ => {}
+            }
+        }
+        let mut found = Vec::new();
+        for tool in ToolRegistry::builtin().tools() {
+            let output = Value::Object((*tool.output_schema.clone().unwrap()).clone());
+            let input = Value::Object((*tool.input_schema).clone());
+            walk(&output, &format!("{}.outputSchema", tool.name), &mut found);
+            walk(&input, &format!("{}.inputSchema", tool.name), &mut found);
+        }
+        assert!(found.is_empty(), "type arrays: {found:?}");
     }
 }
