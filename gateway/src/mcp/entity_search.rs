@@ -214,6 +214,7 @@ pub(crate) async fn run(
                 total = total.saturating_add(response.total_candidates);
                 lists.push(response.hits);
             }
+            Err(err) if super::tools::is_caller_error(&err) => return Err(err),
             Err(err) => {
                 tracing::warn!(namespace = %ns, code = %err.code, "entity search soft-failed");
                 trace.push(json!({"namespace": ns, "ok": false, "errorCode": err.code.as_str()}));
@@ -230,6 +231,12 @@ pub(crate) async fn run(
     let winners = interleave(lists, args.limit as usize);
     let (evidence, evidence_failures) =
         evidence_packages(state, caller, &namespaces, &winners, &args).await;
+    if let Some((_, err)) = evidence_failures
+        .iter()
+        .find(|(_, err)| super::tools::is_caller_error(err))
+    {
+        return Err(err.clone());
+    }
     Ok(entity_result(
         &namespaces,
         trace,

@@ -287,6 +287,7 @@ fn collect_searches(
                     error: None,
                 });
             }
+            Err(err) if is_caller_error(&err) => return Err(err),
             Err(err) => {
                 tracing::warn!(namespace = %ns, code = %err.code, "namespace search soft-failed");
                 outcomes.push(NamespaceOutcome {
@@ -312,8 +313,16 @@ fn collect_searches(
     }
 }
 
+/// Whether a backend refused the caller rather than failing for one namespace: the signed
+/// context was not accepted, so the call fails closed with that error instead of answering
+/// with whatever other namespaces returned.
+pub(super) fn is_caller_error(err: &ClientError) -> bool {
+    err.code == ErrorCode::Unauthenticated
+}
+
 /// Builds the kg_search result from the winners (in interleaved order) and the
-/// packages each namespace returned for them.
+/// packages each namespace returned for them. Fails when the caller was refused, or when
+/// every namespace holding a winner failed to return its packages.
 fn assemble(
     round: SearchRound,
     winners: &[(usize, SearchHit)],
@@ -328,15 +337,29 @@ fn assemble(
         duplicates_collapsed,
     } = round;
     let mut packages: Vec<HashMap<String, ChunkPackage>> = Vec::with_capacity(outcomes.len());
+    let mut first_error = None;
     for (outcome, result) in outcomes.iter_mut().zip(package_lists) {
         match result {
             Ok(list) => packages.push(list.into_iter().map(|p| (p.chunk_key.clone(), p)).collect()),
+            Err(err) if is_caller_error(&err) => return Err(err),
             Err(err) => {
                 tracing::warn!(namespace = %outcome.namespace, code = %err.code, "namespace packages soft-failed");
                 outcome.error = Some((err.code, "packages"));
                 packages.push(HashMap::new());
+                first_error.get_or_insert(err);
             }
         }
+    }
+    // Hits were found but none could be read: an error, not an empty answer.
+    if let Some(err) = first_error
+        && !winners.is_empty()
+        && winners.iter().all(|(index, _)| {
+            outcomes
+                .get(*index)
+                .is_some_and(|outcome| outcome.error.is_some())
+        })
+    {
+        return Err(err);
     }
     // Keep the interleaved order; a chunk that became unreadable meanwhile drops out.
     let mut result_hits: Vec<&SearchHit> = Vec::with_capacity(winners.len());
@@ -845,6 +868,60 @@ mod tests {
             json!({"budget": 5, "used": 5, "omitted": 0, "truncated": true})
         );
         assert_eq!(result["results"][0]["textTruncated"], true);
+    }
+
+    #[test]
+    fn a_refused_caller_fails_the_search_and_unreadable_winners_are_not_an_empty_answer() {
+        let namespaces = vec!["a".to_owned(), "b".to_owned()];
+        let searched = || {
+            collect_searches(
+                &namespaces,
+                vec![
+                    Ok(response(vec![hit("a1", 0.5)], 1)),
+                    Ok(response(vec![hit("b1", 0.5)], 1)),
+                ],
+            )
+            .unwrap()
+        };
+        // The context expired between the search and the packages: the auth error, even
+        // though the other namespace answered.
+        let mut round = searched();
+        let winners = round.winners(8);
+        let err = assemble(
+            round,
+            &winners,
+            vec![
+                Ok(packages(&["a1"])),
+                Err(ClientError::new(ErrorCode::Unauthenticated, "expired")),
+            ],
+            None,
+        )
+        .unwrap_err();
+        assert_eq!(err.code, ErrorCode::Unauthenticated);
+        // Every namespace with a winner failed its packages: the error, not `results: []`.
+        let mut round = searched();
+        let winners = round.winners(8);
+        let err = assemble(
+            round,
+            &winners,
+            vec![
+                Err(ClientError::new(ErrorCode::Unavailable, "graph down")),
+                Err(ClientError::new(ErrorCode::Timeout, "slow")),
+            ],
+            None,
+        )
+        .unwrap_err();
+        assert_eq!(err.code, ErrorCode::Unavailable);
+        // At the search stage too: one namespace refusing the caller fails the call.
+        let err = collect_searches(
+            &namespaces,
+            vec![
+                Ok(response(vec![hit("a1", 0.5)], 1)),
+                Err(ClientError::new(ErrorCode::Unauthenticated, "expired")),
+            ],
+        )
+        .unwrap_err();
+        assert_eq!(err.code, ErrorCode::Unauthenticated);
     }
 
     #[test]
