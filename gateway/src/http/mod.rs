@@ -43,6 +43,7 @@ pub fn router(state: GatewayState) -> Router {
             answer_builtin_tool_calls,
         ))
         .route_layer(from_fn(closed_session_is_no_content))
+        .route_layer(from_fn(accept_anything_means_both))
         .route_layer(from_fn_with_state(
             BearerGuard {
                 state: state.clone(),
@@ -94,6 +95,29 @@ pub fn router(state: GatewayState) -> Router {
         .merge(approvals)
         .fallback(not_found)
         .layer(tower_http::trace::TraceLayer::new_for_http())
+}
+
+/// A POST to `/mcp` that names no media type (no `Accept`, or only `*/*`, as curl sends) takes
+/// whatever the server answers; rmcp requires JSON and SSE to be named and would answer 406, so
+/// a bare `curl -X POST` with a bearer (the documented way to check a token) never saw its 200.
+/// A client that names types keeps its own header.
+async fn accept_anything_means_both(mut request: Request, next: Next) -> Response {
+    if request.method() == Method::POST && accepts_anything(request.headers()) {
+        request.headers_mut().insert(
+            header::ACCEPT,
+            header::HeaderValue::from_static("application/json, text/event-stream"),
+        );
+    }
+    next.run(request).await
+}
+
+/// No `Accept` header, or only `*/*` ranges (with or without parameters).
+fn accepts_anything(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::ACCEPT)
+        .iter()
+        .flat_map(|value| value.to_str().unwrap_or("-").split(','))
+        .all(|range| range.split(';').next().unwrap_or_default().trim() == "*/*")
 }
 
 /// rmcp answers a session DELETE with 202 Accepted, though the session is already closed

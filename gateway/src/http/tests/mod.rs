@@ -414,6 +414,49 @@ async fn mcp_session_lists_and_calls_tools() {
     assert!(!dump.contains("canary") && !dump.contains(GOOD), "{dump}");
 }
 
+#[tokio::test]
+async fn a_bare_curl_post_with_a_bearer_gets_its_200() {
+    // The documented check of a token: a bearer, a JSON body, and curl's own `Accept: */*`
+    // (or none at all); a 2024-11-05 client.
+    let auth = start_auth().await;
+    let app = app(config(&auth.addr).await);
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2024-11-05", "capabilities": {}, "clientInfo": {"name": "test", "version": "1.0"}}})
+    .to_string();
+    for accept in [Some("*/*"), None] {
+        let mut builder = request("POST", "/mcp")
+            .header(header::AUTHORIZATION, format!("Bearer {GOOD}"))
+            .header(header::CONTENT_TYPE, "application/json")
+            .header(header::CONTENT_LENGTH, init.len());
+        if let Some(accept) = accept {
+            builder = builder.header(header::ACCEPT, accept);
+        }
+        let response = app
+            .clone()
+            .oneshot(builder.body(Body::from(init.clone())).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "Accept {accept:?}");
+        let messages = rpc_messages(response).await;
+        assert_eq!(messages[0]["result"]["serverInfo"]["name"], "kgmesh");
+    }
+    // A client that names one type alone keeps its header, and rmcp's answer to it.
+    let response = app
+        .clone()
+        .oneshot(
+            request("POST", "/mcp")
+                .header(header::AUTHORIZATION, format!("Bearer {GOOD}"))
+                .header(header::CONTENT_TYPE, "application/json")
+                .header(header::ACCEPT, "text/html")
+                .header(header::CONTENT_LENGTH, init.len())
+                .body(Body::from(init))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::NOT_ACCEPTABLE);
+}
+
 /// Sends `initialize` for `GOOD`: the new session's id and the answer's messages.
 async fn initialize(app: &axum::Router) -> (String, Vec<Value>) {
     let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
