@@ -172,7 +172,14 @@ impl McpServer {
             .list_generated_tools(caller.request(ListGeneratedToolsRequest { role, roles }))
             .await
         {
-            Ok(r) => r.into_inner().tools.into_iter().map(to_tool).collect(),
+            // The ontology service refuses such projects; an older one may not have.
+            Ok(r) => r
+                .into_inner()
+                .tools
+                .into_iter()
+                .filter(|tool| !kg_common::tool_names::is_reserved(&tool.name))
+                .map(to_tool)
+                .collect(),
             Err(status) => {
                 tracing::warn!(code = ?status.code(), "ontology unavailable: generated tools left out of tools/list");
                 Vec::new()

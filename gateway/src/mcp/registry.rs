@@ -790,6 +790,17 @@ mod tests {
     }
 
     #[test]
+    fn every_built_in_name_is_reserved_from_ontology_projects() {
+        for tool in ToolRegistry::builtin().tools() {
+            assert!(
+                kg_common::tool_names::is_reserved(&tool.name),
+                "{} is not in kg_common::tool_names: a project could generate it",
+                tool.name
+            );
+        }
+    }
+
+    #[test]
     fn output_schemas_spell_nullable_values_portably() {
         // A `type` array is legal JSON Schema, but clients that map schemas onto a single-type
         // dialect (Gemini's OpenAPI subset) reject or mangle it; anyOf branches map everywhere.

@@ -19,5 +19,6 @@ pub mod redact;
 pub mod sanitize;
 pub mod telemetry;
 pub mod tls;
+pub mod tool_names;
 
 pub use error::{ErrorCode, ErrorExt};

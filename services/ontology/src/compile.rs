@@ -190,6 +190,12 @@ pub fn check_static(project: &Project) -> Vec<String> {
         if name.len() > MAX_TOOL_NAME {
             p.push(format!("{source}: generated tool name `{name}` is longer than {MAX_TOOL_NAME} characters; shorten the names"));
         }
+        if kg_common::tool_names::is_reserved(&name) {
+            p.push(format!(
+                "{source} generates the tool `{name}`, which is a built-in kgmesh tool's name \
+                 (MCP clients see one list of names); rename it"
+            ));
+        }
         if let Some(first) = seen.get(&name) {
             p.push(format!(
                 "{source} and {first} both generate the tool `{name}`; rename one of them"
@@ -1001,6 +1007,21 @@ mod tests {
             let err = with(timeout_ms, max_attempts).expect("refused");
             assert!(err.contains(problem), "{err}");
         }
+    }
+
+    #[test]
+    fn a_project_may_not_generate_a_built_in_tools_name() {
+        let mut p = shop();
+        let order = p.objects["order"].clone();
+        p.objects.insert("knowledge_graph".into(), order);
+        let problems = check_static(&p);
+        assert!(
+            problems.iter().any(
+                |x| x.contains("`get_knowledge_graph`, which is a built-in kgmesh tool's name")
+            ),
+            "{problems:?}"
+        );
+        assert!(check_static(&shop()).is_empty());
     }
 
     #[test]
