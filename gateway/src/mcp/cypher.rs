@@ -140,7 +140,7 @@ An Entity must be reached from a chunk ((c:Chunk)-[:MENTIONS]->(e:Entity)), an O
 Names and parameters starting with kg_ are reserved. Functions: count, collect, sum, avg, min, max, toLower, toUpper, trim, size, id, labels, type, coalesce, toString, toInteger, toFloat, substring, left, right, replace, split, head, last, keys, properties, abs, round, floor, ceil. \
 Graph: (:Chunk {text, path, chunkIndex, chunkKey})-[:PART_OF]->(:FileRef {vfsPath, name, fileId}); (:Chunk)-[:NEXT_CHUNK]->(:Chunk); (:OutlineNode {title, depth})-[:COVERS]->(:Chunk); (:Folder {folderPath})-[:HAS_CHILD]->(:FileRef); (:Chunk)-[:MENTIONS {quote}]->(:Entity {name, typeId})-[:INSTANCE_OF]->(:EntityType {typeId, label}); (:Entity)-[:REL {relationTypeId}]->(:Entity). \
 The enabled-file check and your folder and file permissions are added to every Chunk, FileRef, OutlineNode and REL before the statement runs (rewrittenStatement shows it). Example: MATCH (c:Chunk)-[:PART_OF]->(f:FileRef) WHERE toLower(c.text) CONTAINS 'dkim' RETURN f.vfsPath AS path, c.text AS text LIMIT 10. \
-Parallel calls wait in line (busy after 2 s: retry); use kg_search when you do not know the words.";
+Parallel calls wait in line, one statement at a time (busy only when the line outlasts the call: retry); use kg_search when you do not know the words.";
 
 fn input_schema() -> Value {
     json!({

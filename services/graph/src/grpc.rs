@@ -89,8 +89,10 @@ impl Graph for GraphService {
         request: Request<CypherRequest>,
     ) -> Result<Response<CypherResponse>, Status> {
         let caller = require_caller(&request)?;
+        let allowed = kg_common::grpc::time_allowed(&request);
         Ok(Response::new(
-            self.cypher_for(&caller, request.into_inner()).await?,
+            self.cypher_within(&caller, request.into_inner(), allowed)
+                .await?,
         ))
     }
 }

@@ -16,7 +16,7 @@ use self::core::ast::{Expr, Literal};
 use self::core::parser::parse_expression;
 use self::core::{Guard, Target};
 
-pub use run::{BUSY_WAIT_MS, QUERY_TIMEOUT_MS, ROW_CAP, TEXT_CAP};
+pub use run::{QUERY_TIMEOUT_MS, ROW_CAP, TEXT_CAP, turn_wait};
 
 /// Prefix of the access predicate's parameters (inside the reserved `kg_` space).
 pub const ACL_PARAM_PREFIX: &str = "kg_acl_";

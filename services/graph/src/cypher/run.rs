@@ -1,5 +1,6 @@
-//! Running a rewritten statement: one at a time per FalkorDB server, a bounded wait for the
-//! turn, `GRAPH.RO_QUERY` with a server-side timeout, and rows shaped for a model.
+//! Running a rewritten statement: one at a time per FalkorDB server, waiting in line for as
+//! long as the call's deadline leaves room for the statement itself, `GRAPH.RO_QUERY` with a
+//! server-side timeout, and rows shaped for a model.
 
 use std::collections::HashMap;
 use std::sync::{Arc, LazyLock, Mutex};
@@ -19,8 +20,6 @@ use crate::service::GraphService;
 
 /// Server-side limit on one statement.
 pub const QUERY_TIMEOUT_MS: u64 = 2_000;
-/// How long a statement waits for its turn before `busy`.
-pub const BUSY_WAIT_MS: u64 = 2_000;
 /// Most rows returned (the final LIMIT is at most this too).
 pub const ROW_CAP: usize = 50;
 /// Longest string value returned, in characters.
@@ -33,6 +32,14 @@ const CLIENT_SLACK_MS: u64 = 1_000;
 // One semaphore per FalkorDB server: statements queue here rather than inside FalkorDB.
 static GATES: LazyLock<Mutex<HashMap<String, Arc<Semaphore>>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
+
+/// How long a statement may wait for its turn in a call allowed `allowed`: the call's working
+/// time less the statement's own run (server timeout and slack). Parallel calls wait in line;
+/// `busy` only when the line is longer than the caller's deadline.
+pub fn turn_wait(allowed: Duration) -> Duration {
+    kg_common::grpc::work_budget(allowed)
+        .saturating_sub(Duration::from_millis(QUERY_TIMEOUT_MS + CLIENT_SLACK_MS))
+}
 
 fn gate_for(server: &str) -> Arc<Semaphore> {
     let mut gates = GATES
@@ -50,11 +57,24 @@ impl GraphService {
         gate_for(self.store.server_identity())
     }
 
-    /// Validates, rewrites and runs one kg_cypher statement for `caller`.
+    /// Validates, rewrites and runs one kg_cypher statement for `caller`, within the server's
+    /// longest request time.
     pub async fn cypher_for(
         &self,
         caller: &CallerContext,
         request: CypherRequest,
+    ) -> Result<CypherResponse> {
+        self.cypher_within(caller, request, kg_common::grpc::REQUEST_TIMEOUT)
+            .await
+    }
+
+    /// [`Self::cypher_for`] in a call allowed `allowed` (its gRPC deadline): the statement
+    /// waits its turn for [`turn_wait`] of it.
+    pub async fn cypher_within(
+        &self,
+        caller: &CallerContext,
+        request: CypherRequest,
+        allowed: Duration,
     ) -> Result<CypherResponse> {
         let scope = self.scope(caller, &request.namespace)?;
         let guard = AccessGuard::new(scope.access);
@@ -63,13 +83,15 @@ impl GraphService {
         params.extend(guard.params());
 
         let gate = self.cypher_gate();
-        let permit = tokio::time::timeout(Duration::from_millis(BUSY_WAIT_MS), gate.acquire_owned())
+        let wait = turn_wait(allowed);
+        let permit = tokio::time::timeout(wait, gate.acquire_owned())
             .await
             .ok()
             .and_then(|acquired| acquired.ok())
             .ok_or_else(|| {
                 GraphError::Busy(format!(
-                    "another kg_cypher statement held the graph for more than {BUSY_WAIT_MS} ms; retry shortly"
+                    "kg_cypher statements ahead of this one held the graph for {} ms, as long as this call could wait; retry shortly",
+                    wait.as_millis()
                 ))
             })?;
         let started = Instant::now();

@@ -969,34 +969,50 @@ async fn params_must_be_given(service: &GraphService, caller: &CallerContext) {
 async fn busy_when_the_gate_is_held(service: &GraphService, caller: &CallerContext) {
     let gate = service.cypher_gate();
     let permit = gate.clone().acquire_owned().await.unwrap();
+    // A call allowed 5 s waits its turn for what the statement's own 3 s leave (1.5 s).
+    let allowed = std::time::Duration::from_secs(5);
     let started = std::time::Instant::now();
     let err = service
-        .cypher_for(
+        .cypher_within(
             caller,
             CypherRequest {
                 namespace: NS.into(),
                 statement: "MATCH (c:Chunk) RETURN count(c) AS n LIMIT 1".into(),
                 params_json: String::new(),
             },
+            allowed,
         )
         .await
         .unwrap_err();
     assert_eq!(err.code(), ErrorCode::Busy, "{err}");
     assert!(err.code().retryable());
-    assert!(started.elapsed() >= std::time::Duration::from_millis(kg_graph::cypher::BUSY_WAIT_MS));
+    let waited = kg_graph::cypher::turn_wait(allowed);
+    assert_eq!(waited, std::time::Duration::from_millis(1_500));
+    assert!(started.elapsed() >= waited);
+    // Within the gateway's 20 s a statement waits in line for 16 s.
+    assert_eq!(
+        kg_graph::cypher::turn_wait(std::time::Duration::from_secs(20)),
+        std::time::Duration::from_secs(16)
+    );
     drop(permit);
+    let count = || CypherRequest {
+        namespace: NS.into(),
+        statement: "MATCH (c:Chunk) RETURN count(c) AS n LIMIT 1".into(),
+        params_json: String::new(),
+    };
     // The gate frees up for the next statement.
-    service
-        .cypher_for(
-            caller,
-            CypherRequest {
-                namespace: NS.into(),
-                statement: "MATCH (c:Chunk) RETURN count(c) AS n LIMIT 1".into(),
-                params_json: String::new(),
-            },
-        )
-        .await
-        .unwrap();
+    service.cypher_for(caller, count()).await.unwrap();
+    // A statement queued behind one that holds the graph for 2.5 s waits its turn and runs.
+    let permit = gate.clone().acquire_owned().await.unwrap();
+    let release = async {
+        tokio::time::sleep(std::time::Duration::from_millis(2_500)).await;
+        drop(permit);
+    };
+    let (queued, ()) = tokio::join!(
+        service.cypher_within(caller, count(), std::time::Duration::from_secs(20)),
+        release
+    );
+    queued.unwrap();
 }
 
 /// A condition that fails at run time (a division by zero) only on hidden data would answer,
