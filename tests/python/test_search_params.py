@@ -490,7 +490,7 @@ async def test_packages_carry_dates_and_every_package_tool_takes_a_token_budget(
 async def test_co_annotation_grounding_reports_roles_pair_and_counts(mesh: Mesh, corpus: str) -> None:
     async with mcp_http(mesh.mcp_url, mesh.admin_token) as client:
         default = await search(client, query="Acme and Zephyr contract")
-        assert "grounding" not in default["trace"], "co_annotation is opt-in"
+        assert "grounding" not in default and "grounding" not in default["trace"], "co_annotation is opt-in"
         assert {lane["lane"] for lane in default["trace"]["lanes"]} == {"fulltext", "vector", "graph_expand"}
         # The tool schema advertises the defaults the service applies.
         tools = {tool.name: tool for tool in (await client.list_tools()).tools}
@@ -506,7 +506,7 @@ async def test_co_annotation_grounding_reports_roles_pair_and_counts(mesh: Mesh,
         assert all("message" not in lane for lane in default["trace"]["lanes"] if lane["ok"])
 
         direct = await search(client, query="Acme and Zephyr contract", lanes=["co_annotation"])
-        [grounding] = direct["trace"]["grounding"]
+        [grounding] = direct["grounding"]
         assert grounding["namespace"] == corpus
         entities = {e["entityKey"]: e for e in grounding["entities"]}
         assert {"ent:org:acme", "ent:org:zephyr"} <= set(entities), grounding
@@ -522,18 +522,18 @@ async def test_co_annotation_grounding_reports_roles_pair_and_counts(mesh: Mesh,
         # Dana Scully and Zephyr share no chunk; the contract mentions Zephyr and Acme, and
         # Acme is in a works_at relation with Dana Scully: one bridge.
         bridged = await search(client, query="Dana Scully and Zephyr", lanes=["co_annotation"])
-        [grounding] = bridged["trace"]["grounding"]
+        [grounding] = bridged["grounding"]
         assert sorted(grounding["pair"]) == ["ent:org:zephyr", "ent:person:dana scully"], grounding
         assert grounding["directCount"] == 0, grounding
         assert grounding["bridgeCount"] >= 1, grounding
 
         one = await search(client, query="What does Zephyr test?", lanes=["co_annotation"])
-        [grounding] = one["trace"]["grounding"]
+        [grounding] = one["grounding"]
         assert grounding["reason"] == "too_few_bridges", grounding
         assert grounding["pair"] == [] and one["results"] == []
 
         none = await search(client, query="wind tunnel schedule", lanes=["co_annotation"])
-        [grounding] = none["trace"]["grounding"]
+        [grounding] = none["grounding"]
         assert grounding["reason"] == "no_grounded_entities" and grounding["entities"] == [], grounding
 
 

@@ -1,6 +1,6 @@
 //! kg_entity_search (entities by name or alias, with mention evidence packages), plus the
 //! kg_search pieces that belong to the graph lanes: the `filters` argument and the
-//! co_annotation `trace.grounding` entries.
+//! co_annotation `grounding` entries of kg_search.
 
 use futures::future::join_all;
 use kg_proto::limits::PACKAGE_KEYS_PER_CALL;
@@ -76,7 +76,7 @@ pub(crate) fn filters_input() -> Value {
     })
 }
 
-/// One namespace's co_annotation grounding, as `trace.grounding[]` shows it.
+/// One namespace's co_annotation grounding, as kg_search's `grounding[]` shows it.
 pub(crate) fn grounding_json(grounding: &Grounding) -> Value {
     let mut out = json!({
         "namespace": grounding.namespace,

@@ -149,7 +149,7 @@ Takes no arguments. Returns {namespaces: [{name, permission}]}.";
 
 const SEARCH_DESCRIPTION: &str = "Find the chunks of text that answer a question, across one or more namespaces, when you do not yet know the file or key. \
 Runs retrieval lanes (default fulltext, vector, graph_expand) fused with reciprocal rank fusion; several namespaces interleave by rank, never by raw score. \
-Add co_annotation to lanes when you want chunks that mention two entities named in the question: trace.grounding then lists per namespace the grounded entities with roles, the chosen pair, directCount, bridgeCount or a reason (no_grounded_entities, too_few_bridges, no_evidence; or the error code, such as index_missing or unavailable, when the lane or the namespace failed). \
+Add co_annotation to lanes when you want chunks that mention two entities named in the question: the answer's grounding then lists per namespace the grounded entities with roles, the chosen pair, directCount, bridgeCount or a reason (no_grounded_entities, too_few_bridges, no_evidence; or the error code, such as index_missing or unavailable, when the lane or the namespace failed). \
 filters narrow every lane: collections (any of), folderPrefix, dateFrom/dateTo (documentDate, YYYY-MM-DD), effectiveAt (inside the effective window), relationTypeIds (chunks whose entities take part in such a relation). \
 Returns up to topK chunk packages (default 8, hard max 32), best first. Each package has the chunk text, contextHeader (Document › Heading trail), \
 citation (namespace/path › section, pages when known) to quote in your answer, position (chunkIndex, char and line span, tokenCount, prevChunkKey/nextChunkKey) \
@@ -457,6 +457,11 @@ fn search_output() -> Value {
             "results": {"type": "array", "items": package_schema()},
             "total": {"type": "integer", "description": "Readable candidates across the searched namespaces."},
             "truncated": {"type": "boolean"},
+            "grounding": {"type": "array", "description": "When co_annotation ran: one entry per searched namespace.",
+                          "items": {"type": "object", "properties": {
+                "namespace": {"type": "string"}, "entities": {"type": "array"}, "pair": {"type": "array", "items": {"type": "string"}},
+                "directCount": {"type": "integer"}, "bridgeCount": {"type": "integer"}, "reason": {"type": "string"}
+            }, "required": ["namespace", "entities", "pair", "directCount", "bridgeCount"]}},
             "trace": {
                 "type": "object",
                 "properties": {
@@ -470,10 +475,6 @@ fn search_output() -> Value {
                         "stage": {"type": "string", "enum": ["search", "packages"]}
                     }, "required": ["namespace", "ok"]}},
                     "tokenBudget": token_budget_output(),
-                    "grounding": {"type": "array", "items": {"type": "object", "properties": {
-                        "namespace": {"type": "string"}, "entities": {"type": "array"}, "pair": {"type": "array", "items": {"type": "string"}},
-                        "directCount": {"type": "integer"}, "bridgeCount": {"type": "integer"}, "reason": {"type": "string"}
-                    }, "required": ["namespace", "entities", "pair", "directCount", "bridgeCount"]}},
                     "vectorWidening": {"type": "array", "items": {"type": "object", "properties": {
                         "namespace": {"type": "string"}, "pool": {"type": "integer"}, "rounds": {"type": "integer"},
                         "capReached": {"type": "boolean"}

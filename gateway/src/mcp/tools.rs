@@ -192,7 +192,7 @@ struct NamespaceOutcome {
 struct SearchRound {
     outcomes: Vec<NamespaceOutcome>,
     lanes: Vec<Value>,
-    /// co_annotation grounding per namespace, for trace.grounding.
+    /// co_annotation grounding per namespace, for the answer's `grounding`.
     grounding: Vec<Value>,
     /// Vector-lane pool widening per namespace, for trace.vectorWidening.
     vector_widening: Vec<Value>,
@@ -386,9 +386,6 @@ fn assemble(
     if let Some(report) = budget {
         trace["tokenBudget"] = json!(report);
     }
-    if !grounding.is_empty() {
-        trace["grounding"] = json!(grounding);
-    }
     if !vector_widening.is_empty() {
         trace["vectorWidening"] = json!(vector_widening);
     }
@@ -412,6 +409,7 @@ fn assemble(
             .collect(),
         total: total.max(returned),
         truncated: total > returned,
+        grounding: (!grounding.is_empty()).then_some(grounding),
         trace,
     })
 }
@@ -422,6 +420,9 @@ struct SearchAnswer<'a> {
     results: Vec<PackageJson<'a>>,
     total: u64,
     truncated: bool,
+    /// One entry per namespace when co_annotation ran; absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    grounding: Option<Vec<Value>>,
     trace: Value,
 }
 
@@ -692,11 +693,11 @@ mod tests {
         );
         assert_eq!(result["trace"]["lanes"].as_array().unwrap().len(), 2);
         assert!(result["trace"].get("tokenBudget").is_none());
-        assert!(result["trace"].get("grounding").is_none());
+        assert!(result.get("grounding").is_none());
     }
 
     #[test]
-    fn co_annotation_grounding_lands_in_the_trace() {
+    fn co_annotation_grounding_is_part_of_the_answer() {
         let mut grounded = response(Vec::new(), 0);
         grounded.grounding = Some(kg_proto::v1::Grounding {
             namespace: "a".into(),
@@ -709,8 +710,9 @@ mod tests {
         )
         .unwrap();
         let result = assembled(round, &[], vec![Ok(Vec::new()), Ok(Vec::new())], None);
+        assert!(result["trace"].get("grounding").is_none());
         assert_eq!(
-            result["trace"]["grounding"],
+            result["grounding"],
             json!([{"namespace": "a", "entities": [], "pair": [], "directCount": 0,
                     "bridgeCount": 0, "reason": "too_few_bridges"}])
         );
