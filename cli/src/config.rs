@@ -44,6 +44,8 @@ pub struct UpConfig {
     pub public_base_url: Option<String>,
     /// Largest upload the admin REST accepts (default 32 MiB, at most 64 MiB).
     pub max_upload_bytes: Option<usize>,
+    /// `[http_tls]`: the gateway serves HTTPS on `http_addr` with this certificate.
+    pub http_tls: Option<kg_common::tls::HttpsFiles>,
     /// Logging and tracing.
     #[serde(default)]
     pub telemetry: TelemetryConfig,
@@ -374,6 +376,11 @@ pub fn resolve_with_cluster(
         problems.extend(config.indexer.llm.problems());
     }
     problems.extend(config.cluster.problems());
+    if let Some(files) = &config.http_tls
+        && let Err(problem) = kg_common::tls::https_server_config(files)
+    {
+        problems.push(problem.to_string());
+    }
     let mut telemetry = config.telemetry;
     telemetry.log_json |= flags.log_json;
     if let Some(filter) = &telemetry.log_filter
@@ -400,6 +407,7 @@ pub fn resolve_with_cluster(
             allowed_hosts,
             allowed_origins: config.allowed_origins,
             public_base_url: config.public_base_url,
+            http_tls: config.http_tls,
             max_query_file_bytes: config.files.max_query_file_bytes,
             max_upload_bytes: config.max_upload_bytes,
             fulltext_stemming: config.retrieval.fulltext_stemming.unwrap_or(false),

@@ -41,6 +41,8 @@ pub struct MeshOptions {
     pub allowed_origins: Vec<String>,
     /// Externally visible base URL.
     pub public_base_url: Option<String>,
+    /// HTTPS on `http_addr` with this certificate (`[http_tls]`); plain HTTP when unset.
+    pub http_tls: Option<kg_common::tls::HttpsFiles>,
     /// Override of kg_file's query size limit (default 10 MiB).
     pub max_query_file_bytes: Option<u64>,
     /// Override of the admin REST upload limit (default 32 MiB).
@@ -473,6 +475,7 @@ impl Mesh {
             .extend(options.allowed_hosts.iter().cloned());
         gateway_config.allowed_origins = options.allowed_origins.clone();
         gateway_config.public_base_url = options.public_base_url.clone();
+        gateway_config.https = options.http_tls.clone();
         if let Some(max) = options.max_upload_bytes {
             gateway_config.max_upload_bytes = max;
         }
@@ -492,7 +495,12 @@ impl Mesh {
         }
 
         let admin_token = auth.bootstrap_admin().await?;
-        let base_url = format!("http://{http_addr}");
+        let scheme = if options.http_tls.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        let base_url = format!("{scheme}://{http_addr}");
         let info = MeshInfo {
             mcp_url: format!("{base_url}/mcp"),
             base_url,

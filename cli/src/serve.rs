@@ -545,6 +545,7 @@ async fn start(
                 .extend(mesh.allowed_hosts.iter().cloned());
             config.allowed_origins = mesh.allowed_origins.clone();
             config.public_base_url = mesh.public_base_url.clone();
+            config.https = mesh.http_tls.clone();
             if let Some(max) = mesh.max_upload_bytes {
                 config.max_upload_bytes = max;
             }

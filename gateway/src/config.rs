@@ -52,6 +52,11 @@ pub struct GatewayConfig {
     /// traverse_/propose_) are served only when set.
     #[serde(default)]
     pub ontology_addr: Option<String>,
+    /// Serve HTTPS with this certificate instead of plain HTTP (`[http_tls]`): bearer tokens
+    /// must not cross a network in clear. Unset behind a proxy or ingress that terminates TLS,
+    /// and on loopback.
+    #[serde(default)]
+    pub https: Option<kg_common::tls::HttpsFiles>,
 }
 
 fn default_allowed_hosts() -> Vec<String> {
@@ -77,6 +82,7 @@ impl GatewayConfig {
             max_upload_bytes: DEFAULT_MAX_UPLOAD_BYTES,
             approval_addr: None,
             ontology_addr: None,
+            https: None,
         }
     }
 
@@ -116,6 +122,11 @@ impl GatewayConfig {
             problems.push(format!(
                 "approval_addr: expected `http://host:port`, got `{addr}`"
             ));
+        }
+        if let Some(files) = &self.https
+            && let Err(problem) = kg_common::tls::https_server_config(files)
+        {
+            problems.push(problem.to_string());
         }
         for host in &self.allowed_hosts {
             if crate::http::guard::parse_host_entry(host).is_none() {

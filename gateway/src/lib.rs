@@ -3,7 +3,8 @@
 //! behind each tool, `/health`, `/metrics`, protected-resource metadata and the
 //! admin REST API, and the audit trail of every tool call. It authorizes every
 //! request with auth and talks gRPC to auth, files, retrieval and graph with
-//! the signed caller context; it never touches a store.
+//! the signed caller context; it never touches a store. It serves plain HTTP, or HTTPS with
+//! its own certificate (`[http_tls]`).
 //! Entry points: [`serve`], [`serve_stdio`], [`router`].
 
 mod audit;
@@ -13,6 +14,7 @@ mod http;
 mod mcp;
 mod metrics;
 mod state;
+mod tls;
 
 use axum::serve::{ListenerExt as _, TapIo};
 use rmcp::ServiceExt as _;
@@ -31,14 +33,32 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> Result<(), GatewayError> {
+    let https = config
+        .https
+        .as_ref()
+        .map(kg_common::tls::https_server_config)
+        .transpose()
+        .map_err(|err| GatewayError::Config(err.to_string()))?;
     let state = GatewayState::new(config, shutdown.child_token())?;
     if let Ok(addr) = listener.local_addr() {
-        tracing::info!(%addr, "gateway listening; MCP at /mcp");
+        let scheme = if https.is_some() { "https" } else { "http" };
+        tracing::info!(%addr, scheme, "gateway listening; MCP at /mcp");
     }
-    axum::serve(nodelay(listener), router(state))
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await
-        .map_err(GatewayError::Serve)
+    match https {
+        Some(tls) => {
+            let listener = tls::TlsListener::spawn(listener, tls, shutdown.child_token())
+                .map_err(GatewayError::Serve)?;
+            axum::serve(listener, router(state))
+                .with_graceful_shutdown(shutdown.cancelled_owned())
+                .await
+        }
+        None => {
+            axum::serve(nodelay(listener), router(state))
+                .with_graceful_shutdown(shutdown.cancelled_owned())
+                .await
+        }
+    }
+    .map_err(GatewayError::Serve)
 }
 
 /// Accepted connections with TCP_NODELAY: rmcp answers a POST as a stream (headers, then the

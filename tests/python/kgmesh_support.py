@@ -16,8 +16,8 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import AsyncIterator, Iterable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Iterable, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
@@ -447,6 +447,25 @@ class Principal:
     pat_id: str
 
 
+@contextmanager
+def mesh_with_config(work: Path, toml: str) -> Iterator[Mesh]:
+    """`kgmesh up` in `work` with `toml` as its config file (KGMESH_CONFIG); stopped after,
+    and failing the test when it does not stop cleanly."""
+    import pytest
+
+    config = work / "kgmesh.toml"
+    config.write_text(toml)
+    running = Mesh(work_dir=work / "mesh", binary=kgmesh_bin(), env={"KGMESH_CONFIG": str(config)})
+    try:
+        running.start()
+    except MeshError as err:
+        running.stop()
+        pytest.fail(str(err), pytrace=False)
+    yield running
+    problems = running.stop()
+    assert not problems, problems
+
+
 def _kill_group(pid: int) -> None:
     """Last resort for a mesh that ignored SIGTERM: its own process group (we made it a session leader)."""
     try:
@@ -494,17 +513,23 @@ async def _plain_errors(client: Client) -> AsyncIterator[Client]:
 
 @asynccontextmanager
 async def mcp_http(
-    url: str, token: str | None, *, mode: str = "legacy", event_hooks: dict[str, list[Any]] | None = None
+    url: str,
+    token: str | None,
+    *,
+    mode: str = "legacy",
+    event_hooks: dict[str, list[Any]] | None = None,
+    verify: Any = True,
 ) -> AsyncIterator[Client]:
     """The SDK client over Streamable HTTP, sending `Authorization: Bearer <token>` on every request.
 
     `mode="legacy"` is the initialize handshake every MCP client of today performs;
     the default `auto` mode (a `server/discover` probe first) is tested separately.
-    `event_hooks` go to the underlying httpx client (e.g. to look at response headers).
+    `event_hooks` go to the underlying httpx client (e.g. to look at response headers);
+    `verify` is its TLS verification (an `ssl.SSLContext` trusting a test CA, for HTTPS).
     """
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     timeout = httpx2.Timeout(30.0, read=MCP_READ_TIMEOUT_S)
-    async with httpx2.AsyncClient(headers=headers, timeout=timeout, event_hooks=event_hooks) as http:
+    async with httpx2.AsyncClient(headers=headers, timeout=timeout, event_hooks=event_hooks, verify=verify) as http:
         transport = streamable_http_client(url, http_client=http)
         async with _plain_errors(Client(transport, mode=mode, read_timeout_seconds=MCP_READ_TIMEOUT_S)) as client:
             yield client

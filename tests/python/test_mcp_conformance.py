@@ -28,9 +28,8 @@ from kgmesh_support import (
     CORE_TOOLS,
     NODE_MODULES,
     Mesh,
-    MeshError,
     inspector,
-    kgmesh_bin,
+    mesh_with_config,
     run_node,
     schema_portability_problems,
 )
@@ -109,18 +108,9 @@ def test_the_inspector_calls_tools_with_a_session_and_without(mesh: Mesh, demo: 
 @pytest.fixture(scope="module")
 def origin_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
     """A mesh whose operator allowed browser pages on 127.0.0.1 (`allowed_origins`)."""
-    work = tmp_path_factory.mktemp("kgmesh-conformance")
-    config = work / "kgmesh.toml"
-    config.write_text(f'allowed_origins = ["{LOCAL_ORIGIN}"]\n[embedding]\nprovider = "none"\n')
-    running = Mesh(work_dir=work / "mesh", binary=kgmesh_bin(), env={"KGMESH_CONFIG": str(config)})
-    try:
-        running.start()
-    except MeshError as err:
-        running.stop()
-        pytest.fail(str(err), pytrace=False)
-    yield running
-    problems = running.stop()
-    assert not problems, problems
+    toml = f'allowed_origins = ["{LOCAL_ORIGIN}"]\n[embedding]\nprovider = "none"\n'
+    with mesh_with_config(tmp_path_factory.mktemp("kgmesh-conformance"), toml) as running:
+        yield running
 
 
 def checks_of(output_dir: Path) -> list[dict[str, Any]]:

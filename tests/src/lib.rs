@@ -20,6 +20,7 @@ pub async fn start_mesh() -> anyhow::Result<(Mesh, tempfile::TempDir)> {
         allowed_hosts: Vec::new(),
         allowed_origins: Vec::new(),
         public_base_url: None,
+        http_tls: None,
         max_query_file_bytes: None,
         max_upload_bytes: None,
         fulltext_stemming: false,

@@ -10,7 +10,7 @@ use std::sync::{Arc, OnceLock};
 
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
 
 /// `[cluster.tls]`: PEM files, as a cert-manager Secret holds them (`ca.crt`, `tls.crt`,
@@ -31,9 +31,9 @@ pub struct TlsFiles {
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
     /// A file could not be read.
-    #[error("cluster.tls.{key}: cannot read {}: {reason}", path.display())]
+    #[error("{key}: cannot read {}: {reason}", path.display())]
     Read {
-        /// The setting naming the file.
+        /// The setting naming the file (`cluster.tls.ca_file`).
         key: &'static str,
         /// The file.
         path: PathBuf,
@@ -41,9 +41,9 @@ pub enum TlsError {
         reason: String,
     },
     /// A file's content is not what the setting needs.
-    #[error("cluster.tls.{key}: {} {problem}", path.display())]
+    #[error("{key}: {} {problem}", path.display())]
     Invalid {
-        /// The setting naming the file.
+        /// The setting naming the file (`cluster.tls.ca_file`).
         key: &'static str,
         /// The file.
         path: PathBuf,
@@ -71,10 +71,10 @@ impl ClusterTls {
         // cannot pick on its own here: reqwest's aws-lc-rs is linked in beside ring. An
         // `Err` means a provider is already the default, which serves as well.
         let _ = rustls::crypto::ring::default_provider().install_default();
-        let ca_pem = read("ca_file", &files.ca_file)?;
-        let cert_pem = read("cert_file", &files.cert_file)?;
-        let key_pem = read("key_file", &files.key_file)?;
-        check(files, &ca_pem, &cert_pem, &key_pem)?;
+        let ca_pem = read("cluster.tls.ca_file", &files.ca_file)?;
+        check(files, &ca_pem)?;
+        let cert_pem = read("cluster.tls.cert_file", &files.cert_file)?;
+        let key_pem = read("cluster.tls.key_file", &files.key_file)?;
         let identity = Identity::from_pem(&cert_pem, &key_pem);
         let ca = Certificate::from_pem(&ca_pem);
         Ok(Self {
@@ -107,83 +107,119 @@ fn read(key: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
     })
 }
 
-fn check(files: &TlsFiles, ca_pem: &[u8], cert_pem: &[u8], key_pem: &[u8]) -> Result<(), TlsError> {
-    let invalid = |key: &'static str, path: &Path, problem: String| TlsError::Invalid {
+fn invalid(key: &'static str, path: &Path, problem: String) -> TlsError {
+    TlsError::Invalid {
         key,
         path: path.to_owned(),
         problem,
-    };
-    let certificates = |key: &'static str, path: &Path, pem: &[u8]| {
-        let found = CertificateDer::pem_slice_iter(pem)
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|err| invalid(key, path, format!("is not PEM: {err}")))?;
-        if found.is_empty() {
-            return Err(invalid(
-                key,
-                path,
-                "holds no `BEGIN CERTIFICATE` block".to_owned(),
-            ));
-        }
-        Ok(found)
-    };
-    let authorities = certificates("ca_file", &files.ca_file, ca_pem)?;
-    let chain = certificates("cert_file", &files.cert_file, cert_pem)?;
-    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|_| {
+    }
+}
+
+/// The certificates of a PEM file named by setting `key`; at least one.
+fn certificates(
+    key: &'static str,
+    path: &Path,
+    pem: &[u8],
+) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let found = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|err| invalid(key, path, format!("is not PEM: {err}")))?;
+    if found.is_empty() {
+        return Err(invalid(
+            key,
+            path,
+            "holds no `BEGIN CERTIFICATE` block".to_owned(),
+        ));
+    }
+    Ok(found)
+}
+
+/// A certificate chain with its private key, checked to belong together.
+struct KeyedChain {
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+}
+
+/// Reads the chain in `cert` and its key in `key` (setting name, path), checking that the key
+/// parses, can sign, and is the chain's.
+fn keyed_chain(
+    provider: &rustls::crypto::CryptoProvider,
+    cert: (&'static str, &Path),
+    key: (&'static str, &Path),
+) -> Result<KeyedChain, TlsError> {
+    let chain = certificates(cert.0, cert.1, &read(cert.0, cert.1)?)?;
+    let private_key = PrivateKeyDer::from_pem_slice(&read(key.0, key.1)?).map_err(|_| {
         invalid(
-            "key_file",
-            &files.key_file,
+            key.0,
+            key.1,
             "holds no PEM private key (PKCS#8, PKCS#1 or SEC1)".to_owned(),
         )
     })?;
+    let signing_key = provider
+        .key_provider
+        .load_private_key(private_key.clone_key())
+        .map_err(|err| {
+            invalid(
+                key.0,
+                key.1,
+                format!("holds a key TLS cannot sign with: {err}"),
+            )
+        })?;
+    rustls::sign::CertifiedKey::new(chain.clone(), signing_key)
+        .keys_match()
+        .map_err(|_| {
+            invalid(
+                key.0,
+                key.1,
+                format!("is not the key of the certificate in {}", cert.1.display()),
+            )
+        })?;
+    Ok(KeyedChain {
+        chain,
+        key: private_key,
+    })
+}
 
+fn check(files: &TlsFiles, ca_pem: &[u8]) -> Result<(), TlsError> {
+    let authorities = certificates("cluster.tls.ca_file", &files.ca_file, ca_pem)?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let KeyedChain { chain, .. } = keyed_chain(
+        &provider,
+        ("cluster.tls.cert_file", &files.cert_file),
+        ("cluster.tls.key_file", &files.key_file),
+    )?;
     let mut roots = rustls::RootCertStore::empty();
     for authority in authorities {
         roots.add(authority).map_err(|err| {
             invalid(
-                "ca_file",
+                "cluster.tls.ca_file",
                 &files.ca_file,
                 format!("holds a certificate that cannot be a trust anchor: {err}"),
             )
         })?;
     }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let signing_key = provider.key_provider.load_private_key(key).map_err(|err| {
-        invalid(
-            "key_file",
-            &files.key_file,
-            format!("holds a key TLS cannot sign with: {err}"),
-        )
-    })?;
-    rustls::sign::CertifiedKey::new(chain.clone(), signing_key)
-        .keys_match()
-        .map_err(|_| {
-            invalid(
-                "key_file",
-                &files.key_file,
-                format!(
-                    "is not the key of the certificate in {}",
-                    files.cert_file.display()
-                ),
-            )
-        })?;
     let verifier =
         rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
             .build()
             .map_err(|err| {
                 invalid(
-                    "ca_file",
+                    "cluster.tls.ca_file",
                     &files.ca_file,
                     format!("cannot verify peers: {err}"),
                 )
             })?;
-    let (end_entity, intermediates) = chain
-        .split_first()
-        .ok_or_else(|| invalid("cert_file", &files.cert_file, "is empty".to_owned()))?;
+    let (end_entity, intermediates) = chain.split_first().ok_or_else(|| {
+        invalid(
+            "cluster.tls.cert_file",
+            &files.cert_file,
+            "is empty".to_owned(),
+        )
+    })?;
     verifier
         .verify_client_cert(end_entity, intermediates, UnixTime::now())
         .map_err(|err| {
             invalid(
-                "cert_file",
+                "cluster.tls.cert_file",
                 &files.cert_file,
                 format!(
                     "would be refused by the other services: {err} (it must be issued by the CA \
@@ -193,6 +229,40 @@ fn check(files: &TlsFiles, ca_pem: &[u8], cert_pem: &[u8], key_pem: &[u8]) -> Re
             )
         })?;
     Ok(())
+}
+
+/// `[http_tls]`: the certificate the gateway serves HTTPS with on `http_addr` (PEM; the chain
+/// from the leaf up, as an ACME client or cert-manager writes it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpsFiles {
+    /// The certificate chain.
+    pub cert_file: PathBuf,
+    /// Its private key.
+    pub key_file: PathBuf,
+}
+
+/// A rustls server config for HTTPS from `files`: HTTP/2 or HTTP/1.1 by ALPN, no client
+/// certificates (clients authenticate with bearer tokens). Every problem names its setting.
+pub fn https_server_config(files: &HttpsFiles) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let KeyedChain { chain, key } = keyed_chain(
+        &provider,
+        ("http_tls.cert_file", &files.cert_file),
+        ("http_tls.key_file", &files.key_file),
+    )?;
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .and_then(|builder| builder.with_no_client_auth().with_single_cert(chain, key))
+        .map_err(|err| {
+            invalid(
+                "http_tls.cert_file",
+                &files.cert_file,
+                format!("cannot serve TLS: {err}"),
+            )
+        })?;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
 }
 
 /// Certificates for tests: a CA and leaf certificates it issues.
@@ -278,11 +348,43 @@ mod tests {
     use super::testing::{Authority, write};
     use super::*;
 
+    #[test]
+    fn an_https_certificate_loads_with_h2_and_its_problems_name_the_setting() {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = Authority::new("public CA");
+        let service = ca.service_files(dir.path(), "gateway");
+        let files = HttpsFiles {
+            cert_file: service.cert_file.clone(),
+            key_file: service.key_file.clone(),
+        };
+        let config = https_server_config(&files).unwrap();
+        assert_eq!(
+            config.alpn_protocols,
+            [b"h2".to_vec(), b"http/1.1".to_vec()]
+        );
+        let other = Authority::new("other").service_files(dir.path(), "other");
+        let mismatched = HttpsFiles {
+            key_file: other.key_file,
+            ..files.clone()
+        };
+        let text = https_server_config(&mismatched).unwrap_err().to_string();
+        assert!(
+            text.starts_with("http_tls.key_file:") && text.contains("is not the key of"),
+            "{text}"
+        );
+        let missing = HttpsFiles {
+            cert_file: dir.path().join("absent.pem"),
+            ..files
+        };
+        let text = https_server_config(&missing).unwrap_err().to_string();
+        assert!(text.starts_with("http_tls.cert_file: "), "{text}");
+    }
+
     /// Asserts `files` are refused, naming `setting` and saying `why`; returns the message.
     fn refused(files: &TlsFiles, setting: &str, why: &str) -> String {
         let text = ClusterTls::load(files).unwrap_err().to_string();
         assert!(
-            text.starts_with(&format!("cluster.tls.{setting}:")) && text.contains(why),
+            text.starts_with(&format!("{setting}:")) && text.contains(why),
             "{text}"
         );
         // No key or certificate material in any message.
@@ -305,7 +407,7 @@ mod tests {
 
         refused(
             &with(|files, _| files.ca_file = files.ca_file.with_file_name("absent.crt")),
-            "ca_file",
+            "cluster.tls.ca_file",
             "cannot read",
         );
         refused(
@@ -313,28 +415,28 @@ mod tests {
                 files.cert_file = other.cert_file.clone();
                 files.key_file = other.key_file.clone();
             }),
-            "cert_file",
+            "cluster.tls.cert_file",
             "issued by the CA",
         );
         refused(
             &with(|files, other| files.key_file = other.key_file.clone()),
-            "key_file",
+            "cluster.tls.key_file",
             "is not the key of",
         );
         let (cert, key) = ca.leaf(&["localhost"], &[ExtendedKeyUsagePurpose::ServerAuth]);
         refused(
             &write(dir.path(), "server-only", &ca.pem, &cert, &key),
-            "cert_file",
+            "cluster.tls.cert_file",
             "allowed for client authentication",
         );
         refused(
             &write(dir.path(), "not-pem", "hello", "hello", "hello"),
-            "ca_file",
+            "cluster.tls.ca_file",
             "holds no `BEGIN CERTIFICATE` block",
         );
         refused(
             &write(dir.path(), "no-key", &ca.pem, &cert, &ca.pem),
-            "key_file",
+            "cluster.tls.key_file",
             "holds no PEM private key",
         );
     }
