@@ -1,6 +1,8 @@
 //! A small client of the gateway's admin REST API (`/api/v1`), used by the
 //! admin commands and `kgmesh ingest`.
 
+use std::path::Path;
+
 use anyhow::{Context as _, bail};
 use reqwest::{Method, StatusCode};
 use serde::de::DeserializeOwned;
@@ -15,16 +17,28 @@ pub struct AdminClient {
 }
 
 impl AdminClient {
-    /// A client for `base_url` (e.g. `http://127.0.0.1:8080`) with a PAT.
-    pub fn new(base_url: &str, token: &str) -> anyhow::Result<Self> {
+    /// A client for `base_url` (e.g. `http://127.0.0.1:8080`) with a PAT; `ca_file` (PEM)
+    /// adds CAs to the system's for an `https://` gateway whose certificate a private CA
+    /// issued.
+    pub fn new(base_url: &str, token: &str, ca_file: Option<&Path>) -> anyhow::Result<Self> {
         if token.trim().is_empty() {
             bail!("no token: pass --token or set KGMESH_TOKEN to an admin PAT (kg_pat_...)");
         }
         let base =
             reqwest::Url::parse(base_url).with_context(|| format!("invalid --url `{base_url}`"))?;
-        let http = reqwest::Client::builder()
-            .timeout(std::time::Duration::from_secs(120))
-            .build()?;
+        let mut builder = reqwest::Client::builder().timeout(std::time::Duration::from_secs(120));
+        if let Some(path) = ca_file {
+            let pem = std::fs::read(path)
+                .with_context(|| format!("--ca-file: cannot read {}", path.display()))?;
+            let authorities = reqwest::Certificate::from_pem_bundle(&pem)
+                .ok()
+                .filter(|found| !found.is_empty())
+                .with_context(|| {
+                    format!("--ca-file: {} holds no PEM certificate", path.display())
+                })?;
+            builder = builder.tls_certs_merge(authorities);
+        }
+        let http = builder.build()?;
         Ok(Self {
             http,
             base,
@@ -63,11 +77,16 @@ impl AdminClient {
             Some(RequestBody::Bytes(b)) => request = request.body(b),
             None => {}
         }
-        let response = request.send().await.with_context(|| {
-            format!(
-                "cannot reach kgmesh at {} (is `kgmesh up` running?)",
-                self.base
-            )
+        let response = request.send().await.map_err(|err| {
+            // The chain names the TLS failure (`invalid peer certificate: UnknownIssuer`).
+            let chain = format!("{:#}", anyhow::Error::new(err));
+            let hint = if chain.contains("certificate") {
+                "the gateway's TLS certificate is not trusted here: pass --ca-file (or \
+                 KGMESH_CA_FILE) with the CA that issued it"
+            } else {
+                "is `kgmesh up` running?"
+            };
+            anyhow::anyhow!("cannot reach kgmesh at {} ({hint}): {chain}", self.base)
         })?;
         let status = response.status();
         let text = response.text().await.unwrap_or_default();

@@ -74,6 +74,23 @@ async def test_the_gateway_answers_over_tls_to_clients_that_trust_its_certificat
         assert not answer.startswith(b"HTTP/1.1 200"), answer
 
 
+def test_the_cli_reaches_an_https_gateway_with_its_private_ca(https_mesh: tuple[Mesh, ServiceCertificates], tmp_path: Path) -> None:
+    mesh, certificates = https_mesh
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "tls.md").write_text("# TLS\n\nThe gateway terminates TLS itself.\n")
+    ingest = [str(kgmesh_bin()), "ingest", str(docs), "--namespace", "tls", "--url", mesh.base_url, "--token", mesh.admin_token]
+    # The variable, as a deployment sets it, is a flag's and not a config key: `up` beside it
+    # would still start.
+    done = subprocess.run(
+        ingest, capture_output=True, text=True, timeout=300, env={**os.environ, "KGMESH_CA_FILE": str(certificates.ca)}, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    # Without the CA the system's roots do not know the certificate: a clear refusal.
+    done = subprocess.run(ingest, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode != 0 and "pass --ca-file" in done.stderr, done.stderr[-2000:]
+
+
 def test_a_certificate_the_gateway_cannot_serve_stops_up_before_it_starts(tmp_path: Path) -> None:
     ours = write_service_certificates(tmp_path / "ours")
     theirs = write_service_certificates(tmp_path / "theirs")

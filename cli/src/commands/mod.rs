@@ -9,6 +9,8 @@ pub(crate) mod ontology;
 pub(crate) mod pats;
 pub(crate) mod versions;
 
+use std::path::PathBuf;
+
 use clap::Args;
 use kgmesh::client::AdminClient;
 use serde_json::Value;
@@ -22,6 +24,10 @@ pub(crate) struct Remote {
     /// An admin PAT.
     #[arg(long, env = "KGMESH_TOKEN", hide_env_values = true, default_value = "")]
     pub(crate) token: String,
+    /// PEM file of a CA to trust besides the system's, for an https:// gateway whose
+    /// certificate a private CA issued (`[http_tls]`).
+    #[arg(long, env = "KGMESH_CA_FILE")]
+    pub(crate) ca_file: Option<PathBuf>,
     /// Print compact JSON (for scripts).
     #[arg(long)]
     pub(crate) json: bool,
@@ -29,7 +35,7 @@ pub(crate) struct Remote {
 
 impl Remote {
     pub(crate) fn client(&self) -> anyhow::Result<AdminClient> {
-        AdminClient::new(&self.url, &self.token)
+        AdminClient::new(&self.url, &self.token, self.ca_file.as_deref())
     }
 
     pub(crate) fn print(&self, value: &Value) -> anyhow::Result<()> {

@@ -48,6 +48,7 @@ pub fn load<T: DeserializeOwned>(file: Option<&Path>) -> Result<T, ConfigError> 
                 "CONFIG",
                 "TOKEN",
                 "URL",
+                "CA_FILE",
                 "BIN",
                 "VENV",
                 "ONTOLOGY_PROJECT_DIR",
