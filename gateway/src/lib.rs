@@ -33,21 +33,15 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> Result<(), GatewayError> {
-    let https = config
-        .https
-        .as_ref()
-        .map(kg_common::tls::https_server_config)
-        .transpose()
-        .map_err(|err| GatewayError::Config(err.to_string()))?;
+    let https = config.https.clone();
     let state = GatewayState::new(config, shutdown.child_token())?;
     if let Ok(addr) = listener.local_addr() {
         let scheme = if https.is_some() { "https" } else { "http" };
         tracing::info!(%addr, scheme, "gateway listening; MCP at /mcp");
     }
     match https {
-        Some(tls) => {
-            let listener = tls::TlsListener::spawn(listener, tls, shutdown.child_token())
-                .map_err(GatewayError::Serve)?;
+        Some(files) => {
+            let listener = tls::TlsListener::spawn(listener, &files, shutdown.child_token())?;
             axum::serve(listener, router(state))
                 .with_graceful_shutdown(shutdown.cancelled_owned())
                 .await

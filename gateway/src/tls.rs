@@ -1,11 +1,17 @@
 //! HTTPS on the gateway's own port (`[http_tls]`): connections are accepted and their TLS
 //! handshakes run on tasks of their own, so a client that stalls mid-handshake holds up no
-//! other; axum serves what comes out.
+//! other; axum serves what comes out. A renewed certificate (certbot, cert-manager, a
+//! Secret's new version) is picked up without a restart: the files are checked every
+//! [`RELOAD_EVERY`], and new handshakes use the new certificate once it loads.
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime};
+
+use kg_common::tls::HttpsFiles;
+
+use crate::error::GatewayError;
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -17,6 +23,8 @@ use tokio_util::sync::CancellationToken;
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Handshaken connections waiting for axum to take them.
 const READY_QUEUE: usize = 64;
+/// How often the certificate and key files are checked for a renewal.
+pub(crate) const RELOAD_EVERY: Duration = Duration::from_secs(30);
 
 /// Connections whose TLS handshake is done, for `axum::serve`.
 pub(crate) struct TlsListener {
@@ -25,15 +33,33 @@ pub(crate) struct TlsListener {
 }
 
 impl TlsListener {
-    /// Accepts on `listener` until `shutdown` fires, handshaking each connection with `config`.
+    /// Accepts on `listener` until `shutdown` fires, handshaking each connection with the
+    /// certificate in `files` (reloaded when the files change).
     pub(crate) fn spawn(
         listener: TcpListener,
-        config: Arc<rustls::ServerConfig>,
+        files: &HttpsFiles,
         shutdown: CancellationToken,
-    ) -> io::Result<Self> {
-        let local = listener.local_addr()?;
+    ) -> Result<Self, GatewayError> {
+        Self::spawn_reloading(listener, files, RELOAD_EVERY, shutdown)
+    }
+
+    fn spawn_reloading(
+        listener: TcpListener,
+        files: &HttpsFiles,
+        every: Duration,
+        shutdown: CancellationToken,
+    ) -> Result<Self, GatewayError> {
+        let config = kg_common::tls::https_server_config(files)
+            .map_err(|err| GatewayError::Config(err.to_string()))?;
+        let acceptor = Arc::new(RwLock::new(TlsAcceptor::from(config)));
+        let local = listener.local_addr().map_err(GatewayError::Serve)?;
+        tokio::spawn(reload(
+            files.clone(),
+            acceptor.clone(),
+            every,
+            shutdown.clone(),
+        ));
         let (ready, handshaken) = mpsc::channel(READY_QUEUE);
-        let acceptor = TlsAcceptor::from(config);
         tokio::spawn(async move {
             loop {
                 let (tcp, peer) = tokio::select! {
@@ -52,7 +78,10 @@ impl TlsListener {
                 if let Err(err) = tcp.set_nodelay(true) {
                     tracing::debug!(error = %err, "TCP_NODELAY not set on an accepted connection");
                 }
-                let acceptor = acceptor.clone();
+                let acceptor = match acceptor.read() {
+                    Ok(current) => current.clone(),
+                    Err(poisoned) => poisoned.into_inner().clone(),
+                };
                 let ready = ready.clone();
                 tokio::spawn(async move {
                     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
@@ -71,6 +100,51 @@ impl TlsListener {
     }
 }
 
+/// When and how large the certificate and key files are: a change means a renewal.
+fn stamp(files: &HttpsFiles) -> Option<[(SystemTime, u64); 2]> {
+    let of = |path: &std::path::Path| {
+        let meta = std::fs::metadata(path).ok()?;
+        Some((meta.modified().ok()?, meta.len()))
+    };
+    Some([of(&files.cert_file)?, of(&files.key_file)?])
+}
+
+/// Swaps in the certificate each time its files change and load; a renewal that does not load
+/// (a key written before its certificate, say) keeps the current one and is retried on the
+/// next change.
+async fn reload(
+    files: HttpsFiles,
+    acceptor: Arc<RwLock<TlsAcceptor>>,
+    every: Duration,
+    shutdown: CancellationToken,
+) {
+    let mut seen = stamp(&files);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(every) => {}
+        }
+        let now = stamp(&files);
+        if now == seen {
+            continue;
+        }
+        match kg_common::tls::https_server_config(&files) {
+            Ok(config) => {
+                let fresh = TlsAcceptor::from(config);
+                match acceptor.write() {
+                    Ok(mut current) => *current = fresh,
+                    Err(poisoned) => *poisoned.into_inner() = fresh,
+                }
+                seen = now;
+                tracing::info!(cert_file = %files.cert_file.display(), "reloaded the HTTPS certificate");
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "the changed HTTPS certificate does not load; serving the previous one");
+            }
+        }
+    }
+}
+
 impl axum::serve::Listener for TlsListener {
     type Io = TlsStream<TcpStream>;
     type Addr = SocketAddr;
@@ -85,5 +159,89 @@ impl axum::serve::Listener for TlsListener {
 
     fn local_addr(&self) -> io::Result<Self::Addr> {
         Ok(self.local)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    use rustls::pki_types::ServerName;
+
+    use super::*;
+
+    /// A CA's PEM and a `localhost` certificate and key it issued.
+    fn issued(name: &str) -> (String, String, String) {
+        let ca_key = KeyPair::generate().unwrap();
+        let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        ca.distinguished_name.push(rcgen::DnType::CommonName, name);
+        let ca_pem = ca.self_signed(&ca_key).unwrap().pem();
+        let issuer = Issuer::new(ca, ca_key);
+        let key = KeyPair::generate().unwrap();
+        let cert = CertificateParams::new(vec!["localhost".to_owned()])
+            .unwrap()
+            .signed_by(&key, &issuer)
+            .unwrap();
+        (ca_pem, cert.pem(), key.serialize_pem())
+    }
+
+    /// Whether a client trusting only `ca_pem` completes a handshake with `addr`.
+    async fn handshake(addr: SocketAddr, ca_pem: &str) -> bool {
+        use rustls::pki_types::pem::PemObject as _;
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in rustls::pki_types::CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+            roots.add(cert.unwrap()).unwrap();
+        }
+        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        tokio_rustls::TlsConnector::from(Arc::new(config))
+            .connect(ServerName::try_from("localhost").unwrap(), tcp)
+            .await
+            .is_ok()
+    }
+
+    #[tokio::test]
+    async fn a_renewed_certificate_serves_new_handshakes_and_a_broken_one_is_not_taken() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = HttpsFiles {
+            cert_file: dir.path().join("fullchain.pem"),
+            key_file: dir.path().join("privkey.pem"),
+        };
+        let write = |cert: &str, key: &str| {
+            std::fs::write(&files.cert_file, cert).unwrap();
+            std::fs::write(&files.key_file, key).unwrap();
+        };
+        let (first_ca, cert, key) = issued("first");
+        write(&cert, &key);
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let shutdown = CancellationToken::new();
+        let every = Duration::from_millis(50);
+        let served =
+            TlsListener::spawn_reloading(listener, &files, every, shutdown.clone()).unwrap();
+        let addr = served.local;
+        assert!(handshake(addr, &first_ca).await);
+
+        let (second_ca, cert, key) = issued("second");
+        write(&cert, &key);
+        tokio::time::sleep(every * 6).await;
+        assert!(
+            handshake(addr, &second_ca).await,
+            "the renewal was not picked up"
+        );
+        assert!(!handshake(addr, &first_ca).await);
+
+        // A key that is not the certificate's: the renewed certificate keeps serving.
+        let (_, _, stray_key) = issued("stray");
+        write(&cert, &stray_key);
+        tokio::time::sleep(every * 6).await;
+        assert!(handshake(addr, &second_ca).await);
+        shutdown.cancel();
     }
 }
