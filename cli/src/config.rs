@@ -261,6 +261,8 @@ pub struct Sections {
     pub embedding: bool,
     /// `[indexer.llm]`.
     pub llm: bool,
+    /// `[http_tls]` (the gateway's certificate, mounted only where the gateway runs).
+    pub http_tls: bool,
 }
 
 impl Sections {
@@ -268,6 +270,7 @@ impl Sections {
     pub const ALL: Sections = Sections {
         embedding: true,
         llm: true,
+        http_tls: true,
     };
 }
 
@@ -376,7 +379,7 @@ pub fn resolve_with_cluster(
         problems.extend(config.indexer.llm.problems());
     }
     problems.extend(config.cluster.problems());
-    if let Some(files) = &config.http_tls
+    if let Some(files) = config.http_tls.as_ref().filter(|_| sections.http_tls)
         && let Err(problem) = kg_common::tls::https_server_config(files)
     {
         problems.push(problem.to_string());

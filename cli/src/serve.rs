@@ -107,6 +107,7 @@ impl Service {
         crate::config::Sections {
             embedding: self.needs_vectors(),
             llm: self == Service::Indexer,
+            http_tls: self == Service::Gateway,
         }
     }
 }
@@ -774,6 +775,24 @@ graph_addr = "http://graph:7104"
         );
         for service in [Service::Retrieval, Service::Graph, Service::Files] {
             options(service, &with_llm).unwrap();
+        }
+    }
+
+    #[test]
+    fn the_gateways_certificate_is_checked_only_where_the_gateway_runs() {
+        let with_https = format!(
+            "{SHARED}\n[http_tls]\ncert_file = \"/nonexistent/tls.crt\"\nkey_file = \"/nonexistent/tls.key\"\n"
+        );
+        let err = options(Service::Gateway, &with_https).unwrap_err();
+        assert!(
+            err.problems
+                .iter()
+                .any(|p| p.starts_with("http_tls.cert_file: cannot read /nonexistent/tls.crt")),
+            "{:?}",
+            err.problems
+        );
+        for service in [Service::Retrieval, Service::Graph, Service::Files] {
+            options(service, &with_https).unwrap();
         }
     }
 

@@ -89,11 +89,25 @@ def container_env(container: dict[str, Any], secrets: dict[str, dict[str, bytes]
 
 
 TLS_SECRET = "kgmesh-service-tls"
+HTTPS_SECRET = "kgmesh-gateway-https"
 
 
-@pytest.mark.parametrize("tls", [False, True], ids=["h2c", "mtls"])
-def test_every_rendered_deployment_passes_its_own_serve_check(tmp_path: Path, tls: bool) -> None:
-    docs = rendered(*(["--set", "tls.enabled=true", "--set", f"tls.existingSecret={TLS_SECRET}"] if tls else []))
+@pytest.mark.parametrize(("tls", "https"), [(False, False), (True, False), (False, True)], ids=["h2c", "mtls", "gateway-https"])
+def test_every_rendered_deployment_passes_its_own_serve_check(tmp_path: Path, tls: bool, https: bool) -> None:
+    settings = ["--set", "tls.enabled=true", "--set", f"tls.existingSecret={TLS_SECRET}"] if tls else []
+    if https:
+        settings += ["--set", f"gateway.https.existingSecret={HTTPS_SECRET}"]
+    docs = rendered(*settings)
+    if https:
+        # The gateway's own certificate (a kubernetes.io/tls Secret: tls.crt and tls.key).
+        served = write_service_certificates(tmp_path / "https", names=["kgmesh.example.com"], ips=())
+        docs.append(
+            {
+                "kind": "Secret",
+                "metadata": {"name": HTTPS_SECRET},
+                "stringData": {"tls.crt": served.cert.read_text(), "tls.key": served.key.read_text()},
+            }
+        )
     certificates = None
     if tls:
         # The Secret the operator provides, with the names the chart's services are dialled by.
@@ -141,6 +155,14 @@ def test_every_rendered_deployment_passes_its_own_serve_check(tmp_path: Path, tl
                     (directory / item["path"]).write_bytes(secrets[volume["secret"]["secretName"]][item["key"]])
                 mounted[mounts[volume["name"]]] = directory
         env["KGMESH_CLUSTER__SECRETS_DIR"] = str(mounted.get("/etc/kgmesh/secrets", tmp_path / "absent"))
+        if https and service == "gateway":
+            assert "/etc/kgmesh/https" in mounted, f"the gateway does not mount its certificate: {mounts}"
+            for key, file in (("CERT_FILE", "tls.crt"), ("KEY_FILE", "tls.key")):
+                assert f"/etc/kgmesh/https/{file}" in config.read_text(), file
+                env[f"KGMESH_HTTP_TLS__{key}"] = str(mounted["/etc/kgmesh/https"] / file)
+        elif https:
+            # Only the gateway has the files; every other service starts without them.
+            assert "/etc/kgmesh/https" not in mounted, service
         if tls:
             assert "/etc/kgmesh/tls" in mounted, f"{service} does not mount the TLS Secret: {mounts}"
             for key, file in (("CA_FILE", "ca.crt"), ("CERT_FILE", "tls.crt"), ("KEY_FILE", "tls.key")):
@@ -165,6 +187,7 @@ def test_every_rendered_deployment_passes_its_own_serve_check(tmp_path: Path, tl
         probed = probe.get("grpc", probe.get("httpGet", {})).get("port")
         if service == "gateway":
             assert probed == "http", probe
+            assert probe["httpGet"].get("scheme") == ("HTTPS" if https else "HTTP"), probe
         elif tls:
             # A kubelet gRPC probe shows no client certificate: /health on the metrics port.
             assert probe.get("httpGet") == {"path": "/health", "port": "metrics"}, (service, probe)

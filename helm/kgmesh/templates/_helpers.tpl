@@ -110,6 +110,7 @@ gateway:   {port: 8080, grpc: false, metrics: false, hpa: true}
 {{- end }}
 
 {{- define "kgmesh.tlsDir" -}}/etc/kgmesh/tls{{- end }}
+{{- define "kgmesh.httpsDir" -}}/etc/kgmesh/https{{- end }}
 
 {{- define "kgmesh.configPath" -}}/etc/kgmesh/kgmesh.toml{{- end }}
 {{- define "kgmesh.secretsDir" -}}/etc/kgmesh/secrets{{- end }}
@@ -221,6 +222,7 @@ Values the chart owns in kgmesh.toml: set elsewhere in the values, or computed.
 {{- $owned := dict
   "data_dir" "it is fixed by the chart (/tmp/kgmesh, scratch)"
   "http_addr" "the gateway listens on 0.0.0.0:8080"
+  "http_tls" "set gateway.https.existingSecret (the chart mounts it and names the files)"
   "database_url" "set database.url or database.existingSecret (it reaches the pods from a Secret)"
   "falkordb_url" "set falkordb.url or falkordb.existingSecret"
   "nats_url" "set nats.url or nats.existingSecret"
@@ -304,6 +306,11 @@ The whole kgmesh.toml as a map: .Values.config plus the keys the chart owns.
 {{- $approval := get $c "approval" | default dict }}
 {{- $_ := set $approval "webhook_signing_secret_env" (include "kgmesh.env.webhook" .) }}
 {{- $_ := set $c "approval" $approval }}
+{{- /* [http_tls]: only the gateway mounts the Secret and checks the files. */}}
+{{- if .Values.gateway.https.existingSecret }}
+{{- $dir := include "kgmesh.httpsDir" . }}
+{{- $_ := set $c "http_tls" (dict "cert_file" (printf "%s/tls.crt" $dir) "key_file" (printf "%s/tls.key" $dir)) }}
+{{- end }}
 {{- /* [cluster] */}}
 {{- $cluster := dict
   "auth_addr" (include "kgmesh.serviceAddr" (dict "root" . "service" "auth"))
