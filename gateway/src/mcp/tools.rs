@@ -840,17 +840,21 @@ mod tests {
         assert!(result["trace"].get("missingOffsets").is_none());
     }
 
-    #[test]
-    fn failed_packages_drop_that_namespace_and_budget_is_reported() {
-        let namespaces = vec!["a".to_owned(), "b".to_owned()];
-        let mut round = collect_searches(
-            &namespaces,
+    /// Namespaces `a` and `b` searched, one hit each (`a1`, `b1`).
+    fn one_hit_in_a_and_b() -> SearchRound {
+        collect_searches(
+            &["a".to_owned(), "b".to_owned()],
             vec![
                 Ok(response(vec![hit("a1", 0.5)], 1)),
                 Ok(response(vec![hit("b1", 0.5)], 1)),
             ],
         )
-        .unwrap();
+        .unwrap()
+    }
+
+    #[test]
+    fn failed_packages_drop_that_namespace_and_budget_is_reported() {
+        let mut round = one_hit_in_a_and_b();
         let winners = round.winners(8);
         let result = assembled(
             round,
@@ -875,19 +879,9 @@ mod tests {
     #[test]
     fn a_refused_caller_fails_the_search_and_unreadable_winners_are_not_an_empty_answer() {
         let namespaces = vec!["a".to_owned(), "b".to_owned()];
-        let searched = || {
-            collect_searches(
-                &namespaces,
-                vec![
-                    Ok(response(vec![hit("a1", 0.5)], 1)),
-                    Ok(response(vec![hit("b1", 0.5)], 1)),
-                ],
-            )
-            .unwrap()
-        };
         // The context expired between the search and the packages: the auth error, even
         // though the other namespace answered.
-        let mut round = searched();
+        let mut round = one_hit_in_a_and_b();
         let winners = round.winners(8);
         let err = assemble(
             round,
@@ -901,7 +895,7 @@ mod tests {
         .unwrap_err();
         assert_eq!(err.code, ErrorCode::Unauthenticated);
         // Every namespace with a winner failed its packages: the error, not `results: []`.
-        let mut round = searched();
+        let mut round = one_hit_in_a_and_b();
         let winners = round.winners(8);
         let err = assemble(
             round,
