@@ -341,7 +341,9 @@ pub async fn serve(options: ServeOptions, shutdown: CancellationToken) -> anyhow
     options.check()?;
     // Before anything listens or dials: every server and channel of the process uses it.
     if let Some(files) = &options.cluster.tls {
-        kg_common::tls::install(kg_common::tls::ClusterTls::load(files)?)?;
+        let tls = kg_common::tls::ClusterTls::load(files)?;
+        tls.spawn_reload(kg_common::tls::RELOAD_EVERY, shutdown.child_token());
+        kg_common::tls::install(tls)?;
     }
     let service = options.service;
     let addr = options.listen_addr();
@@ -575,12 +577,10 @@ async fn serve_health_only(
             .set_service_status(service, ServingStatus::Serving)
             .await;
     }
-    kg_common::grpc::server()?
+    let connections = kg_common::grpc::incoming(listener, &shutdown);
+    tonic::transport::Server::builder()
         .add_service(health)
-        .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-            shutdown.cancelled_owned(),
-        )
+        .serve_with_incoming_shutdown(connections, shutdown.cancelled_owned())
         .await
         .context("health server failed")
 }

@@ -1,34 +1,27 @@
 //! HTTPS on the gateway's own port (`[http_tls]`): connections are accepted and their TLS
 //! handshakes run on tasks of their own, so a client that stalls mid-handshake holds up no
-//! other; axum serves what comes out. A renewed certificate (certbot, cert-manager, a
-//! Secret's new version) is picked up without a restart: the files are checked every
-//! [`RELOAD_EVERY`], and new handshakes use the new certificate once it loads.
+//! other ([`kg_common::tls::accept_tls`]); axum serves what comes out. A renewed certificate
+//! (certbot, cert-manager, a Secret's new version) is picked up without a restart: the files
+//! are checked every [`RELOAD_EVERY`], and new handshakes use the new certificate once it
+//! loads.
 
 use std::io;
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use kg_common::tls::HttpsFiles;
+use kg_common::tls::{HandshakenConnections, HttpsFiles, RELOAD_EVERY};
 
 use crate::error::GatewayError;
 
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 
-/// A client that has not finished its handshake by then is dropped.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// Handshaken connections waiting for axum to take them.
-const READY_QUEUE: usize = 64;
-/// How often the certificate and key files are checked for a renewal.
-pub(crate) const RELOAD_EVERY: Duration = Duration::from_secs(30);
-
 /// Connections whose TLS handshake is done, for `axum::serve`.
 pub(crate) struct TlsListener {
-    handshaken: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+    handshaken: HandshakenConnections,
     local: SocketAddr,
 }
 
@@ -53,95 +46,33 @@ impl TlsListener {
             .map_err(|err| GatewayError::Config(err.to_string()))?;
         let acceptor = Arc::new(RwLock::new(TlsAcceptor::from(config)));
         let local = listener.local_addr().map_err(GatewayError::Serve)?;
-        tokio::spawn(reload(
-            files.clone(),
-            acceptor.clone(),
+        let renewed = acceptor.clone();
+        let watched = files.clone();
+        tokio::spawn(kg_common::tls::watch_files(
+            vec![files.cert_file.clone(), files.key_file.clone()],
             every,
             shutdown.clone(),
-        ));
-        let (ready, handshaken) = mpsc::channel(READY_QUEUE);
-        tokio::spawn(async move {
-            loop {
-                let (tcp, peer) = tokio::select! {
-                    () = shutdown.cancelled() => return,
-                    accepted = listener.accept() => match accepted {
-                        Ok(pair) => pair,
-                        // Out of file descriptors and the like: wait, as axum's own loop does.
-                        Err(err) => {
-                            tracing::debug!(error = %err, "accept failed");
-                            tokio::time::sleep(Duration::from_millis(50)).await;
-                            continue;
-                        }
-                    },
-                };
-                // See `nodelay` in lib.rs: streamed answers otherwise wait on delayed ACKs.
-                if let Err(err) = tcp.set_nodelay(true) {
-                    tracing::debug!(error = %err, "TCP_NODELAY not set on an accepted connection");
-                }
-                let acceptor = match acceptor.read() {
-                    Ok(current) => current.clone(),
-                    Err(poisoned) => poisoned.into_inner().clone(),
-                };
-                let ready = ready.clone();
-                tokio::spawn(async move {
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                        Ok(Ok(stream)) => {
-                            let _ = ready.send((stream, peer)).await;
-                        }
-                        Ok(Err(err)) => {
-                            tracing::debug!(%peer, error = %err, "TLS handshake failed")
-                        }
-                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-                    }
-                });
-            }
-        });
-        Ok(Self { handshaken, local })
-    }
-}
-
-/// When and how large the certificate and key files are: a change means a renewal.
-fn stamp(files: &HttpsFiles) -> Option<[(SystemTime, u64); 2]> {
-    let of = |path: &std::path::Path| {
-        let meta = std::fs::metadata(path).ok()?;
-        Some((meta.modified().ok()?, meta.len()))
-    };
-    Some([of(&files.cert_file)?, of(&files.key_file)?])
-}
-
-/// Swaps in the certificate each time its files change and load; a renewal that does not load
-/// (a key written before its certificate, say) keeps the current one and is retried on the
-/// next change.
-async fn reload(
-    files: HttpsFiles,
-    acceptor: Arc<RwLock<TlsAcceptor>>,
-    every: Duration,
-    shutdown: CancellationToken,
-) {
-    let mut seen = stamp(&files);
-    loop {
-        tokio::select! {
-            () = shutdown.cancelled() => return,
-            () = tokio::time::sleep(every) => {}
-        }
-        let now = stamp(&files);
-        if now == seen {
-            continue;
-        }
-        match kg_common::tls::https_server_config(&files) {
-            Ok(config) => {
-                let fresh = TlsAcceptor::from(config);
-                match acceptor.write() {
+            "the HTTPS certificate (http_tls)",
+            move || {
+                let fresh = TlsAcceptor::from(kg_common::tls::https_server_config(&watched)?);
+                match renewed.write() {
                     Ok(mut current) => *current = fresh,
                     Err(poisoned) => *poisoned.into_inner() = fresh,
                 }
-                seen = now;
-                tracing::info!(cert_file = %files.cert_file.display(), "reloaded the HTTPS certificate");
-            }
-            Err(err) => {
-                tracing::warn!(error = %err, "the changed HTTPS certificate does not load; serving the previous one");
-            }
-        }
+                Ok(())
+            },
+        ));
+        // See `nodelay` in lib.rs: streamed answers otherwise wait on delayed ACKs; the accept
+        // loop sets it on every connection.
+        let handshaken = kg_common::tls::accept_tls(
+            listener,
+            move || match acceptor.read() {
+                Ok(current) => current.clone(),
+                Err(poisoned) => poisoned.into_inner().clone(),
+            },
+            shutdown,
+        );
+        Ok(Self { handshaken, local })
     }
 }
 

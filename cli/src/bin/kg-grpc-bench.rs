@@ -212,11 +212,12 @@ async fn serve(
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let (_reporter, health) = tonic_health::server::health_reporter();
-    let server = kg_common::grpc::server_for(tls)?.add_service(health);
-    tokio::spawn(server.serve_with_incoming_shutdown(
-        tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-        shutdown.cancelled_owned(),
-    ));
+    let connections = kg_common::grpc::incoming_for(listener, tls, &shutdown);
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(health)
+            .serve_with_incoming_shutdown(connections, shutdown.cancelled_owned()),
+    );
     Ok(addr)
 }
 

@@ -3,6 +3,9 @@
 //! it reached first, and the lane's new replicas would idle. A name that resolves to several
 //! addresses (a headless Service lists its ready pods) is looked up again every few seconds,
 //! and calls spread over what it lists (tower's power-of-two-choices on pending calls).
+//! Channels with the service certificates are balanced even to one address: when the
+//! certificates are reloaded, the balancer replaces each address's connection with one dialled
+//! under the new certificates (the old one finishes the calls already on it).
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -12,6 +15,8 @@ use std::time::Duration;
 
 use tonic::transport::channel::Change;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
+
+use crate::tls::ClusterTls;
 
 /// How often a balanced name is looked up again (new pods join within this).
 pub const RESOLVE_EVERY: Duration = Duration::from_secs(5);
@@ -29,12 +34,42 @@ pub(crate) fn dns_host(endpoint: &Endpoint) -> Option<(String, u16)> {
     Some((host.to_owned(), uri.port_u16().unwrap_or(80)))
 }
 
+/// The address `endpoint` names when its host is an IP literal.
+pub(crate) fn ip_address(endpoint: &Endpoint) -> Option<SocketAddr> {
+    let uri = endpoint.uri();
+    let default_port = match uri.scheme_str() {
+        Some("https") => 443,
+        _ => 80,
+    };
+    let host = uri.host()?.trim_start_matches('[').trim_end_matches(']');
+    let ip = host.parse::<IpAddr>().ok()?;
+    Some(SocketAddr::new(ip, uri.port_u16().unwrap_or(default_port)))
+}
+
+/// The certificates a balanced channel dials with, followed across reloads.
+pub(crate) struct BalancedTls {
+    pub(crate) cluster: ClusterTls,
+    /// The name each address's certificate is checked against, when the channel was given a
+    /// host name rather than an address.
+    pub(crate) server_name: Option<String>,
+}
+
+impl BalancedTls {
+    fn config(&self) -> ClientTlsConfig {
+        let config = self.cluster.client();
+        match &self.server_name {
+            Some(name) => config.domain_name(name.clone()),
+            None => config,
+        }
+    }
+}
+
 /// A channel over every address `resolve` lists, refreshed every `every` for as long as the
-/// channel lives; with `tls` (its server name set to the balanced host) when the template is
-/// `https`. Needs a tokio runtime.
+/// channel lives; with `tls` when the template is `https`, every address re-dialled after each
+/// reload of its certificates. Needs a tokio runtime.
 pub(crate) fn balanced<R, F>(
     template: Endpoint,
-    tls: Option<ClientTlsConfig>,
+    tls: Option<BalancedTls>,
     resolve: R,
     every: Duration,
 ) -> Channel
@@ -44,38 +79,58 @@ where
 {
     let (channel, changes) = Channel::balance_channel::<SocketAddr>(64);
     tokio::spawn(async move {
+        let mut reloads = tls.as_ref().map(|tls| tls.cluster.subscribe());
         let mut current: HashSet<SocketAddr> = HashSet::new();
+        let mut reloaded = false;
         loop {
-            match resolve().await {
-                Ok(found) => {
-                    let found = one_family(found);
-                    for gone in current.difference(&found) {
-                        if changes.send(Change::Remove(*gone)).await.is_err() {
-                            return;
-                        }
-                    }
-                    for new in found.difference(&current) {
-                        let Ok(endpoint) = endpoint_at(&template, tls.as_ref(), *new) else {
-                            continue;
-                        };
-                        if changes.send(Change::Insert(*new, endpoint)).await.is_err() {
-                            return;
-                        }
-                    }
-                    current = found;
-                }
+            let found = match resolve().await {
+                Ok(found) => one_family(found),
                 // A failed lookup keeps the addresses already known.
                 Err(err) => {
-                    tracing::debug!(host = ?template.uri().host(), error = %err, "lookup failed")
+                    tracing::debug!(host = ?template.uri().host(), error = %err, "lookup failed");
+                    current.clone()
+                }
+            };
+            for gone in current.difference(&found) {
+                if changes.send(Change::Remove(*gone)).await.is_err() {
+                    return;
                 }
             }
+            let config = tls.as_ref().map(BalancedTls::config);
+            for addr in &found {
+                // An address already known keeps its connection unless the certificates were
+                // reloaded: then the new connection replaces it.
+                if current.contains(addr) && !reloaded {
+                    continue;
+                }
+                let Ok(endpoint) = endpoint_at(&template, config.as_ref(), *addr) else {
+                    continue;
+                };
+                if changes.send(Change::Insert(*addr, endpoint)).await.is_err() {
+                    return;
+                }
+            }
+            current = found;
+            reloaded = false;
             tokio::select! {
                 _ = changes.closed() => return,
                 _ = tokio::time::sleep(every) => {}
+                () = reload(&mut reloads) => reloaded = true,
             }
         }
     });
     channel
+}
+
+/// Waits for the next reload of the certificates being followed; never finishes without
+/// certificates (or once they can reload no more, which `BalancedTls` holding them rules out).
+async fn reload<T>(reloads: &mut Option<tokio::sync::watch::Receiver<T>>) {
+    if let Some(reloads) = reloads
+        && reloads.changed().await.is_ok()
+    {
+        return;
+    }
+    std::future::pending().await
 }
 
 /// The IPv4 addresses when there are any, else the IPv6 ones: `localhost` lists 127.0.0.1 and

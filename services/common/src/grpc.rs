@@ -2,12 +2,18 @@
 //! caller-context verification, request metrics, a per-request timeout, and mutual TLS
 //! when the process has it; and the client channels services call each other over.
 
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::net::TcpListener;
+use futures::Stream;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 use tonic::service::Routes;
-use tonic::transport::server::TcpIncoming;
+use tonic::transport::server::{Connected, TcpConnectInfo, TcpIncoming};
 use tonic_health::ServingStatus;
 
 use crate::caller::CallerContextLayer;
@@ -46,29 +52,143 @@ pub async fn serve(
         .copied()
         .unwrap_or("unknown")
         .to_owned();
-    server()?
+    let connections = incoming(listener, &shutdown);
+    tonic::transport::Server::builder()
         .timeout(REQUEST_TIMEOUT)
         .layer(GrpcMetricsLayer::new(service_label))
         .layer(caller_layer)
         .add_routes(routes)
-        .serve_with_incoming_shutdown(incoming(listener), shutdown.cancelled_owned())
+        .serve_with_incoming_shutdown(connections, shutdown.cancelled_owned())
         .await?;
     Ok(())
 }
 
-/// A gRPC server builder, requiring the process's mutual TLS when it has one
-/// ([`crate::tls::install`]). Every gRPC server a service runs starts from here.
-pub fn server() -> Result<tonic::transport::Server, ServeError> {
-    server_for(crate::tls::installed())
+/// The connections a gRPC server accepts on `listener`: TLS-handshaken with the process's
+/// mutual TLS when it has one ([`crate::tls::install`]), plain otherwise; TCP_NODELAY either
+/// way. Every gRPC server a service runs is served from here, so none can skip the TLS the
+/// process was given. Needs a tokio runtime; accepting stops with `shutdown`.
+pub fn incoming(listener: TcpListener, shutdown: &CancellationToken) -> Incoming {
+    incoming_for(listener, crate::tls::installed(), shutdown)
 }
 
-/// [`server`] with `tls` instead of the process's (tests and benches).
-pub fn server_for(tls: Option<&ClusterTls>) -> Result<tonic::transport::Server, ServeError> {
-    let builder = tonic::transport::Server::builder();
-    Ok(match tls {
-        Some(tls) => builder.tls_config(tls.server.clone())?,
-        None => builder,
-    })
+/// [`incoming`] with `tls` instead of the process's (tests and benches).
+pub fn incoming_for(
+    listener: TcpListener,
+    tls: Option<&ClusterTls>,
+    shutdown: &CancellationToken,
+) -> Incoming {
+    match tls {
+        Some(tls) => {
+            let tls = tls.clone();
+            Incoming::Tls(crate::tls::accept_tls(
+                listener,
+                move || tls.acceptor(),
+                shutdown.child_token(),
+            ))
+        }
+        // tonic's own `tcp_nodelay` setting does not apply to `serve_with_incoming`.
+        None => Incoming::Plain(TcpIncoming::from(listener).with_nodelay(Some(true))),
+    }
+}
+
+/// Accepted connections for `Server::serve_with_incoming` ([`incoming`]).
+pub enum Incoming {
+    /// Plain HTTP/2.
+    Plain(TcpIncoming),
+    /// Handshaken with the service certificates.
+    Tls(crate::tls::HandshakenConnections),
+}
+
+impl Stream for Incoming {
+    type Item = io::Result<Connection>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        match self.get_mut() {
+            Self::Plain(tcp) => Pin::new(tcp)
+                .poll_next(cx)
+                .map(|next| next.map(|accepted| accepted.map(Connection::Plain))),
+            Self::Tls(handshaken) => Pin::new(handshaken)
+                .poll_next(cx)
+                .map(|next| next.map(|(stream, _peer)| Ok(Connection::Tls(Box::new(stream))))),
+        }
+    }
+}
+
+/// One accepted connection, in clear or in TLS.
+pub enum Connection {
+    /// Plain HTTP/2.
+    Plain(TcpStream),
+    /// Handshaken with the service certificates.
+    Tls(Box<TlsStream<TcpStream>>),
+}
+
+impl Connected for Connection {
+    type ConnectInfo = TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        match self {
+            Self::Plain(tcp) => tcp.connect_info(),
+            Self::Tls(tls) => tls.get_ref().0.connect_info(),
+        }
+    }
+}
+
+impl AsyncRead for Connection {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Plain(tcp) => Pin::new(tcp).poll_read(cx, buf),
+            Self::Tls(tls) => Pin::new(tls.as_mut()).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Connection {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Self::Plain(tcp) => Pin::new(tcp).poll_write(cx, buf),
+            Self::Tls(tls) => Pin::new(tls.as_mut()).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Self::Plain(tcp) => Pin::new(tcp).poll_write_vectored(cx, bufs),
+            Self::Tls(tls) => Pin::new(tls.as_mut()).poll_write_vectored(cx, bufs),
+        }
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        match self {
+            Self::Plain(tcp) => tcp.is_write_vectored(),
+            Self::Tls(tls) => tls.is_write_vectored(),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Plain(tcp) => Pin::new(tcp).poll_flush(cx),
+            Self::Tls(tls) => Pin::new(tls.as_mut()).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Self::Plain(tcp) => Pin::new(tcp).poll_shutdown(cx),
+            Self::Tls(tls) => Pin::new(tls.as_mut()).poll_shutdown(cx),
+        }
+    }
 }
 
 /// How long the server lets a request run from now: the caller's `grpc-timeout` when it
@@ -115,13 +235,6 @@ fn parse_grpc_timeout(value: &str) -> Option<Duration> {
     })
 }
 
-/// Accepted connections with TCP_NODELAY: a reply written in more than one piece (headers,
-/// then body) otherwise waits for the client's delayed ACK, ~40 ms per call on Linux.
-/// tonic's own `tcp_nodelay` setting does not apply to `serve_with_incoming`.
-fn incoming(listener: TcpListener) -> TcpIncoming {
-    TcpIncoming::from(listener).with_nodelay(Some(true))
-}
-
 /// How long a client waits for a TCP connection to a service.
 pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -129,7 +242,8 @@ pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// process's mutual TLS, [`crate::tls`]). A host given by name is looked up again every few
 /// seconds and calls spread over every address it lists, so the replicas of a lane behind a
 /// headless Kubernetes Service share its calls ([`crate::balance`]); an IP address (every
-/// `kgmesh up` address) is one plain connection.
+/// `kgmesh up` address) is one plain connection. An `https://` channel dials again with the
+/// new certificates after each reload.
 pub fn channel(addr: &str) -> Result<tonic::transport::Channel, tonic::transport::Error> {
     channel_for(addr, crate::tls::installed())
 }
@@ -139,33 +253,51 @@ pub fn channel_for(
     addr: &str,
     tls: Option<&ClusterTls>,
 ) -> Result<tonic::transport::Channel, tonic::transport::Error> {
-    let mut endpoint = tonic::transport::Endpoint::from_shared(addr.to_owned())?
+    use crate::balance::{BalancedTls, balanced, dns_host, ip_address, lookup};
+    let endpoint = tonic::transport::Endpoint::from_shared(addr.to_owned())?
         .connect_timeout(CONNECT_TIMEOUT)
         .tcp_nodelay(true);
     // Without the process's TLS an https:// channel fails every call, as it should: the
     // services check their addresses against `[cluster.tls]` before they start.
-    let client_tls = match (endpoint.uri().scheme_str(), tls) {
-        (Some("https"), Some(tls)) => Some(tls.client.clone()),
+    let tls = match (endpoint.uri().scheme_str(), tls) {
+        (Some("https"), Some(tls)) => Some(tls),
         _ => None,
     };
-    if let Some(client_tls) = &client_tls {
-        endpoint = endpoint.tls_config(client_tls.clone())?;
+    if tokio::runtime::Handle::try_current().is_ok() {
+        if let Some((host, port)) = dns_host(&endpoint) {
+            // Each pod is dialled by address; its certificate is still checked against the name.
+            let tls = tls.map(|cluster| BalancedTls {
+                cluster: cluster.clone(),
+                server_name: Some(host.clone()),
+            });
+            let resolve = move || lookup(host.clone(), port);
+            return Ok(balanced(
+                endpoint,
+                tls,
+                resolve,
+                crate::balance::RESOLVE_EVERY,
+            ));
+        }
+        if let (Some(cluster), Some(address)) = (tls, ip_address(&endpoint)) {
+            // One address, balanced all the same: the balancer is what re-dials it with
+            // renewed certificates.
+            let tls = BalancedTls {
+                cluster: cluster.clone(),
+                server_name: None,
+            };
+            let resolve = move || std::future::ready(Ok(vec![address]));
+            return Ok(balanced(
+                endpoint,
+                Some(tls),
+                resolve,
+                crate::balance::RESOLVE_EVERY,
+            ));
+        }
     }
-    if let (Some((host, port)), Ok(_)) = (
-        crate::balance::dns_host(&endpoint),
-        tokio::runtime::Handle::try_current(),
-    ) {
-        // Each pod is dialled by address; its certificate is still checked against the name.
-        let client_tls = client_tls.map(|config| config.domain_name(host.clone()));
-        let resolve = move || crate::balance::lookup(host.clone(), port);
-        return Ok(crate::balance::balanced(
-            endpoint,
-            client_tls,
-            resolve,
-            crate::balance::RESOLVE_EVERY,
-        ));
+    match tls {
+        Some(cluster) => Ok(endpoint.tls_config(cluster.client())?.connect_lazy()),
+        None => Ok(endpoint.connect_lazy()),
     }
-    Ok(endpoint.connect_lazy())
 }
 
 #[cfg(test)]
@@ -218,12 +350,18 @@ mod tests {
     async fn health_server(tls: &ClusterTls, shutdown: CancellationToken) -> u16 {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
-        let (_reporter, health) = tonic_health::server::health_reporter();
-        let server = server_for(Some(tls)).unwrap().add_service(health);
-        tokio::spawn(
-            server.serve_with_incoming_shutdown(incoming(listener), shutdown.cancelled_owned()),
-        );
+        serve_health(listener, tls, shutdown);
         port
+    }
+
+    fn serve_health(listener: TcpListener, tls: &ClusterTls, shutdown: CancellationToken) {
+        let (_reporter, health) = tonic_health::server::health_reporter();
+        let connections = incoming_for(listener, Some(tls), &shutdown);
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(health)
+                .serve_with_incoming_shutdown(connections, shutdown.cancelled_owned()),
+        );
     }
 
     async fn health(addr: &str, tls: Option<&ClusterTls>) -> Result<(), tonic::Status> {
@@ -261,11 +399,10 @@ mod tests {
         // server's certificate does not hold: every call fails.
         let plain = health(&format!("http://127.0.0.1:{port}"), None).await;
         assert!(plain.is_err(), "plaintext call answered");
-        let anonymous = ClusterTls {
-            server: peer.server.clone(),
-            client: tonic::transport::ClientTlsConfig::new()
+        let anonymous = peer.with_client(
+            tonic::transport::ClientTlsConfig::new()
                 .ca_certificate(tonic::transport::Certificate::from_pem(&ca.pem)),
-        };
+        );
         let refused = health(&format!("https://localhost:{port}"), Some(&anonymous)).await;
         assert!(
             refused.is_err(),
@@ -273,15 +410,14 @@ mod tests {
         );
         let other = Authority::new("someone else");
         let (foreign_cert, foreign_key) = other.leaf(&["localhost"], &[ServerAuth, ClientAuth]);
-        let stranger = ClusterTls {
-            server: peer.server.clone(),
-            client: tonic::transport::ClientTlsConfig::new()
+        let stranger = peer.with_client(
+            tonic::transport::ClientTlsConfig::new()
                 .ca_certificate(tonic::transport::Certificate::from_pem(&ca.pem))
                 .identity(tonic::transport::Identity::from_pem(
                     foreign_cert,
                     foreign_key,
                 )),
-        };
+        );
         let refused = health(&format!("https://localhost:{port}"), Some(&stranger)).await;
         assert!(refused.is_err(), "a client from another CA was served");
         let by_address = health(&format!("https://127.0.0.1:{port}"), Some(&peer)).await;
@@ -296,9 +432,117 @@ mod tests {
     async fn accepted_connections_have_tcp_nodelay() {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let mut accepted = incoming(listener);
+        let mut accepted = incoming_for(listener, None, &CancellationToken::new());
         let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let stream = accepted.next().await.unwrap().unwrap();
+        let Connection::Plain(stream) = accepted.next().await.unwrap().unwrap() else {
+            panic!("a plain connection without TLS");
+        };
         assert!(stream.nodelay().unwrap());
+    }
+
+    /// A health client on one channel, kept across calls.
+    struct HealthChecks(tonic_health::pb::health_client::HealthClient<tonic::transport::Channel>);
+
+    impl HealthChecks {
+        fn new(addr: &str, tls: &ClusterTls) -> Self {
+            Self(tonic_health::pb::health_client::HealthClient::new(
+                channel_for(addr, Some(tls)).unwrap(),
+            ))
+        }
+
+        async fn check(&self) -> Result<(), tonic::Status> {
+            let mut request = tonic::Request::new(tonic_health::pb::HealthCheckRequest {
+                service: String::new(),
+            });
+            request.set_timeout(Duration::from_secs(5));
+            self.0.clone().check(request).await.map(drop)
+        }
+
+        /// Calls until an answer comes, for up to 10 s: a reload is checked every 50 ms, and
+        /// a loaded machine may run it late.
+        async fn answer_within(&self) {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            loop {
+                match self.check().await {
+                    Ok(()) => return,
+                    Err(status) => assert!(
+                        tokio::time::Instant::now() < deadline,
+                        "no answer after the renewal: {status:?}"
+                    ),
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+
+    /// A health server on 127.0.0.1:`port` (a port a stopped server held) behind `tls`.
+    async fn health_server_at(port: u16, tls: &ClusterTls, shutdown: CancellationToken) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        let listener = loop {
+            match TcpListener::bind(("127.0.0.1", port)).await {
+                Ok(listener) => break listener,
+                Err(err) => assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "port {port} not free again: {err}"
+                ),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        serve_health(listener, tls, shutdown);
+    }
+
+    #[tokio::test]
+    async fn renewed_certificates_from_a_new_ca_are_taken_up_on_both_sides_without_a_restart() {
+        use crate::tls::testing::Authority;
+        let dir = tempfile::tempdir().unwrap();
+        let first_ca = Authority::new("kgmesh services, first CA");
+        let server_files = first_ca.service_files(dir.path(), "server");
+        let server_tls = ClusterTls::load(&server_files).unwrap();
+        let client_tls = ClusterTls::load(&first_ca.service_files(dir.path(), "client")).unwrap();
+        let every = Duration::from_millis(50);
+        let watching = CancellationToken::new();
+        server_tls.spawn_reload(every, watching.clone());
+        client_tls.spawn_reload(every, watching.clone());
+        let serving = CancellationToken::new();
+        let port = health_server(&server_tls, serving.clone()).await;
+        // Dialled by name (looked up and balanced) and by address (one connection).
+        let by_name = HealthChecks::new(&format!("https://localhost:{port}"), &client_tls);
+        let by_address = HealthChecks::new(&format!("https://127.0.0.1:{port}"), &client_tls);
+        by_name.check().await.unwrap();
+        by_address.check().await.unwrap();
+
+        // The CA is rotated: both processes' files now hold certificates from a new CA, and
+        // that CA alone is trusted.
+        let second_ca = Authority::new("kgmesh services, second CA");
+        second_ca.service_files(dir.path(), "server");
+        second_ca.service_files(dir.path(), "client");
+        // A peer holding only the new CA's certificate is served once the server reloads.
+        let newcomer = ClusterTls::load(&second_ca.service_files(dir.path(), "newcomer")).unwrap();
+        HealthChecks::new(&format!("https://localhost:{port}"), &newcomer)
+            .answer_within()
+            .await;
+
+        // The server stops and starts again on the same port with its reloaded certificates,
+        // so no connection made before the rotation survives: the channels made before it
+        // answer only if they dial with the client's renewed certificate.
+        serving.cancel();
+        let serving = CancellationToken::new();
+        health_server_at(port, &server_tls, serving.clone()).await;
+        by_name.answer_within().await;
+        by_address.answer_within().await;
+
+        // A renewal that does not load (a key that is not the certificate's) is not taken:
+        // the certificates in use keep serving.
+        let stray = Authority::new("stray").service_files(dir.path(), "stray");
+        std::fs::copy(&stray.key_file, &server_files.key_file).unwrap();
+        tokio::time::sleep(every * 6).await;
+        let text = server_tls.reload().unwrap_err().to_string();
+        assert!(text.starts_with("cluster.tls.key_file:"), "{text}");
+        HealthChecks::new(&format!("https://localhost:{port}"), &newcomer)
+            .check()
+            .await
+            .unwrap();
+        serving.cancel();
+        watching.cancel();
     }
 }

@@ -4,14 +4,30 @@
 //! and shows its own. The setting belongs to the process, not to a call site: it is installed
 //! once at start, before any server listens or channel connects, and [`crate::grpc`] applies
 //! it to every server and to every `https://` channel.
+//!
+//! Certificates follow their files: a renewal (cert-manager writes a new Secret version every
+//! few weeks, a CA rotation included) is picked up within [`RELOAD_EVERY`] without a restart.
+//! New handshakes then use it on both sides; connections already open keep the certificate they
+//! were made with, which stays valid until it expires.
+
+mod accept;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
 use serde::{Deserialize, Serialize};
-use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
+use tokio::sync::watch;
+use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+
+pub use accept::{HandshakenConnections, accept_tls, watch_files};
+
+/// How often certificate files are checked for a renewal.
+pub const RELOAD_EVERY: Duration = Duration::from_secs(30);
 
 /// `[cluster.tls]`: PEM files, as a cert-manager Secret holds them (`ca.crt`, `tls.crt`,
 /// `tls.key`).
@@ -25,6 +41,16 @@ pub struct TlsFiles {
     pub cert_file: PathBuf,
     /// The private key of `cert_file`.
     pub key_file: PathBuf,
+}
+
+impl TlsFiles {
+    fn paths(&self) -> Vec<PathBuf> {
+        vec![
+            self.ca_file.clone(),
+            self.cert_file.clone(),
+            self.key_file.clone(),
+        ]
+    }
 }
 
 /// Why the service certificates cannot be used; each names the setting to change.
@@ -55,11 +81,29 @@ pub enum TlsError {
     AlreadyInstalled,
 }
 
-/// A process's TLS settings for serving and for calling other services.
-#[derive(Debug, Clone)]
+/// A process's certificates for serving and for calling other services, as last loaded from
+/// their files. Cheap to clone; every clone sees a reload.
+#[derive(Clone)]
 pub struct ClusterTls {
-    pub(crate) server: ServerTlsConfig,
+    files: Arc<TlsFiles>,
+    current: Arc<watch::Sender<Arc<ClusterCertificates>>>,
+}
+
+/// One loaded generation of the certificates.
+pub(crate) struct ClusterCertificates {
+    /// Handshakes accepted connections: this certificate, and a client certificate from the
+    /// CA required.
+    pub(crate) acceptor: TlsAcceptor,
+    /// For dialling: the CA to check servers by, and this certificate to show them.
     pub(crate) client: ClientTlsConfig,
+}
+
+impl std::fmt::Debug for ClusterTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterTls")
+            .field("files", &self.files)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ClusterTls {
@@ -67,21 +111,80 @@ impl ClusterTls {
     /// the certificate is issued by the CA, valid now, and usable by a client (every service
     /// is one). A certificate's host names are checked by the peers that dial it.
     pub fn load(files: &TlsFiles) -> Result<Self, TlsError> {
-        // tonic builds its rustls configs from the process's default provider, which rustls
+        let loaded = ClusterCertificates::load(files)?;
+        Ok(Self {
+            files: Arc::new(files.clone()),
+            current: Arc::new(watch::Sender::new(Arc::new(loaded))),
+        })
+    }
+
+    /// Reads the files again and, when they load, makes them the certificates of every new
+    /// handshake, served or dialled. When they do not (a key written before its certificate,
+    /// say), the certificates in use stay and the error says why.
+    pub fn reload(&self) -> Result<(), TlsError> {
+        let loaded = ClusterCertificates::load(&self.files)?;
+        self.current.send_replace(Arc::new(loaded));
+        Ok(())
+    }
+
+    /// Reloads whenever the files change, checking every `every` until `shutdown`. Needs a
+    /// tokio runtime.
+    pub fn spawn_reload(&self, every: Duration, shutdown: CancellationToken) {
+        let tls = self.clone();
+        tokio::spawn(watch_files(
+            self.files.paths(),
+            every,
+            shutdown,
+            "the service certificate (cluster.tls)",
+            move || tls.reload(),
+        ));
+    }
+
+    /// The acceptor for a connection arriving now.
+    pub(crate) fn acceptor(&self) -> TlsAcceptor {
+        self.current.borrow().acceptor.clone()
+    }
+
+    /// The client settings for a connection dialled now.
+    pub(crate) fn client(&self) -> ClientTlsConfig {
+        self.current.borrow().client.clone()
+    }
+
+    /// Notified at each reload.
+    pub(crate) fn subscribe(&self) -> watch::Receiver<Arc<ClusterCertificates>> {
+        self.current.subscribe()
+    }
+
+    /// These server certificates with `client` for dialling (tests: a peer without a
+    /// certificate, or with a foreign one).
+    #[cfg(test)]
+    pub(crate) fn with_client(&self, client: ClientTlsConfig) -> Self {
+        let acceptor = self.acceptor();
+        Self {
+            files: self.files.clone(),
+            current: Arc::new(watch::Sender::new(Arc::new(ClusterCertificates {
+                acceptor,
+                client,
+            }))),
+        }
+    }
+}
+
+impl ClusterCertificates {
+    fn load(files: &TlsFiles) -> Result<Self, TlsError> {
+        // tonic builds its client configs from the process's default provider, which rustls
         // cannot pick on its own here: reqwest's aws-lc-rs is linked in beside ring. An
         // `Err` means a provider is already the default, which serves as well.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let ca_pem = read("cluster.tls.ca_file", &files.ca_file)?;
-        check(files, &ca_pem)?;
+        let server = server_config(files, &ca_pem)?;
         let cert_pem = read("cluster.tls.cert_file", &files.cert_file)?;
         let key_pem = read("cluster.tls.key_file", &files.key_file)?;
-        let identity = Identity::from_pem(&cert_pem, &key_pem);
-        let ca = Certificate::from_pem(&ca_pem);
         Ok(Self {
-            server: ServerTlsConfig::new()
-                .identity(identity.clone())
-                .client_ca_root(ca.clone()),
-            client: ClientTlsConfig::new().ca_certificate(ca).identity(identity),
+            acceptor: TlsAcceptor::from(server),
+            client: ClientTlsConfig::new()
+                .ca_certificate(Certificate::from_pem(&ca_pem))
+                .identity(Identity::from_pem(&cert_pem, &key_pem)),
         })
     }
 }
@@ -180,10 +283,12 @@ fn keyed_chain(
     })
 }
 
-fn check(files: &TlsFiles, ca_pem: &[u8]) -> Result<(), TlsError> {
+/// The server side of the service certificates, checked: HTTP/2 by ALPN (tonic's clients
+/// require it), and a client certificate from the CA required of every peer.
+fn server_config(files: &TlsFiles, ca_pem: &[u8]) -> Result<Arc<rustls::ServerConfig>, TlsError> {
     let authorities = certificates("cluster.tls.ca_file", &files.ca_file, ca_pem)?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let KeyedChain { chain, .. } = keyed_chain(
+    let KeyedChain { chain, key } = keyed_chain(
         &provider,
         ("cluster.tls.cert_file", &files.cert_file),
         ("cluster.tls.key_file", &files.key_file),
@@ -198,16 +303,18 @@ fn check(files: &TlsFiles, ca_pem: &[u8]) -> Result<(), TlsError> {
             )
         })?;
     }
-    let verifier =
-        rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-            .build()
-            .map_err(|err| {
-                invalid(
-                    "cluster.tls.ca_file",
-                    &files.ca_file,
-                    format!("cannot verify peers: {err}"),
-                )
-            })?;
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .build()
+    .map_err(|err| {
+        invalid(
+            "cluster.tls.ca_file",
+            &files.ca_file,
+            format!("cannot verify peers: {err}"),
+        )
+    })?;
     let (end_entity, intermediates) = chain.split_first().ok_or_else(|| {
         invalid(
             "cluster.tls.cert_file",
@@ -228,7 +335,22 @@ fn check(files: &TlsFiles, ca_pem: &[u8]) -> Result<(), TlsError> {
                 ),
             )
         })?;
-    Ok(())
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .and_then(|builder| {
+            builder
+                .with_client_cert_verifier(verifier)
+                .with_single_cert(chain, key)
+        })
+        .map_err(|err| {
+            invalid(
+                "cluster.tls.cert_file",
+                &files.cert_file,
+                format!("cannot serve TLS: {err}"),
+            )
+        })?;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(Arc::new(config))
 }
 
 /// `[http_tls]`: the certificate the gateway serves HTTPS with on `http_addr` (PEM; the chain

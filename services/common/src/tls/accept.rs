@@ -1,0 +1,134 @@
+//! What every TLS listener of kgmesh shares (the services' gRPC ports, the gateway's HTTPS):
+//! handshakes on tasks of their own, with whichever certificate is current when a connection
+//! arrives, and certificate files watched for renewals.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+use tokio_util::sync::CancellationToken;
+
+use super::TlsError;
+
+/// A client that has not finished its handshake by then is dropped.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Handshaken connections waiting for the server to take them.
+const READY_QUEUE: usize = 64;
+
+/// Connections whose TLS handshake is done, in the order they finished.
+pub struct HandshakenConnections {
+    handshaken: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+}
+
+impl HandshakenConnections {
+    /// The next connection; `None` once the accept loop has stopped (shutdown).
+    pub async fn recv(&mut self) -> Option<(TlsStream<TcpStream>, SocketAddr)> {
+        self.handshaken.recv().await
+    }
+}
+
+/// Accepts on `listener` until `shutdown` fires, with TCP_NODELAY (a reply written in pieces
+/// otherwise waits on the peer's delayed ACK), and handshakes each connection on a task of its
+/// own with the acceptor `current` gives at that moment, so a client that stalls mid-handshake
+/// holds up no other and a reloaded certificate serves the next connection. Needs a tokio
+/// runtime.
+pub fn accept_tls<F>(
+    listener: TcpListener,
+    current: F,
+    shutdown: CancellationToken,
+) -> HandshakenConnections
+where
+    F: Fn() -> TlsAcceptor + Send + 'static,
+{
+    let (ready, handshaken) = mpsc::channel(READY_QUEUE);
+    tokio::spawn(async move {
+        loop {
+            let (tcp, peer) = tokio::select! {
+                () = shutdown.cancelled() => return,
+                accepted = listener.accept() => match accepted {
+                    Ok(pair) => pair,
+                    // Out of file descriptors and the like: wait, as axum's own loop does.
+                    Err(err) => {
+                        tracing::debug!(error = %err, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+            };
+            if let Err(err) = tcp.set_nodelay(true) {
+                tracing::debug!(error = %err, "TCP_NODELAY not set on an accepted connection");
+            }
+            let acceptor = current();
+            let ready = ready.clone();
+            tokio::spawn(async move {
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                    Ok(Ok(stream)) => {
+                        let _ = ready.send((stream, peer)).await;
+                    }
+                    Ok(Err(err)) => tracing::debug!(%peer, error = %err, "TLS handshake failed"),
+                    Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                }
+            });
+        }
+    });
+    HandshakenConnections { handshaken }
+}
+
+/// When and how large each file is (following symlinks, as a Kubernetes Secret volume's
+/// are): a change means a renewal. `None` while one is missing.
+fn stamp(paths: &[PathBuf]) -> Option<Vec<(SystemTime, u64)>> {
+    let of = |path: &Path| {
+        let meta = std::fs::metadata(path).ok()?;
+        Some((meta.modified().ok()?, meta.len()))
+    };
+    paths.iter().map(|path| of(path)).collect()
+}
+
+/// Checks `paths` every `every` until `shutdown`, and calls `reload` after each change. A
+/// change that does not load (a key written before its certificate, say) keeps what was in
+/// use, is logged as `what`, and is tried again at the next check.
+pub async fn watch_files<R>(
+    paths: Vec<PathBuf>,
+    every: Duration,
+    shutdown: CancellationToken,
+    what: &'static str,
+    reload: R,
+) where
+    R: Fn() -> Result<(), TlsError> + Send + 'static,
+{
+    let mut seen = stamp(&paths);
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(every) => {}
+        }
+        let now = stamp(&paths);
+        if now == seen {
+            continue;
+        }
+        match reload() {
+            Ok(()) => {
+                seen = now;
+                tracing::info!("reloaded {what}");
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "{what} changed but does not load; keeping the one in use");
+            }
+        }
+    }
+}
+
+/// Handshaken connections as a `Stream`, for servers that take one (tonic).
+impl futures::Stream for HandshakenConnections {
+    type Item = (TlsStream<TcpStream>, SocketAddr);
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.get_mut().handshaken.poll_recv(cx)
+    }
+}
