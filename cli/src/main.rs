@@ -337,6 +337,20 @@ async fn shutdown_signal() {
     }
 }
 
+/// SIGHUP (`systemctl reload`, `kill -HUP`) reloads the process's certificates at once; they
+/// are otherwise checked every 30 s. A daemon convention, so only `kgmesh serve` takes it:
+/// `kgmesh up` in a terminal still ends when the terminal closes.
+#[cfg(unix)]
+async fn reload_on_hangup() {
+    let Ok(mut hangups) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+    else {
+        return;
+    };
+    while hangups.recv().await.is_some() {
+        kg_common::tls::reload_now();
+    }
+}
+
 async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
     let flags = kgmesh::config::UpFlags {
         data_dir: args.data_dir,
@@ -447,6 +461,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         shutdown_signal().await;
         trigger.cancel();
     });
+    #[cfg(unix)]
+    tokio::spawn(reload_on_hangup());
     kgmesh::serve::serve(options, shutdown).await?;
     Ok(ExitCode::SUCCESS)
 }

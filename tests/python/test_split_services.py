@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import anyio
 import pytest
 
 from kgmesh_support import (
@@ -78,6 +79,7 @@ class SplitMesh:
     stores_url: dict[str, str] = field(default_factory=dict)
     stores_dir: Path | None = None
     tls: ServiceCertificates | None = None
+    admin_token: str | None = None
 
     @property
     def config(self) -> Path:
@@ -249,9 +251,16 @@ def bootstrap(split: SplitMesh) -> str:
     return done.stdout.strip()
 
 
+def admin_token(split: SplitMesh) -> str:
+    """The first admin's token, bootstrapped by whichever test needs it first."""
+    if split.admin_token is None:
+        split.admin_token = bootstrap(split)
+    return split.admin_token
+
+
 @pytest.mark.anyio
 async def test_services_apart_ingest_and_search_and_a_lane_is_replaced_alone(split: SplitMesh) -> None:
-    token = bootstrap(split)
+    token = admin_token(split)
     assert token.startswith("kg_pat_"), "bootstrap-admin prints the first admin's token"
     assert bootstrap(split) == "", "a second bootstrap must not mint another admin token"
 
@@ -344,6 +353,42 @@ def test_with_tls_a_service_answers_only_peers_holding_a_certificate_from_the_cl
         with tls_context(True).wrap_socket(raw, server_hostname="localhost") as sock:
             assert sock.selected_alpn_protocol() == "h2"
             assert is_h2_settings(first_bytes(sock)), "auth refused a peer holding the cluster's certificate"
+
+
+@pytest.mark.parametrize("split", ["mtls"], indirect=True)
+@pytest.mark.anyio
+async def test_with_tls_a_new_ca_is_taken_up_on_sighup_without_a_restart(split: SplitMesh) -> None:
+    assert split.tls is not None
+    token = admin_token(split)
+    # Every process's files now hold a certificate from a new CA, which alone is trusted.
+    rotated = write_service_certificates(split.tls.ca.parent)
+    assert rotated == split.tls
+    running = [name for name in (*SERVICES, "gateway") if name in split.processes]
+    for name in running:
+        split.processes[name].proc.send_signal(signal.SIGHUP)
+    # Each process reloads on request (the 30 s check on file changes logs differently) and
+    # keeps running.
+    deadline = time.monotonic() + 20
+    for name in running:
+        process = split.processes[name]
+        while "reloaded the service certificate (cluster.tls) on request" not in process.log.read_text(errors="replace"):
+            assert process.proc.poll() is None, f"{name} exited on SIGHUP\n{tail(process.log, 30)}"
+            assert time.monotonic() < deadline, f"{name} did not reload on SIGHUP\n{tail(process.log, 30)}"
+            await anyio.sleep(0.1)
+    # A retrieval started now knows only the new CA: the gateway reaches it only by dialling with
+    # its reloaded certificate, and auth and graph answer the gateway's new connections only if
+    # they took up the new CA too.
+    assert split.stop("retrieval") == 0, tail(split.processes["retrieval"].log, 30)
+    split.serve("retrieval")
+    split.wait_ready("retrieval")
+    docs = split.work / "rotation"
+    docs.mkdir()
+    (docs / "notes.md").write_text("# Rotation\n\nThe narwhal tariff applies after the certificate rotation.\n")
+    ingested = split.cli("ingest", str(docs), "--namespace", "rotation", token=token)
+    assert ingested.returncode == 0, f"{ingested.stdout}\n{ingested.stderr}\n{split.logs()}"
+    async with mcp_http(f"{split.base_url}/mcp", token) as client:
+        found = await call_ok(client, "kg_search", {"query": "narwhal tariff", "namespaces": ["rotation"]})
+        assert found["results"] and found["results"][0]["citation"], found
 
 
 def serve_check(service: str, config: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -9,7 +9,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, mpsc};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
@@ -20,6 +20,15 @@ use super::TlsError;
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Handshaken connections waiting for the server to take them.
 const READY_QUEUE: usize = 64;
+
+/// Wakes every certificate watch of the process ([`reload_now`]).
+static RELOAD_NOW: Notify = Notify::const_new();
+
+/// Reloads every certificate this process watches at once, changed or not (`kgmesh serve` on
+/// SIGHUP, as a systemd `reload` sends it), instead of at the next check.
+pub fn reload_now() {
+    RELOAD_NOW.notify_waiters();
+}
 
 /// Connections whose TLS handshake is done, in the order they finished.
 pub struct HandshakenConnections {
@@ -90,8 +99,8 @@ fn stamp(paths: &[PathBuf]) -> Option<Vec<(SystemTime, u64)>> {
     paths.iter().map(|path| of(path)).collect()
 }
 
-/// Checks `paths` every `every` until `shutdown`, and calls `reload` after each change. A
-/// change that does not load (a key written before its certificate, say) keeps what was in
+/// Checks `paths` every `every` until `shutdown`, and calls `reload` after each change and at
+/// each [`reload_now`]. A change that does not load (a key written before its certificate, say) keeps what was in
 /// use, is logged as `what`, and is tried again at the next check.
 pub async fn watch_files<R>(
     paths: Vec<PathBuf>,
@@ -104,18 +113,24 @@ pub async fn watch_files<R>(
 {
     let mut seen = stamp(&paths);
     loop {
-        tokio::select! {
+        let asked = tokio::select! {
             () = shutdown.cancelled() => return,
-            () = tokio::time::sleep(every) => {}
-        }
+            () = tokio::time::sleep(every) => false,
+            () = RELOAD_NOW.notified() => true,
+        };
         let now = stamp(&paths);
-        if now == seen {
+        if now == seen && !asked {
             continue;
         }
         match reload() {
             Ok(()) => {
                 seen = now;
-                tracing::info!("reloaded {what}");
+                let why = if asked {
+                    "on request"
+                } else {
+                    "after its files changed"
+                };
+                tracing::info!("reloaded {what} {why}");
             }
             Err(err) => {
                 tracing::warn!(error = %err, "{what} changed but does not load; keeping the one in use");
@@ -130,5 +145,82 @@ impl futures::Stream for HandshakenConnections {
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         self.get_mut().handshaken.poll_recv(cx)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    #[tokio::test]
+    async fn files_are_reloaded_when_they_change_and_when_asked_and_a_failure_is_retried() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("tls.crt");
+        std::fs::write(&file, "first").unwrap();
+        let calls = Arc::new(AtomicUsize::new(0));
+        let fails = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let shutdown = CancellationToken::new();
+        let (counted, failing) = (calls.clone(), fails.clone());
+        let every = Duration::from_millis(20);
+        tokio::spawn(watch_files(
+            vec![file.clone()],
+            every,
+            shutdown.clone(),
+            "a test certificate",
+            move || {
+                counted.fetch_add(1, Ordering::SeqCst);
+                if failing.load(Ordering::SeqCst) {
+                    return Err(TlsError::AlreadyInstalled);
+                }
+                Ok(())
+            },
+        ));
+        let until = |wanted: usize| {
+            let calls = calls.clone();
+            async move {
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+                while calls.load(Ordering::SeqCst) < wanted {
+                    assert!(tokio::time::Instant::now() < deadline, "no reload");
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+        };
+
+        // Unchanged files are not reloaded.
+        tokio::time::sleep(every * 5).await;
+        assert_eq!(calls.load(Ordering::SeqCst), 0);
+        // A change is.
+        std::fs::write(&file, "second, longer").unwrap();
+        until(1).await;
+        tokio::time::sleep(every * 5).await;
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "one change, one reload");
+        // Asked, unchanged files are reloaded too (the watch may be between checks: ask again).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while calls.load(Ordering::SeqCst) < 2 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "reload_now was not heard"
+            );
+            reload_now();
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // A change that does not load is tried again at each check until it does.
+        fails.store(true, Ordering::SeqCst);
+        std::fs::write(&file, "third, broken halfway").unwrap();
+        let before = calls.load(Ordering::SeqCst);
+        until(before + 3).await;
+        fails.store(false, Ordering::SeqCst);
+        let settled = calls.load(Ordering::SeqCst) + 1;
+        until(settled).await;
+        tokio::time::sleep(every * 5).await;
+        assert!(
+            calls.load(Ordering::SeqCst) <= settled + 1,
+            "retried after it loaded"
+        );
+        shutdown.cancel();
     }
 }

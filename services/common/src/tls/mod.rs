@@ -24,7 +24,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 
-pub use accept::{HandshakenConnections, accept_tls, watch_files};
+pub use accept::{HandshakenConnections, accept_tls, reload_now, watch_files};
 
 /// How often certificate files are checked for a renewal.
 pub const RELOAD_EVERY: Duration = Duration::from_secs(30);
