@@ -1,10 +1,13 @@
 //! `make bench-grpc`: what mutual TLS between the services costs. One process serves the
-//! standard gRPC health service twice on loopback, plain h2c and with mutual TLS (a throwaway CA
-//! and certificate, loaded through `ClusterTls::load` as `kgmesh serve` loads them), and calls
-//! both through kg_common's own servers and channels, the code every service hop runs:
-//! sequential calls on a warm connection, calls with several in flight, and a new connection
-//! per call (TCP plus, with TLS, the handshake). The two transports alternate in rounds, so
-//! drift on the machine falls on both. Prints p50/p95/p99/mean in microseconds and the ratios.
+//! standard gRPC health service on loopback, plain h2c and with mutual TLS (a throwaway CA and
+//! certificate, loaded through `ClusterTls::load` as `kgmesh serve` loads them), and calls it
+//! through kg_common's own servers and channels, the code every service hop runs: sequential
+//! calls on a warm connection, calls with several in flight, and a new connection per call
+//! (TCP plus, with TLS, the handshake). Three transports: h2c dialled by address (one plain
+//! connection, as `kgmesh up` dials), h2c dialled by name (the balanced channel pods use), and
+//! mTLS dialled by name (balanced, as every TLS channel is). They alternate in rounds, so drift
+//! on the machine falls on all three. Prints p50/p95/p99/mean in microseconds and the ratios of
+//! each to h2c by address.
 
 // A benchmark reports on stdout.
 #![allow(clippy::print_stdout)]
@@ -40,23 +43,8 @@ struct Args {
     rounds: usize,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Transport {
-    H2c,
-    Mtls,
-}
-
-impl Transport {
-    fn name(self) -> &'static str {
-        match self {
-            Transport::H2c => "h2c",
-            Transport::Mtls => "mTLS",
-        }
-    }
-}
-
 struct Target {
-    transport: Transport,
+    name: &'static str,
     addr: String,
     tls: Option<ClusterTls>,
 }
@@ -68,14 +56,20 @@ async fn main() -> anyhow::Result<()> {
     let scratch = tempfile::tempdir().context("cannot create a scratch directory")?;
     let tls = ClusterTls::load(&write_certificates(scratch.path())?)?;
     let shutdown = CancellationToken::new();
+    let plain = serve(None, shutdown.clone()).await?;
     let targets = [
         Target {
-            transport: Transport::H2c,
-            addr: format!("http://{}", serve(None, shutdown.clone()).await?),
+            name: "h2c, by address",
+            addr: format!("http://{plain}"),
             tls: None,
         },
         Target {
-            transport: Transport::Mtls,
+            name: "h2c, by name",
+            addr: format!("http://localhost:{}", plain.port()),
+            tls: None,
+        },
+        Target {
+            name: "mTLS, by name",
             // By name: the certificate is checked against it, as between pods.
             addr: format!(
                 "https://localhost:{}",
@@ -84,11 +78,12 @@ async fn main() -> anyhow::Result<()> {
             tls: Some(tls),
         },
     ];
+    let count = targets.len();
 
-    let mut sequential = [Vec::new(), Vec::new()];
-    let mut concurrent = [Vec::new(), Vec::new()];
-    let mut concurrent_wall = [Duration::ZERO, Duration::ZERO];
-    let mut connecting = [Vec::new(), Vec::new()];
+    let mut sequential = vec![Vec::new(); count];
+    let mut concurrent = vec![Vec::new(); count];
+    let mut concurrent_wall = vec![Duration::ZERO; count];
+    let mut connecting = vec![Vec::new(); count];
     let warm: Vec<HealthClient<Channel>> = targets
         .iter()
         .map(|target| channel(target).map(HealthClient::new))
@@ -101,9 +96,8 @@ async fn main() -> anyhow::Result<()> {
         }
     }
     for round in 0..rounds {
-        // Alternate which transport goes first in each round.
-        let order: [usize; 2] = if round % 2 == 0 { [0, 1] } else { [1, 0] };
-        for index in order {
+        // Each round starts with the next transport.
+        for index in (0..count).map(|offset| (round + offset) % count) {
             let mut client = warm[index].clone();
             for _ in 0..args.calls / rounds {
                 sequential[index].push(call(&mut client).await?);
@@ -141,7 +135,7 @@ async fn main() -> anyhow::Result<()> {
          microseconds"
     );
     println!(
-        "{:<34} {:>7} {:>9} {:>9} {:>9} {:>9}",
+        "{:<46} {:>7} {:>9} {:>9} {:>9} {:>9}",
         "run", "n", "p50", "p95", "p99", "mean"
     );
     let runs = [
@@ -151,38 +145,39 @@ async fn main() -> anyhow::Result<()> {
     ];
     let mut ratios = Vec::new();
     for (name, samples) in runs {
-        let mut summaries = Vec::new();
-        for target in &targets {
-            let index = target.transport as usize;
-            let summary = summary(&samples[index]);
+        let summaries: Vec<Summary> = samples.iter().map(|taken| summary(taken)).collect();
+        for (index, target) in targets.iter().enumerate() {
+            let summary = &summaries[index];
             println!(
-                "{:<34} {:>7} {:>9.1} {:>9.1} {:>9.1} {:>9.1}",
-                format!("{name} ({})", target.transport.name()),
+                "{:<46} {:>7} {:>9.1} {:>9.1} {:>9.1} {:>9.1}",
+                format!("{name} ({})", target.name),
                 samples[index].len(),
                 summary.p50,
                 summary.p95,
                 summary.p99,
                 summary.mean
             );
-            summaries.push(summary);
         }
-        ratios.push(format!(
-            "{name}: p50 x{:.2} (+{:.1} us), p99 x{:.2}",
-            summaries[1].p50 / summaries[0].p50,
-            summaries[1].p50 - summaries[0].p50,
-            summaries[1].p99 / summaries[0].p99
-        ));
+        for (index, target) in targets.iter().enumerate().skip(1) {
+            ratios.push(format!(
+                "{name}, {}: p50 x{:.2} ({:+.1} us), p99 x{:.2}",
+                target.name,
+                summaries[index].p50 / summaries[0].p50,
+                summaries[index].p50 - summaries[0].p50,
+                summaries[index].p99 / summaries[0].p99
+            ));
+        }
     }
     for (index, target) in targets.iter().enumerate() {
         let calls = concurrent[index].len() as f64;
         println!(
             "throughput with {} in flight ({}): {:.0} calls/s",
             args.in_flight,
-            target.transport.name(),
+            target.name,
             calls / concurrent_wall[index].as_secs_f64()
         );
     }
-    println!("mTLS against h2c:");
+    println!("against {}:", targets[0].name);
     for line in ratios {
         println!("  {line}");
     }
