@@ -8,6 +8,7 @@ use futures::future::BoxFuture;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
@@ -38,6 +39,13 @@ pub struct TokenLabels {
     pub kind: String,
 }
 
+/// Labels of a TLS certificate in use.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CertificateLabels {
+    /// "cluster" (`[cluster.tls]`, between services) or "http" (`[http_tls]`, the gateway).
+    pub certificate: String,
+}
+
 /// Every metric family kgmesh exports.
 pub struct Metrics {
     registry: Mutex<Registry>,
@@ -61,6 +69,9 @@ pub struct Metrics {
     pub llm_dropped: Counter,
     /// Chunks not sent to the LLM because their file's token budget was spent.
     pub llm_skipped_chunks: Counter,
+    /// When each TLS certificate in use expires (Unix seconds), for an alert on a renewal that
+    /// did not happen.
+    pub tls_certificate_expiry: Family<CertificateLabels, Gauge>,
 }
 
 impl Metrics {
@@ -105,6 +116,7 @@ pub fn metrics() -> &'static Metrics {
         let llm_failed_batches = Counter::default();
         let llm_dropped = Counter::default();
         let llm_skipped_chunks = Counter::default();
+        let tls_certificate_expiry = Family::<CertificateLabels, Gauge>::default();
         registry.register(
             "grpc_requests",
             "gRPC requests served",
@@ -151,6 +163,11 @@ pub fn metrics() -> &'static Metrics {
             "chunks not sent to the LLM because the file's token budget was spent",
             llm_skipped_chunks.clone(),
         );
+        registry.register(
+            "tls_certificate_expiry_timestamp_seconds",
+            "when the TLS certificate in use expires, in Unix seconds",
+            tls_certificate_expiry.clone(),
+        );
         Metrics {
             registry: Mutex::new(registry),
             grpc_requests,
@@ -163,6 +180,7 @@ pub fn metrics() -> &'static Metrics {
             llm_failed_batches,
             llm_dropped,
             llm_skipped_chunks,
+            tls_certificate_expiry,
         }
     })
 }

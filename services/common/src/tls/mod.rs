@@ -177,15 +177,35 @@ impl ClusterCertificates {
         // `Err` means a provider is already the default, which serves as well.
         let _ = rustls::crypto::ring::default_provider().install_default();
         let ca_pem = read("cluster.tls.ca_file", &files.ca_file)?;
-        let server = server_config(files, &ca_pem)?;
+        let (server, expires_at) = server_config(files, &ca_pem)?;
         let cert_pem = read("cluster.tls.cert_file", &files.cert_file)?;
         let key_pem = read("cluster.tls.key_file", &files.key_file)?;
-        Ok(Self {
+        let loaded = Self {
             acceptor: TlsAcceptor::from(server),
             client: ClientTlsConfig::new()
                 .ca_certificate(Certificate::from_pem(&ca_pem))
                 .identity(Identity::from_pem(&cert_pem, &key_pem)),
-        })
+        };
+        record_expiry("cluster", expires_at);
+        Ok(loaded)
+    }
+}
+
+/// When the first certificate of `chain` (the leaf) expires, in Unix seconds.
+fn expires_at(chain: &[CertificateDer<'_>]) -> Option<i64> {
+    let (_, leaf) = x509_parser::parse_x509_certificate(chain.first()?.as_ref()).ok()?;
+    Some(leaf.validity().not_after.timestamp())
+}
+
+/// Exports when the certificate now in use as `which` expires.
+fn record_expiry(which: &str, expires_at: Option<i64>) {
+    if let Some(at) = expires_at {
+        crate::metrics::metrics()
+            .tls_certificate_expiry
+            .get_or_create(&crate::metrics::CertificateLabels {
+                certificate: which.to_owned(),
+            })
+            .set(at);
     }
 }
 
@@ -284,8 +304,12 @@ fn keyed_chain(
 }
 
 /// The server side of the service certificates, checked: HTTP/2 by ALPN (tonic's clients
-/// require it), and a client certificate from the CA required of every peer.
-fn server_config(files: &TlsFiles, ca_pem: &[u8]) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+/// require it), and a client certificate from the CA required of every peer. With it, when the
+/// certificate expires.
+fn server_config(
+    files: &TlsFiles,
+    ca_pem: &[u8],
+) -> Result<(Arc<rustls::ServerConfig>, Option<i64>), TlsError> {
     let authorities = certificates("cluster.tls.ca_file", &files.ca_file, ca_pem)?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let KeyedChain { chain, key } = keyed_chain(
@@ -322,6 +346,7 @@ fn server_config(files: &TlsFiles, ca_pem: &[u8]) -> Result<Arc<rustls::ServerCo
             "is empty".to_owned(),
         )
     })?;
+    let expires = expires_at(&chain);
     verifier
         .verify_client_cert(end_entity, intermediates, UnixTime::now())
         .map_err(|err| {
@@ -350,7 +375,7 @@ fn server_config(files: &TlsFiles, ca_pem: &[u8]) -> Result<Arc<rustls::ServerCo
             )
         })?;
     config.alpn_protocols = vec![b"h2".to_vec()];
-    Ok(Arc::new(config))
+    Ok((Arc::new(config), expires))
 }
 
 /// `[http_tls]`: the certificate the gateway serves HTTPS with on `http_addr` (PEM; the chain
@@ -366,6 +391,7 @@ pub struct HttpsFiles {
 
 /// A rustls server config for HTTPS from `files`: HTTP/2 or HTTP/1.1 by ALPN, no client
 /// certificates (clients authenticate with bearer tokens). Every problem names its setting.
+/// The certificate's expiry is exported (`kgmesh_tls_certificate_expiry_timestamp_seconds`).
 pub fn https_server_config(files: &HttpsFiles) -> Result<Arc<rustls::ServerConfig>, TlsError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let KeyedChain { chain, key } = keyed_chain(
@@ -373,6 +399,7 @@ pub fn https_server_config(files: &HttpsFiles) -> Result<Arc<rustls::ServerConfi
         ("http_tls.cert_file", &files.cert_file),
         ("http_tls.key_file", &files.key_file),
     )?;
+    let expires = expires_at(&chain);
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .and_then(|builder| builder.with_no_client_auth().with_single_cert(chain, key))
@@ -384,6 +411,7 @@ pub fn https_server_config(files: &HttpsFiles) -> Result<Arc<rustls::ServerConfi
             )
         })?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    record_expiry("http", expires);
     Ok(Arc::new(config))
 }
 
@@ -426,11 +454,24 @@ pub(crate) mod testing {
             names: &[&str],
             usages: &[ExtendedKeyUsagePurpose],
         ) -> (String, String) {
+            self.leaf_until(names, usages, None)
+        }
+
+        /// [`Self::leaf`] valid until the start of `year` (rcgen's default: 4096).
+        pub(crate) fn leaf_until(
+            &self,
+            names: &[&str],
+            usages: &[ExtendedKeyUsagePurpose],
+            year: Option<i32>,
+        ) -> (String, String) {
             let key = KeyPair::generate().unwrap();
             let mut params =
                 CertificateParams::new(names.iter().map(|n| (*n).to_owned()).collect::<Vec<_>>())
                     .unwrap();
             params.extended_key_usages = usages.to_vec();
+            if let Some(year) = year {
+                params.not_after = rcgen::date_time_ymd(year, 1, 1);
+            }
             let cert = params.signed_by(&key, &self.issuer).unwrap();
             (cert.pem(), key.serialize_pem())
         }
@@ -500,6 +541,37 @@ mod tests {
         };
         let text = https_server_config(&missing).unwrap_err().to_string();
         assert!(text.starts_with("http_tls.cert_file: "), "{text}");
+    }
+
+    #[test]
+    fn the_expiry_of_the_certificate_in_use_is_exported() {
+        use ExtendedKeyUsagePurpose::{ClientAuth, ServerAuth};
+        let dir = tempfile::tempdir().unwrap();
+        let ca = Authority::new("kgmesh services");
+        let (cert, key) = ca.leaf_until(&["localhost"], &[ServerAuth, ClientAuth], Some(2030));
+        let files = write(dir.path(), "expiring", &ca.pem, &cert, &key);
+        let chain =
+            certificates("cluster.tls.cert_file", &files.cert_file, cert.as_bytes()).unwrap();
+        // 2030-01-01T00:00:00Z.
+        assert_eq!(expires_at(&chain), Some(1_893_456_000));
+        ClusterTls::load(&files).unwrap();
+        https_server_config(&HttpsFiles {
+            cert_file: files.cert_file.clone(),
+            key_file: files.key_file.clone(),
+        })
+        .unwrap();
+        let exported = crate::metrics::encode_text();
+        for which in ["cluster", "http"] {
+            // The value is this test's unless another test in the process loaded one since.
+            let line = format!(
+                "kgmesh_tls_certificate_expiry_timestamp_seconds{{certificate=\"{which}\"}} "
+            );
+            assert!(
+                exported.contains(&line),
+                "{which} not exported:\n{exported}"
+            );
+        }
+        assert!(expires_at(&[]).is_none());
     }
 
     /// Asserts `files` are refused, naming `setting` and saying `why`; returns the message.
