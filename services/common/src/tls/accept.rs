@@ -5,11 +5,12 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::sync::LazyLock;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::{mpsc, watch};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
@@ -21,13 +22,14 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Handshaken connections waiting for the server to take them.
 const READY_QUEUE: usize = 64;
 
-/// Wakes every certificate watch of the process ([`reload_now`]).
-static RELOAD_NOW: Notify = Notify::const_new();
+/// Requests to reload, counted ([`reload_now`]). A watch rather than a notification: a
+/// request made while a watch is busy reloading is seen when it next waits, not lost.
+static RELOAD_REQUESTS: LazyLock<watch::Sender<u64>> = LazyLock::new(|| watch::Sender::new(0));
 
 /// Reloads every certificate this process watches at once, changed or not (`kgmesh serve` on
 /// SIGHUP, as a systemd `reload` sends it), instead of at the next check.
 pub fn reload_now() {
-    RELOAD_NOW.notify_waiters();
+    RELOAD_REQUESTS.send_modify(|requests| *requests = requests.wrapping_add(1));
 }
 
 /// Connections whose TLS handshake is done, in the order they finished.
@@ -111,12 +113,14 @@ pub async fn watch_files<R>(
 ) where
     R: Fn() -> Result<(), TlsError> + Send + 'static,
 {
+    let mut requests = RELOAD_REQUESTS.subscribe();
     let mut seen = stamp(&paths);
     loop {
         let asked = tokio::select! {
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(every) => false,
-            () = RELOAD_NOW.notified() => true,
+            // The sender is a static: this never fails.
+            Ok(()) = requests.changed() => true,
         };
         let now = stamp(&paths);
         if now == seen && !asked {
