@@ -759,23 +759,27 @@ graph_addr = "http://graph:7104"
         );
     }
 
+    /// `config` is refused for `owner`, with a problem starting `problem`, and accepted for
+    /// services that do not read the section.
+    fn checked_only_for(owner: Service, config: &str, problem: &str) {
+        let err = options(owner, config).unwrap_err();
+        assert!(
+            err.problems.iter().any(|p| p.starts_with(problem)),
+            "{:?}",
+            err.problems
+        );
+        for service in [Service::Retrieval, Service::Graph, Service::Files] {
+            options(service, config).unwrap();
+        }
+    }
+
     #[test]
     fn a_section_only_the_indexer_reads_cannot_stop_another_service() {
         let with_llm = format!(
             "{SHARED}[indexer.llm]\nenabled = true\nendpoint = \"https://llm.example/v1\"\n\
              model = \"m\"\napi_key_env = \"KG_SERVE_TEST_UNSET_LLM_KEY\"\n"
         );
-        let err = options(Service::Indexer, &with_llm).unwrap_err();
-        assert!(
-            err.problems
-                .iter()
-                .any(|p| p.contains("indexer.llm.api_key_env")),
-            "{:?}",
-            err.problems
-        );
-        for service in [Service::Retrieval, Service::Graph, Service::Files] {
-            options(service, &with_llm).unwrap();
-        }
+        checked_only_for(Service::Indexer, &with_llm, "indexer.llm.api_key_env");
     }
 
     #[test]
@@ -783,17 +787,11 @@ graph_addr = "http://graph:7104"
         let with_https = format!(
             "{SHARED}\n[http_tls]\ncert_file = \"/nonexistent/tls.crt\"\nkey_file = \"/nonexistent/tls.key\"\n"
         );
-        let err = options(Service::Gateway, &with_https).unwrap_err();
-        assert!(
-            err.problems
-                .iter()
-                .any(|p| p.starts_with("http_tls.cert_file: cannot read /nonexistent/tls.crt")),
-            "{:?}",
-            err.problems
+        checked_only_for(
+            Service::Gateway,
+            &with_https,
+            "http_tls.cert_file: cannot read /nonexistent/tls.crt",
         );
-        for service in [Service::Retrieval, Service::Graph, Service::Files] {
-            options(service, &with_https).unwrap();
-        }
     }
 
     #[test]
