@@ -80,9 +80,13 @@ pub async fn serve_stdio_with_role(
     token: String,
     role: Option<String>,
 ) -> Result<(), GatewayError> {
-    let mut state = GatewayState::new(config, CancellationToken::new())?;
-    state.generated = state.generated.with_role(role);
-    let server = mcp::McpServer::for_token(state, mcp::ToolRegistry::builtin(), token);
+    let role = role.unwrap_or_default();
+    if !role.is_empty() {
+        kg_common::caller::check_role_name(&role)
+            .map_err(|problem| GatewayError::Config(format!("--role {problem}")))?;
+    }
+    let state = GatewayState::new(config, CancellationToken::new())?;
+    let server = mcp::McpServer::for_launcher(state, mcp::ToolRegistry::builtin(), token, role);
     let running = server
         .serve(rmcp::transport::stdio())
         .await

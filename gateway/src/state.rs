@@ -93,13 +93,21 @@ impl GatewayState {
     }
 
     /// Resolves a PAT into a signed caller context. The token goes to auth only.
-    pub(crate) async fn authorize(&self, token: &str, tool: &str) -> Result<Caller, ClientError> {
+    /// `asserted_role` is a stdio launcher's role (`Some("")`: none), signed into the
+    /// context in place of the granted roles; HTTP callers pass None.
+    pub(crate) async fn authorize(
+        &self,
+        token: &str,
+        tool: &str,
+        asserted_role: Option<&str>,
+    ) -> Result<Caller, ClientError> {
         let request_id = uuid::Uuid::new_v4().to_string();
         let mut request = tonic::Request::new(AuthorizeRequest {
             token: token.to_owned(),
             tool: tool.to_owned(),
             namespaces: Vec::new(),
             request_id: request_id.clone(),
+            asserted_role: asserted_role.map(str::to_owned),
         });
         request.set_timeout(BACKEND_TIMEOUT);
         let response = self

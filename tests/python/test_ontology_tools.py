@@ -4,8 +4,10 @@ MCP client. The shop warehouse is a SQLite file seeded from examples/shop/seed.s
 
 from __future__ import annotations
 
+import os
 import shutil
 import sqlite3
+import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -58,6 +60,22 @@ async def test_without_a_role_only_read_tools(mesh: Mesh, shop: Path, stdio_errl
             assert not any(n.startswith("propose_") for n in names)
             denied = await call_tool(client, "propose_order_cancel", {"order_id": 101, "reason": "x"})
             assert denied.error()["code"] == "denied_role"
+
+
+def test_a_role_that_is_not_a_role_name_is_refused_at_launch(mesh: Mesh) -> None:
+    args = ["mcp", "--stdio", "--data-dir", str(mesh.data_dir), "--role", "Support!"]
+    ran = subprocess.run(
+        [str(mesh.binary), *args],
+        env={**os.environ, "KGMESH_TOKEN": mesh.admin_token},
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert ran.returncode != 0, ran
+    assert "--role `Support!` is not a role name" in ran.stderr, ran.stderr
+    assert ran.stdout == "", "stdout carries JSON-RPC frames only"
 
 
 @pytest.mark.anyio

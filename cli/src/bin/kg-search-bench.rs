@@ -392,6 +392,7 @@ impl Direct {
                 tool: "kg_search".into(),
                 namespaces: vec![self.namespace.clone()],
                 request_id: format!("bench-{}", kg_common::caller::now_ms()),
+                asserted_role: None,
             })
             .await
             .context("auth refused the token")?
@@ -411,6 +412,7 @@ impl Direct {
             tool: "kg_search".into(),
             namespaces: Vec::new(),
             request_id: format!("bench-{}", kg_common::caller::now_ms()),
+            asserted_role: None,
         };
         let started = Instant::now();
         self.auth

@@ -194,6 +194,7 @@ async fn ontology_client(
             tool: "admin:ontology".to_owned(),
             namespaces: Vec::new(),
             request_id: uuid::Uuid::new_v4().to_string(),
+            asserted_role: None,
         })
         .await
         .map_err(|s| anyhow::anyhow!("auth refused the token: {}", s.message()))?

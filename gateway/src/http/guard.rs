@@ -60,7 +60,7 @@ pub(crate) async fn require_bearer(
     {
         return run_ahead(&guard, token, ahead, request, next).await;
     }
-    match guard.state.authorize(&token, guard.tool).await {
+    match guard.state.authorize(&token, guard.tool, None).await {
         Ok(caller) => {
             tracing::debug!(
                 principal = caller.principal_id(),
@@ -91,7 +91,7 @@ async fn run_ahead(
     let (speculative, verdict) = SpeculativeCaller::new(ahead);
     request.extensions_mut().insert(speculative);
     let authorize = async {
-        let answer = guard.state.authorize(&token, guard.tool).await;
+        let answer = guard.state.authorize(&token, guard.tool, None).await;
         verdict.send(answer.clone());
         answer
     };

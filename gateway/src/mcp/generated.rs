@@ -2,8 +2,9 @@
 //! listed per caller role from Ontology.ListGeneratedTools, run through
 //! Ontology.CallGeneratedTool, and `notifications/tools/list_changed` sent to
 //! every session when the ontology recompiles (Ontology.WatchCompiled).
-//! Roles: over HTTP the caller's granted roles; over stdio only the role the
-//! launcher asserted with `--role` (none: read tools only).
+//! Roles ride in the signed caller context, which the ontology and approval
+//! services read them from: over HTTP the caller's granted roles, over stdio only
+//! the role the launcher asserted with `--role` (none: read tools only).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,9 +22,7 @@ use tokio::sync::watch;
 use tonic::transport::Channel;
 
 use super::{CallSummary, McpServer, ToolAnswer, error_result, finish};
-use crate::audit::Transport;
 use crate::error::{ClientError, GatewayError};
-use crate::state::Caller;
 
 /// Pause before re-subscribing to the compiled version after an error.
 const WATCH_RETRY: Duration = Duration::from_secs(2);
@@ -33,8 +32,6 @@ const WATCH_RETRY: Duration = Duration::from_secs(2);
 pub(crate) struct Generated {
     client: Option<OntologyClient<Channel>>,
     version: watch::Receiver<i64>,
-    /// The role a stdio launcher asserted (`--role`).
-    role: Option<Arc<str>>,
 }
 
 impl Generated {
@@ -45,7 +42,6 @@ impl Generated {
             return Ok(Self {
                 client: None,
                 version,
-                role: None,
             });
         };
         let channel = kg_common::grpc::channel(addr).map_err(|err| {
@@ -60,30 +56,12 @@ impl Generated {
         Ok(Self {
             client: Some(client),
             version,
-            role: None,
         })
-    }
-
-    /// The same link with a launcher-asserted role (stdio).
-    pub(crate) fn with_role(mut self, role: Option<String>) -> Self {
-        self.role = role.filter(|r| !r.is_empty()).map(Into::into);
-        self
     }
 
     /// Whether generated tools are served.
     pub(crate) fn enabled(&self) -> bool {
         self.client.is_some()
-    }
-
-    /// (asserted role, granted roles): stdio uses only the launcher's `--role`.
-    fn roles(&self, caller: &Caller, transport: Transport) -> (String, Vec<String>) {
-        match transport {
-            Transport::Stdio => (
-                self.role.as_deref().unwrap_or_default().to_owned(),
-                Vec::new(),
-            ),
-            _ => (String::new(), caller.context().roles.clone()),
-        }
     }
 }
 
@@ -166,10 +144,9 @@ impl McpServer {
                 return Vec::new();
             }
         };
-        let (role, roles) = generated.roles(&caller, self.transport());
         match client
             .clone()
-            .list_generated_tools(caller.request(ListGeneratedToolsRequest { role, roles }))
+            .list_generated_tools(caller.request(ListGeneratedToolsRequest {}))
             .await
         {
             // The ontology service refuses such projects; an older one may not have.
@@ -202,7 +179,6 @@ impl McpServer {
             Ok(caller) => caller,
             Err(err) => return Some(error_result(&err)),
         };
-        let (role, roles) = generated.roles(&caller, self.transport());
         let agent = context
             .peer
             .peer_info()
@@ -215,8 +191,6 @@ impl McpServer {
                 .call_generated_tool(caller.request(CallGeneratedToolRequest {
                     name: tool.clone(),
                     arguments_json: Value::Object(arguments).to_string(),
-                    role,
-                    roles,
                     agent,
                 }))
                 .await),

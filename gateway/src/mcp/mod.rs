@@ -78,8 +78,9 @@ enum Credentials {
     /// Authorized per HTTP request by the bearer middleware; the caller rides
     /// in the request's `http::request::Parts` extensions.
     Http,
-    /// A fixed PAT (stdio): authorized with auth on every tool call.
-    Token(Arc<str>),
+    /// A stdio launcher's: a fixed PAT, authorized with auth on every tool call, and the
+    /// role it asserts (`--role`; empty: none), which auth signs into the context.
+    Launcher { token: Arc<str>, role: Arc<str> },
 }
 
 /// The gateway's MCP server.
@@ -100,19 +101,28 @@ impl McpServer {
         }
     }
 
-    /// A server that authorizes `token` on every tool call.
-    pub(crate) fn for_token(state: GatewayState, registry: ToolRegistry, token: String) -> Self {
+    /// A server that authorizes `token` on every tool call, as `role` (the launcher's
+    /// assertion; empty: no role, read tools only).
+    pub(crate) fn for_launcher(
+        state: GatewayState,
+        registry: ToolRegistry,
+        token: String,
+        role: String,
+    ) -> Self {
         Self {
             state,
             registry,
-            credentials: Credentials::Token(token.into()),
+            credentials: Credentials::Launcher {
+                token: token.into(),
+                role: role.into(),
+            },
         }
     }
 
     fn transport(&self) -> Transport {
         match self.credentials {
             Credentials::Http => Transport::Http,
-            Credentials::Token(_) => Transport::Stdio,
+            Credentials::Launcher { .. } => Transport::Stdio,
         }
     }
 
@@ -144,7 +154,9 @@ impl McpServer {
                     )),
                 }
             }
-            Credentials::Token(token) => self.state.authorize(token, tool).await,
+            Credentials::Launcher { token, role } => {
+                self.state.authorize(token, tool, Some(role)).await
+            }
         }
     }
 

@@ -155,6 +155,9 @@ impl ApprovalService {
         if request.role.len() > 128 {
             return Err(ApprovalError::Invalid("role is too long".to_owned()));
         }
+        // The role is the proposer's only if its signed context carries it: a role named in
+        // the request alone would let any holder of a context propose as any role.
+        kg_common::caller::require_role(caller, &request.role)?;
         if request.arguments_json.len() > MAX_ARGUMENTS_BYTES {
             return Err(ApprovalError::Invalid(format!(
                 "arguments_json is larger than {MAX_ARGUMENTS_BYTES} bytes"

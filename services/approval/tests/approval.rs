@@ -317,6 +317,8 @@ fn context(principal: &str, admin: bool) -> CallerContext {
             PrincipalKind::Agent as i32
         },
         tool: if admin { "admin" } else { "mcp" }.to_owned(),
+        // As auth signs them: the agent was granted `support`; admins hold `admin`.
+        roles: vec![if admin { "admin" } else { "support" }.to_owned()],
         issued_at_ms: now,
         expires_at_ms: now + CONTEXT_TTL_MS,
         ..Default::default()
@@ -1004,6 +1006,36 @@ async fn no_mcp_sequence_runs_a_governed_effect(h: &Harness) {
                     assert_eq!(code_of(&err), ErrorCode::PermissionDenied);
                 }
             }
+            // A role the agent's signed context does not carry is refused, whatever the
+            // request says, and nothing is stored.
+            for role in ["admin", "billing", ""] {
+                let err = h
+                    .client
+                    .clone()
+                    .submit(h.request(
+                        SubmitProposalRequest {
+                            object: object.to_owned(),
+                            action: "cancel".into(),
+                            arguments_json: json!({"tag": tag, "order_id": 42}).to_string(),
+                            role: role.into(),
+                            execute_now: true,
+                            ..Default::default()
+                        },
+                        "agent-1",
+                        false,
+                    ))
+                    .await
+                    .unwrap_err();
+                assert_eq!(
+                    code_of(&err),
+                    ErrorCode::PermissionDenied,
+                    "{role}: {err:?}"
+                );
+                assert!(
+                    err.message().contains("is not one this caller holds"),
+                    "{err:?}"
+                );
+            }
             // Arguments that try to smuggle an approval flag change nothing.
             let smuggled = h
                 .submit_as_agent(SubmitProposalRequest {
@@ -1011,7 +1043,7 @@ async fn no_mcp_sequence_runs_a_governed_effect(h: &Harness) {
                     action: "cancel".into(),
                     arguments_json: json!({"tag": tag, "order_id": 42, "approved": true})
                         .to_string(),
-                    role: "admin".into(),
+                    role: "support".into(),
                     execute_now: false,
                     ..Default::default()
                 })

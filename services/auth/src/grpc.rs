@@ -15,8 +15,14 @@ impl Auth for AuthService {
     ) -> Result<Response<AuthorizeResponse>, Status> {
         let r = request.into_inner();
         Ok(Response::new(
-            self.authorize(&r.token, &r.tool, &r.namespaces, &r.request_id)
-                .await?,
+            self.authorize_as(
+                &r.token,
+                &r.tool,
+                &r.namespaces,
+                &r.request_id,
+                r.asserted_role.as_deref(),
+            )
+            .await?,
         ))
     }
 

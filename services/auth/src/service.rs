@@ -154,8 +154,9 @@ impl AuthService {
         &self.deployment_id
     }
 
-    /// Resolves a token into a signed caller context. Runs on every call:
-    /// revoking a PAT or a grant takes effect on the next one.
+    /// Resolves a token into a signed caller context carrying the roles granted to
+    /// its principal. Runs on every call: revoking a PAT or a grant takes effect on
+    /// the next one.
     pub async fn authorize(
         &self,
         token: &str,
@@ -163,6 +164,26 @@ impl AuthService {
         namespaces: &[String],
         request_id: &str,
     ) -> Result<AuthorizeResponse> {
+        self.authorize_as(token, tool, namespaces, request_id, None)
+            .await
+    }
+
+    /// [`Self::authorize`], where `asserted_role` (a stdio launcher's `--role`; `Some("")`
+    /// for none) replaces the granted roles in the context: the spec lets whoever
+    /// launches a stdio gateway with a token choose its role, and signing it here lets
+    /// every service read roles from the context alone.
+    pub async fn authorize_as(
+        &self,
+        token: &str,
+        tool: &str,
+        namespaces: &[String],
+        request_id: &str,
+        asserted_role: Option<&str>,
+    ) -> Result<AuthorizeResponse> {
+        if let Some(role) = asserted_role.filter(|role| !role.is_empty()) {
+            kg_common::caller::check_role_name(role)
+                .map_err(|problem| AuthError::Invalid(format!("asserted role {problem}")))?;
+        }
         let Some(tag) = pat::parse(token) else {
             return Err(AuthError::InvalidToken);
         };
@@ -222,7 +243,11 @@ impl AuthService {
             principal_id: principal.id.clone(),
             principal_kind: principal.kind,
             on_behalf_of: principal.acts_for.clone(),
-            roles: resolved.roles.clone(),
+            roles: match asserted_role {
+                None => resolved.roles.clone(),
+                Some("") => Vec::new(),
+                Some(role) => vec![role.to_owned()],
+            },
             access,
             issued_at_ms: now,
             expires_at_ms: now + CONTEXT_TTL_MS,

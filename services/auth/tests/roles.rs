@@ -3,6 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use kg_auth::AuthService;
+use kg_common::ErrorExt as _;
 use kg_common::caller::ContextSigner;
 use kg_proto::v1::PrincipalKind;
 
@@ -68,6 +69,32 @@ async fn roles_come_from_role_groups() {
     assert_eq!(roles(user_token.clone()).await, ["support"]);
     // The agent holds support and billing, its user only support.
     assert_eq!(roles(agent_token.clone()).await, ["support"]);
+
+    // A stdio launcher's asserted role replaces the granted ones in the signed context
+    // (empty: none); a role that is not a role name is refused before anything is read.
+    let asserted = |token: String, role: &'static str| {
+        let auth = auth.clone();
+        async move {
+            auth.authorize_as(&token, "t", &[], "r", Some(role))
+                .await
+                .map(|r| r.decoded.unwrap().roles)
+        }
+    };
+    assert_eq!(
+        asserted(user_token.clone(), "billing").await.unwrap(),
+        ["billing"]
+    );
+    assert!(asserted(user_token.clone(), "").await.unwrap().is_empty());
+    for bad in ["Billing", "billing; drop", "role\nforged"] {
+        let err = asserted(user_token.clone(), bad).await.unwrap_err();
+        assert_eq!(err.code(), kg_common::ErrorCode::InvalidArgument, "{bad}");
+        assert!(err.to_string().contains("is not a role name"), "{err}");
+    }
+    // Still no role without the token's say-so: a bad token is refused whatever it asserts.
+    let err = asserted("kg_pat_nope".to_owned(), "billing")
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), kg_common::ErrorCode::Unauthenticated, "{err}");
 
     // Revocation takes effect on the next call.
     auth.remove_group_member(&admin, &support.id, &user.id)

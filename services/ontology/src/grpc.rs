@@ -4,7 +4,9 @@
 use std::pin::Pin;
 
 use futures::Stream;
-use kg_common::caller::{CALLER_METADATA_KEY, access_for, require_admin, require_caller};
+use kg_common::caller::{
+    CALLER_METADATA_KEY, access_for, require_admin, require_caller, require_role,
+};
 use kg_proto::v1::ontology_server::Ontology;
 use kg_proto::v1::{
     CallGeneratedToolRequest, CallGeneratedToolResponse, CheckActionRequest, CheckActionResponse,
@@ -49,9 +51,8 @@ impl Ontology for OntologyService {
         &self,
         request: Request<ListGeneratedToolsRequest>,
     ) -> Result<Response<ListGeneratedToolsResponse>, Status> {
-        require_caller(&request)?;
-        let r = request.into_inner();
-        let (tools, compiled_version) = self.tools_for(&r.role, &r.roles);
+        let caller = require_caller(&request)?;
+        let (tools, compiled_version) = self.tools_for(&caller.roles);
         Ok(Response::new(ListGeneratedToolsResponse {
             tools,
             compiled_version,
@@ -62,21 +63,14 @@ impl Ontology for OntologyService {
         &self,
         request: Request<CallGeneratedToolRequest>,
     ) -> Result<Response<CallGeneratedToolResponse>, Status> {
-        require_caller(&request)?;
+        let caller = require_caller(&request)?;
         let forward = signed_of(&request).map(|signed| Forward {
             signed,
             allowed: kg_common::grpc::time_allowed(&request),
         });
         let r = request.into_inner();
         let result = self
-            .call_tool(
-                &r.name,
-                &r.arguments_json,
-                &r.role,
-                &r.roles,
-                &r.agent,
-                forward,
-            )
+            .call_tool(&r.name, &r.arguments_json, &caller.roles, &r.agent, forward)
             .await;
         Ok(Response::new(CallGeneratedToolResponse {
             result_json: result.to_string(),
@@ -87,8 +81,12 @@ impl Ontology for OntologyService {
         &self,
         request: Request<CheckActionRequest>,
     ) -> Result<Response<CheckActionResponse>, Status> {
-        require_caller(&request)?;
+        let caller = require_caller(&request)?;
         let r = request.into_inner();
+        // An admin re-checks a proposal, made as the proposer's role, before deciding it.
+        if !caller.is_admin {
+            require_role(&caller, &r.role).map_err(|e| kg_common::error::to_status(&e))?;
+        }
         Ok(Response::new(
             OntologyService::check_action(self, &r.object, &r.action, &r.arguments_json, &r.role)
                 .await?,

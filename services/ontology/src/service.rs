@@ -159,14 +159,6 @@ impl std::fmt::Debug for OntologyService {
     }
 }
 
-fn effective_roles(role: &str, roles: &[String]) -> Vec<String> {
-    let mut out: Vec<String> = roles.iter().filter(|r| !r.is_empty()).cloned().collect();
-    if !role.is_empty() && !out.iter().any(|r| r == role) {
-        out.push(role.to_owned());
-    }
-    out
-}
-
 impl OntologyService {
     /// Builds the service and loads the project when one is configured; a
     /// project with problems is an error listing all of them.
@@ -244,16 +236,15 @@ impl OntologyService {
         self.inner.tbox.as_ref()
     }
 
-    /// Tools visible to the roles; (tools, compiled version).
-    pub fn tools_for(&self, role: &str, roles: &[String]) -> (Vec<GeneratedTool>, i64) {
+    /// Tools visible to `roles` (the signed context's); (tools, compiled version).
+    pub fn tools_for(&self, roles: &[String]) -> (Vec<GeneratedTool>, i64) {
         let Some(active) = self.active() else {
             return (Vec::new(), 0);
         };
-        let roles = effective_roles(role, roles);
         (
             active
                 .compiled
-                .tools_for(&roles)
+                .tools_for(roles)
                 .into_iter()
                 .map(tool_proto)
                 .collect(),
@@ -261,24 +252,17 @@ impl OntologyService {
         )
     }
 
-    /// Runs a generated tool; the result JSON (a tool error as `{"error", "message"}`).
+    /// Runs a generated tool as `roles` (the signed context's), proposing through the
+    /// approval service with the forwarded context; the result JSON (a tool error as
+    /// `{"error", "message"}`).
     pub async fn call_tool(
         &self,
         name: &str,
         arguments_json: &str,
-        role: &str,
         roles: &[String],
         agent: &str,
         forward: Option<Forward>,
     ) -> Value {
-        let Some(active) = self.active() else {
-            return ToolError::new(
-                ToolCode::UnknownTool,
-                format!("no generated tool `{name}`: no ontology project is loaded"),
-            )
-            .to_json();
-        };
-        let roles = effective_roles(role, roles);
         let sink = match (&self.inner.approval, forward) {
             (Some(client), Some(forward)) => Some(GrpcSink {
                 client: client.clone(),
@@ -287,24 +271,9 @@ impl OntologyService {
             }),
             _ => None,
         };
-        let opts = CallOptions {
-            roles: &roles,
-            approval: sink.as_ref().map(|s| s as &dyn ProposalSink),
-            allow_auto_effects: self.inner.config.allow_auto_effects,
-            agent,
-        };
-        match exec::call(
-            &active.compiled,
-            &active.warehouse,
-            name,
-            arguments_json,
-            &opts,
-        )
-        .await
-        {
-            Ok(v) => v,
-            Err(e) => e.to_json(),
-        }
+        let sink = sink.as_ref().map(|s| s as &dyn ProposalSink);
+        self.call_tool_with(name, arguments_json, roles, agent, sink)
+            .await
     }
 
     /// Runs a generated tool with a custom proposal sink (in-process callers and tests).
@@ -369,7 +338,7 @@ impl OntologyService {
             policy_version: compiled.action_version(object, action),
             approval_required: None,
         };
-        let roles = effective_roles(role, &[]);
+        let roles = [role.to_owned()];
         match exec::prepare(compiled, object, action, &active.warehouse, &args, &roles).await {
             Ok((prep, _)) => {
                 let act = compiled

@@ -798,10 +798,11 @@ async fn stdio_session(token: &str, auth: &AuthFixture) -> (Value, Value) {
     use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
 
     let state = GatewayState::new(config(&auth.addr).await, CancellationToken::new()).unwrap();
-    let server = crate::mcp::McpServer::for_token(
+    let server = crate::mcp::McpServer::for_launcher(
         state,
         crate::mcp::ToolRegistry::builtin(),
         token.to_owned(),
+        String::new(),
     );
     let (client, server_io) = tokio::io::duplex(1 << 16);
     tokio::spawn(async move {

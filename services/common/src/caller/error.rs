@@ -27,12 +27,24 @@ pub enum CallerError {
     /// An admin-only operation.
     #[error("this operation needs an admin principal")]
     NotAdmin,
+    /// A role the signed context does not carry.
+    #[error(
+        "role `{role}` is not one this caller holds (its roles: {held:?}); over HTTP an admin grants a role with the group `role:{role}`, over stdio the launcher asserts it with --role"
+    )]
+    RoleNotHeld {
+        /// The role asked for.
+        role: String,
+        /// The roles the context carries.
+        held: Vec<String>,
+    },
 }
 
 impl ErrorExt for CallerError {
     fn code(&self) -> ErrorCode {
         match self {
-            CallerError::NamespaceDenied(_) | CallerError::NotAdmin => ErrorCode::PermissionDenied,
+            CallerError::NamespaceDenied(_)
+            | CallerError::NotAdmin
+            | CallerError::RoleNotHeld { .. } => ErrorCode::PermissionDenied,
             CallerError::BadKey => ErrorCode::InvalidArgument,
             _ => ErrorCode::Unauthenticated,
         }

@@ -205,6 +205,43 @@ pub fn require_admin(context: &CallerContext) -> Result<(), CallerError> {
     }
 }
 
+/// Requires `role` to be one of the context's roles (granted over HTTP, asserted by a
+/// stdio launcher): a role named in a request body is never trusted by itself.
+pub fn require_role(context: &CallerContext, role: &str) -> Result<(), CallerError> {
+    if !role.is_empty() && context.roles.iter().any(|held| held == role) {
+        Ok(())
+    } else {
+        Err(CallerError::RoleNotHeld {
+            role: role.to_owned(),
+            held: context.roles.clone(),
+        })
+    }
+}
+
+/// Longest role name a context carries.
+pub const MAX_ROLE_NAME: usize = 64;
+
+/// Whether `role` is a role name: a lowercase letter, then lowercase letters, digits and
+/// `_`, at most [`MAX_ROLE_NAME`] characters (the names an ontology project declares).
+fn is_role_name(role: &str) -> bool {
+    let mut chars = role.chars();
+    role.len() <= MAX_ROLE_NAME
+        && chars.next().is_some_and(|c| c.is_ascii_lowercase())
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+}
+
+/// `Ok` for a role name (see [`is_role_name`]), else what to change, naming the role
+/// (sanitised: it may come from anywhere).
+pub fn check_role_name(role: &str) -> Result<(), String> {
+    if is_role_name(role) {
+        return Ok(());
+    }
+    Err(format!(
+        "`{}` is not a role name: use a lowercase letter, then lowercase letters, digits or _, at most {MAX_ROLE_NAME} characters",
+        crate::sanitize::sanitize_text(role, 80)
+    ))
+}
+
 /// Attaches a signed context to an outgoing gRPC request.
 pub fn attach_caller<T>(request: &mut tonic::Request<T>, signed: &SignedCallerContext) {
     let value = MetadataValue::from_bytes(&signed.encode_to_vec());
@@ -217,6 +254,7 @@ pub fn attach_caller<T>(request: &mut tonic::Request<T>, signed: &SignedCallerCo
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+    use crate::error::{ErrorCode, ErrorExt as _};
 
     fn context(expires_in: i64) -> CallerContext {
         let now = now_ms();
@@ -281,6 +319,32 @@ mod tests {
             verifier.verify(&forged, now_ms()),
             Err(CallerError::BadSignature)
         ));
+    }
+
+    #[test]
+    fn a_role_counts_only_when_the_context_carries_it() {
+        let mut caller = context(CONTEXT_TTL_MS);
+        caller.roles = vec!["support".into()];
+        assert!(require_role(&caller, "support").is_ok());
+        for role in ["billing", "", "Support"] {
+            let err = require_role(&caller, role).unwrap_err();
+            assert!(matches!(err, CallerError::RoleNotHeld { .. }), "{role}");
+            assert_eq!(err.code(), ErrorCode::PermissionDenied);
+        }
+        let message = require_role(&caller, "billing").unwrap_err().to_string();
+        assert!(message.contains(r#"its roles: ["support"]"#), "{message}");
+
+        assert!(is_role_name("support") && is_role_name("tier_2"));
+        for bad in [
+            "",
+            "Support",
+            "2nd",
+            "a-b",
+            "a b",
+            &"r".repeat(MAX_ROLE_NAME + 1),
+        ] {
+            assert!(!is_role_name(bad), "{bad}");
+        }
     }
 
     #[test]

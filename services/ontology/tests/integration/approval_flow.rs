@@ -125,7 +125,6 @@ struct Mesh {
     ontology: OntologyService,
     ontology_addr: String,
     approval_addr: String,
-    signed: SignedCallerContext,
     signer: ContextSigner,
     shutdown: CancellationToken,
 }
@@ -196,20 +195,35 @@ async fn start(dir: &Path, receiver: &Receiver, auto: bool) -> Mesh {
         shutdown.clone(),
     ));
 
-    let now = now_ms();
-    let signed = signer.sign(&CallerContext {
-        principal_id: "agent-1".into(),
-        issued_at_ms: now,
-        expires_at_ms: now + 600_000,
-        ..Default::default()
-    });
     Mesh {
         ontology,
         ontology_addr: onto_addr,
         approval_addr,
-        signed,
         signer,
         shutdown,
+    }
+}
+
+/// The roles of a context holding `role` (none when empty).
+fn held(role: &str) -> Vec<String> {
+    if role.is_empty() {
+        Vec::new()
+    } else {
+        vec![role.to_owned()]
+    }
+}
+
+impl Mesh {
+    /// The agent's context as auth signs it, holding `role` (none when empty).
+    fn signed_as(&self, role: &str) -> SignedCallerContext {
+        let now = now_ms();
+        self.signer.sign(&CallerContext {
+            principal_id: "agent-1".into(),
+            roles: held(role),
+            issued_at_ms: now,
+            expires_at_ms: now + 600_000,
+            ..Default::default()
+        })
     }
 }
 
@@ -218,12 +232,11 @@ async fn call(m: &Mesh, name: &str, args: Value, role: &str) -> Value {
         .call_tool(
             name,
             &args.to_string(),
-            role,
-            &[],
+            &held(role),
             "test-agent",
             // The gateway's deadline on a backend call.
             Some(Forward {
-                signed: m.signed.clone(),
+                signed: m.signed_as(role),
                 allowed: Duration::from_secs(20),
             }),
         )
@@ -392,7 +405,7 @@ async fn no_call_sequence_runs_an_effect_that_needs_approval() {
         execute_now: true,
         ..Default::default()
     });
-    kg_common::caller::attach_caller(&mut request, &m.signed);
+    kg_common::caller::attach_caller(&mut request, &m.signed_as("support"));
     assert!(client.submit(request).await.is_err());
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
@@ -457,11 +470,9 @@ async fn an_effect_outlasting_the_callers_deadline_answers_unknown_in_time() {
     let mut request = tonic::Request::new(kg_proto::v1::CallGeneratedToolRequest {
         name: "propose_order_refund".into(),
         arguments_json: json!({"order_id": 102, "amount": 50}).to_string(),
-        role: "billing".into(),
         agent: "test-agent".into(),
-        ..Default::default()
     });
-    kg_common::caller::attach_caller(&mut request, &m.signed);
+    kg_common::caller::attach_caller(&mut request, &m.signed_as("billing"));
     request.set_timeout(Duration::from_secs(3));
     let answer = client.call_generated_tool(request).await.unwrap();
     let r: Value = serde_json::from_str(&answer.into_inner().result_json).unwrap();
@@ -496,36 +507,133 @@ async fn auto_effects_off_refuses_without_contacting_anyone() {
     // A caller that goes round the generated tool, straight to Approval.Submit with
     // execute_now and its own signed context, is refused too: the ontology tells approval
     // that this server runs no effect without a decision.
-    let mut client = kg_proto::v1::approval_client::ApprovalClient::new(
-        kg_common::grpc::channel(&m.approval_addr).unwrap(),
-    );
-    let mut request = tonic::Request::new(kg_proto::v1::SubmitProposalRequest {
-        object: "order".into(),
-        action: "refund".into(),
-        arguments_json: json!({"order_id": 102, "amount": 50}).to_string(),
-        role: "billing".into(),
-        policy_version: m
-            .ontology
-            .active()
-            .unwrap()
-            .compiled
-            .action_version("order", "refund"),
-        agent: "shell".into(),
-        execute_now: true,
-        effect: None,
-    });
-    kg_common::caller::attach_caller(&mut request, &m.signed);
-    let err = client.submit(request).await.unwrap_err();
+    let err = submit_refund_at_once(&m, "billing").await;
     assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
     assert!(err.message().contains("needs a human approval"), "{err:?}");
     assert!(receiver.received().is_empty());
     m.shutdown.cancel();
 }
 
-/// Approves (as an admin) through the real approval service.
-async fn approve(m: &Mesh, id: &str) -> kg_proto::v1::Proposal {
+/// Roles come from the signed caller context on every hop, never from a request: the
+/// ontology lists and runs tools as the context's roles, the approval service refuses a
+/// proposal made as a role the context does not carry (with automatic effects on, that
+/// would have sent a refund for an agent holding no role), and CheckAction answers a
+/// non-admin only for its own roles.
+#[tokio::test]
+async fn roles_come_from_the_signed_context_never_from_the_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start().await;
+    let m = start(dir.path(), &receiver, true).await;
+    let channel = kg_common::grpc::channel(&m.ontology_addr).unwrap();
+    let mut ontology = kg_proto::v1::ontology_client::OntologyClient::new(channel);
+
+    // Cancel is for support only, refund for support and billing.
+    for (role, proposals) in [
+        ("", vec![]),
+        ("billing", vec!["propose_order_refund"]),
+        (
+            "support",
+            vec!["propose_order_cancel", "propose_order_refund"],
+        ),
+    ] {
+        let mut request = tonic::Request::new(kg_proto::v1::ListGeneratedToolsRequest {});
+        kg_common::caller::attach_caller(&mut request, &m.signed_as(role));
+        let tools = ontology
+            .list_generated_tools(request)
+            .await
+            .unwrap()
+            .into_inner()
+            .tools;
+        let mut listed: Vec<&str> = tools.iter().map(|t| t.name.as_str()).collect();
+        assert!(listed.contains(&"get_order"), "{role}: {listed:?}");
+        listed.retain(|name| name.starts_with("propose_"));
+        listed.sort_unstable();
+        assert_eq!(listed, proposals, "{role}");
+    }
+
+    let mut request = tonic::Request::new(kg_proto::v1::CallGeneratedToolRequest {
+        name: "propose_order_cancel".into(),
+        arguments_json: json!({"order_id": 101, "reason": "x"}).to_string(),
+        agent: "test-agent".into(),
+    });
+    kg_common::caller::attach_caller(&mut request, &m.signed_as("billing"));
+    let answer = ontology
+        .call_generated_tool(request)
+        .await
+        .unwrap()
+        .into_inner();
+    let r: Value = serde_json::from_str(&answer.result_json).unwrap();
+    assert_eq!(r["error"], "denied_role", "{r}");
+
+    let refund = json!({"order_id": 102, "amount": 50}).to_string();
+    let err = submit_refund_at_once(&m, "").await;
+    assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
+    assert!(
+        err.message()
+            .contains("role `billing` is not one this caller holds"),
+        "{err:?}"
+    );
+
+    let check = |role: &str, signed: SignedCallerContext| {
+        let mut request = tonic::Request::new(kg_proto::v1::CheckActionRequest {
+            object: "order".into(),
+            action: "refund".into(),
+            arguments_json: refund.clone(),
+            role: role.into(),
+        });
+        kg_common::caller::attach_caller(&mut request, &signed);
+        let mut ontology = ontology.clone();
+        async move { ontology.check_action(request).await }
+    };
+    let err = check("billing", m.signed_as("")).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
+    let own = check("billing", m.signed_as("billing"))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(own.refusal, "", "{own:?}");
+    let by_admin = check("billing", admin_context(&m))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(by_admin.refusal, "", "{by_admin:?}");
+
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(receiver.received().is_empty(), "no effect ran");
+    m.shutdown.cancel();
+}
+
+/// Approval.Submit straight from a caller that goes round the generated tool: a refund
+/// of 50 (no approval needed) as role `billing`, to run at once, signed with a context
+/// holding `holding`; the refusal.
+async fn submit_refund_at_once(m: &Mesh, holding: &str) -> tonic::Status {
+    let mut client = kg_proto::v1::approval_client::ApprovalClient::new(
+        kg_common::grpc::channel(&m.approval_addr).unwrap(),
+    );
+    let policy_version = m
+        .ontology
+        .active()
+        .unwrap()
+        .compiled
+        .action_version("order", "refund");
+    let mut request = tonic::Request::new(SubmitProposalRequest {
+        object: "order".into(),
+        action: "refund".into(),
+        arguments_json: json!({"order_id": 102, "amount": 50}).to_string(),
+        role: "billing".into(),
+        policy_version,
+        agent: "shell".into(),
+        execute_now: true,
+        effect: None,
+    });
+    kg_common::caller::attach_caller(&mut request, &m.signed_as(holding));
+    client.submit(request).await.unwrap_err()
+}
+
+/// An admin person's context, as the admin API's calls carry it.
+fn admin_context(m: &Mesh) -> SignedCallerContext {
     let now = now_ms();
-    let admin = m.signer.sign(&CallerContext {
+    m.signer.sign(&CallerContext {
         principal_id: "admin-1".into(),
         principal_kind: kg_proto::v1::PrincipalKind::User as i32,
         tool: "admin".into(),
@@ -533,7 +641,12 @@ async fn approve(m: &Mesh, id: &str) -> kg_proto::v1::Proposal {
         issued_at_ms: now,
         expires_at_ms: now + 600_000,
         ..Default::default()
-    });
+    })
+}
+
+/// Approves (as an admin) through the real approval service.
+async fn approve(m: &Mesh, id: &str) -> kg_proto::v1::Proposal {
+    let admin = admin_context(m);
     let mut client = kg_proto::v1::approval_client::ApprovalClient::new(
         kg_common::grpc::channel(&m.approval_addr).unwrap(),
     );

@@ -73,7 +73,7 @@ fn code(v: &Value) -> &str {
 /// Every read behaviour and refusal; the same body on both backends.
 async fn exercise(svc: &OntologyService) {
     // Tool listing: no role = read tools only.
-    let (read, _) = svc.tools_for("", &[]);
+    let (read, _) = svc.tools_for(&[]);
     let names: Vec<_> = read.iter().map(|t| t.name.as_str()).collect();
     assert_eq!(
         names,
@@ -85,11 +85,11 @@ async fn exercise(svc: &OntologyService) {
             "list_order"
         ]
     );
-    let (support, version) = svc.tools_for("support", &[]);
+    let (support, version) = svc.tools_for(&["support".to_owned()]);
     assert!(version > 0);
     let names: Vec<_> = support.iter().map(|t| t.name.as_str()).collect();
     assert!(names.contains(&"propose_order_cancel") && names.contains(&"propose_order_refund"));
-    let (billing, _) = svc.tools_for("", &["billing".to_owned()]);
+    let (billing, _) = svc.tools_for(&["billing".to_owned()]);
     let names: Vec<_> = billing.iter().map(|t| t.name.as_str()).collect();
     assert!(names.contains(&"propose_order_refund") && !names.contains(&"propose_order_cancel"));
     let cancel = support
@@ -701,14 +701,14 @@ async fn reload_swaps_the_tool_set_and_bumps_the_version() {
     svc.reload().await.unwrap();
     assert!(rx.has_changed().unwrap());
     assert_ne!(*rx.borrow_and_update(), v1);
-    let (tools, _) = svc.tools_for("support", &[]);
+    let (tools, _) = svc.tools_for(&["support".to_owned()]);
     assert!(!tools.iter().any(|t| t.name == "propose_order_refund"));
 
     // A broken edit keeps the previous tool set in service.
     std::fs::write(project.join("ontology.yaml"), "name: x\nobjects: {}\n").unwrap();
     assert!(svc.reload().await.is_err());
     assert!(
-        svc.tools_for("", &[])
+        svc.tools_for(&[])
             .0
             .iter()
             .any(|t| t.name == "get_customer")
@@ -844,7 +844,7 @@ async fn tool_descriptions_are_sanitised() {
     assert_ne!(hidden, yaml);
     std::fs::write(project.join("ontology.yaml"), hidden).unwrap();
     let svc = service(&project, &url, false).await;
-    let (tools, _) = svc.tools_for("", &["billing".to_owned()]);
+    let (tools, _) = svc.tools_for(&["billing".to_owned()]);
     let get = tools.iter().find(|t| t.name == "get_customer").unwrap();
     assert!(
         get.description

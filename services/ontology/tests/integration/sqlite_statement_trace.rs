@@ -172,8 +172,10 @@ async fn sqlite_never_receives_a_statement_naming_a_sensitive_column() {
         shutdown.clone(),
     ));
     let now = now_ms();
+    // As auth signs it for an agent granted `support`.
     let signed = signer.sign(&CallerContext {
         principal_id: "agent-1".into(),
+        roles: vec!["support".into()],
         issued_at_ms: now,
         expires_at_ms: now + 600_000,
         ..Default::default()
@@ -182,11 +184,15 @@ async fn sqlite_never_receives_a_statement_naming_a_sensitive_column() {
         let svc = svc.clone();
         let signed = signed.clone();
         async move {
+            let roles: Vec<String> = [role]
+                .into_iter()
+                .filter(|r| !r.is_empty())
+                .map(str::to_owned)
+                .collect();
             svc.call_tool(
                 name,
                 &args.to_string(),
-                role,
-                &[],
+                &roles,
                 "test",
                 Some(kg_ontology::Forward {
                     signed,
