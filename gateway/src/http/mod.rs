@@ -47,7 +47,7 @@ pub fn router(state: GatewayState) -> Router {
         .route_layer(from_fn_with_state(
             BearerGuard {
                 state: state.clone(),
-                tool: "mcp",
+                tool: kg_common::caller::MCP_TOOL,
                 run_ahead: true,
             },
             require_bearer,
@@ -59,7 +59,7 @@ pub fn router(state: GatewayState) -> Router {
             .route_layer(from_fn_with_state(
                 BearerGuard {
                     state: state.clone(),
-                    tool: "admin",
+                    tool: kg_common::caller::ADMIN_API_TOOL,
                     run_ahead: false,
                 },
                 require_bearer,

@@ -137,7 +137,7 @@ impl McpServer {
         let Some(client) = &generated.client else {
             return Vec::new();
         };
-        let caller = match self.caller("tools/list", context).await {
+        let caller = match self.caller(context).await {
             Ok(caller) => caller,
             Err(err) => {
                 tracing::debug!(code = %err.code, "no caller for generated tools");
@@ -175,7 +175,7 @@ impl McpServer {
         let tool = request.name.to_string();
         let started = Instant::now();
         let at_ms = kg_common::caller::now_ms();
-        let caller = match self.caller(&tool, context).await {
+        let caller = match self.caller(context).await {
             Ok(caller) => caller,
             Err(err) => return Some(error_result(&err)),
         };

@@ -126,20 +126,14 @@ impl McpServer {
         }
     }
 
-    async fn caller(
-        &self,
-        tool: &str,
-        context: &RequestContext<RoleServer>,
-    ) -> Result<Caller, ClientError> {
-        self.caller_of(tool, request_parts(context)).await
+    async fn caller(&self, context: &RequestContext<RoleServer>) -> Result<Caller, ClientError> {
+        self.caller_of(request_parts(context)).await
     }
 
-    /// The caller of a request whose HTTP parts (when it came over HTTP) are `parts`.
-    async fn caller_of(
-        &self,
-        tool: &str,
-        parts: Option<&http::request::Parts>,
-    ) -> Result<Caller, ClientError> {
+    /// The caller of a request whose HTTP parts (when it came over HTTP) are `parts`. Its
+    /// context is minted for MCP on either transport, whatever the tool: one the MCP client
+    /// named could otherwise pass for another purpose (the admin API's).
+    async fn caller_of(&self, parts: Option<&http::request::Parts>) -> Result<Caller, ClientError> {
         match &self.credentials {
             Credentials::Http => {
                 if let Some(caller) = parts.and_then(|p| p.extensions.get::<Caller>()) {
@@ -155,7 +149,9 @@ impl McpServer {
                 }
             }
             Credentials::Launcher { token, role } => {
-                self.state.authorize(token, tool, Some(role)).await
+                self.state
+                    .authorize(token, kg_common::caller::MCP_TOOL, Some(role))
+                    .await
             }
         }
     }
@@ -244,7 +240,7 @@ impl McpServer {
                 }
             };
         }
-        match self.caller_of(tool, parts).await {
+        match self.caller_of(parts).await {
             Ok(caller) => {
                 let outcome = tools::run(&self.state, &caller, kind, args).await;
                 (Some(caller), outcome)

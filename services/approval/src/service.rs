@@ -673,9 +673,16 @@ fn require_admin_not_agent(caller: &CallerContext) -> Result<()> {
     Ok(())
 }
 
-/// A decision is a person's: an admin user, for no one else, through the admin API (auth
-/// mints contexts per tool, so a context minted for MCP and relayed here is refused too).
+/// A decision is a person's: an admin user, for no one else, through the admin API itself
+/// (not the CLI's `admin:<operation>` contexts, and not a context minted for MCP and
+/// relayed here, which is refused first, as what it is).
 fn require_person(caller: &CallerContext) -> Result<()> {
+    if caller.tool != kg_common::caller::ADMIN_API_TOOL {
+        return Err(ApprovalError::NotAPerson(format!(
+            "a context minted for `{}`",
+            caller.tool
+        )));
+    }
     require_admin_not_agent(caller)?;
     if caller.principal_kind() != PrincipalKind::User {
         return Err(ApprovalError::NotAPerson(format!(
@@ -684,17 +691,8 @@ fn require_person(caller: &CallerContext) -> Result<()> {
             caller.principal_id
         )));
     }
-    if caller.tool != ADMIN_TOOL {
-        return Err(ApprovalError::NotAPerson(format!(
-            "a context minted for `{}`",
-            caller.tool
-        )));
-    }
     Ok(())
 }
-
-/// The tool name the gateway's admin API asks auth for.
-const ADMIN_TOOL: &str = "admin";
 
 fn kind_name(kind: PrincipalKind) -> &'static str {
     match kind {

@@ -21,7 +21,7 @@ async fn roles_come_from_role_groups() {
         .unwrap();
     let admin_token = auth.bootstrap_admin().await.unwrap().unwrap();
     let admin = auth
-        .authorize(&admin_token, "t", &[], "r")
+        .authorize(&admin_token, "admin", &[], "r")
         .await
         .unwrap()
         .decoded

@@ -1,6 +1,8 @@
 //! The thin gRPC adapter of [`FilesService`].
 
-use kg_common::caller::require_caller;
+use std::sync::Arc;
+
+use kg_common::caller::{require_admin_api, require_caller};
 use kg_proto::v1::files_server::Files;
 use kg_proto::v1::get_file_request::Selector;
 use kg_proto::v1::*;
@@ -8,13 +10,21 @@ use tonic::{Request, Response, Status};
 
 use crate::service::FilesService;
 
+/// The caller of a request that changes what is stored: only with a context minted for the
+/// admin API, so one an MCP call carried (to any service) cannot be replayed to write.
+fn require_writer<T>(request: &Request<T>) -> Result<Arc<CallerContext>, Status> {
+    let caller = require_caller(request)?;
+    require_admin_api(&caller).map_err(|e| kg_common::error::to_status(&e))?;
+    Ok(caller)
+}
+
 #[tonic::async_trait]
 impl Files for FilesService {
     async fn upload(
         &self,
         request: Request<UploadRequest>,
     ) -> Result<Response<UploadResponse>, Status> {
-        let caller = require_caller(&request)?;
+        let caller = require_writer(&request)?;
         let r = request.into_inner();
         Ok(Response::new(
             self.upload(&caller, &r.namespace, &r.path, &r.content, &r.mime)
@@ -61,7 +71,7 @@ impl Files for FilesService {
         &self,
         request: Request<SetFileFlagsRequest>,
     ) -> Result<Response<FileInfo>, Status> {
-        let caller = require_caller(&request)?;
+        let caller = require_writer(&request)?;
         let r = request.into_inner();
         Ok(Response::new(
             self.set_flags(&caller, &r.namespace, &r.file_id, r.enabled, r.hidden)
@@ -93,7 +103,7 @@ impl Files for FilesService {
         &self,
         request: Request<DeleteFileRequest>,
     ) -> Result<Response<DeleteFileResponse>, Status> {
-        let caller = require_caller(&request)?;
+        let caller = require_writer(&request)?;
         let r = request.into_inner();
         Ok(Response::new(DeleteFileResponse {
             deleted: self.delete_file(&caller, &r.namespace, &r.file_id).await?,
@@ -103,7 +113,7 @@ impl Files for FilesService {
         &self,
         request: Request<CreateBranchRequest>,
     ) -> Result<Response<Branch>, Status> {
-        let caller = require_caller(&request)?;
+        let caller = require_writer(&request)?;
         let r = request.get_ref();
         Ok(Response::new(
             self.create_branch(&caller, &r.namespace, &r.name).await?,
@@ -125,7 +135,7 @@ impl Files for FilesService {
         &self,
         request: Request<UploadToBranchRequest>,
     ) -> Result<Response<BranchFile>, Status> {
-        let caller = require_caller(&request)?;
+        let caller = require_writer(&request)?;
         let r = request.get_ref();
         Ok(Response::new(
             self.upload_to_branch(
@@ -144,7 +154,7 @@ impl Files for FilesService {
         &self,
         request: Request<CreateReleaseRequest>,
     ) -> Result<Response<Release>, Status> {
-        let caller = require_caller(&request)?;
+        let caller = require_writer(&request)?;
         let r = request.get_ref();
         Ok(Response::new(
             self.create_release(&caller, &r.namespace, &r.version, &r.branch, &r.note)
@@ -167,7 +177,7 @@ impl Files for FilesService {
         &self,
         request: Request<DeployEnvironmentRequest>,
     ) -> Result<Response<Environment>, Status> {
-        let caller = require_caller(&request)?;
+        let caller = require_writer(&request)?;
         let r = request.get_ref();
         let release = r.release.clone().unwrap_or_default();
         Ok(Response::new(

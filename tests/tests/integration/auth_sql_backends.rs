@@ -56,7 +56,7 @@ async fn scenario(sql: SqlStore) {
         "admin is created once"
     );
     let admin = auth
-        .authorize(&admin_token, "test", &[], "r1")
+        .authorize(&admin_token, "admin", &[], "r1")
         .await
         .unwrap();
     let admin_ctx = verifier

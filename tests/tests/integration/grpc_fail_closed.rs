@@ -229,6 +229,7 @@ async fn services_refuse_calls_without_a_valid_caller_context() {
     let live = Some(real.sign(&CallerContext {
         principal_id: "live".into(),
         is_admin: true,
+        tool: kg_common::caller::ADMIN_API_TOOL.into(),
         issued_at_ms: now,
         expires_at_ms: now + CONTEXT_TTL_MS,
         ..Default::default()
@@ -236,5 +237,168 @@ async fn services_refuse_calls_without_a_valid_caller_context() {
     auth.list_principals(request(ListPrincipalsRequest::default(), &live))
         .await
         .unwrap();
+    mesh.shutdown().await;
+}
+
+/// A context is bound to what it was minted for. Every service an MCP call reaches sees the
+/// caller's context, so one that replayed it elsewhere could act as the caller: as an admin's,
+/// it could write files, mint tokens and grant access. Each operation of the admin API takes
+/// only a context minted for the admin API; the MCP context still reads.
+#[tokio::test]
+async fn an_mcp_context_replayed_to_an_admin_operation_is_refused() {
+    let (mesh, _dir) = kg_e2e::start_mesh().await.unwrap();
+    let grpc = mesh.info.grpc.clone();
+    let channel = |addr: &str| kg_common::grpc::channel(addr).unwrap();
+    let mut auth = AuthClient::new(channel(&grpc.auth));
+    let mut files = FilesClient::new(channel(&grpc.files));
+    let mut approval = kg_proto::v1::approval_client::ApprovalClient::new(channel(
+        mesh.info.approval.as_ref().unwrap(),
+    ));
+    let mut ontology = kg_proto::v1::ontology_client::OntologyClient::new(channel(
+        mesh.info.ontology.as_ref().unwrap(),
+    ));
+    let admin_token = mesh.admin_token.clone().unwrap();
+    let minting = auth.clone();
+    let mint = move |tool: &'static str| {
+        let mut auth = minting.clone();
+        let token = admin_token.clone();
+        async move {
+            let authorized = auth
+                .authorize(AuthorizeRequest {
+                    token,
+                    tool: tool.into(),
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .into_inner();
+            let decoded = authorized.decoded.unwrap();
+            assert!(decoded.is_admin);
+            (authorized.context, decoded.principal_id)
+        }
+    };
+    let (admin_api, admin_id) = mint(kg_common::caller::ADMIN_API_TOOL).await;
+    auth.create_namespace(request(
+        CreateNamespaceRequest {
+            name: "replay".into(),
+            description: String::new(),
+        },
+        &admin_api,
+    ))
+    .await
+    .unwrap();
+    auth.put_grant(request(
+        PutGrantRequest {
+            principal_id: admin_id,
+            namespace: "replay".into(),
+            permission: Permission::Write as i32,
+            ..Default::default()
+        },
+        &admin_api,
+    ))
+    .await
+    .unwrap();
+    // Minted again, with the grant: both may now write, as far as access goes.
+    let (admin_api, _) = mint(kg_common::caller::ADMIN_API_TOOL).await;
+    let (mcp, _) = mint(kg_common::caller::MCP_TOOL).await;
+    let upload = |path: &str| UploadRequest {
+        namespace: "replay".into(),
+        path: path.into(),
+        content: b"# notes".to_vec(),
+        mime: String::new(),
+    };
+
+    let refusals = [
+        (
+            "files.Upload",
+            files.upload(request(upload("a.md"), &mcp)).await.map(drop),
+        ),
+        (
+            "files.DeleteFile",
+            files
+                .delete_file(request(
+                    DeleteFileRequest {
+                        namespace: "replay".into(),
+                        file_id: "any".into(),
+                    },
+                    &mcp,
+                ))
+                .await
+                .map(drop),
+        ),
+        (
+            "auth.CreatePat",
+            auth.create_pat(request(
+                CreatePatRequest {
+                    principal_id: "anyone".into(),
+                    name: "stolen".into(),
+                    expires_at_ms: None,
+                },
+                &mcp,
+            ))
+            .await
+            .map(drop),
+        ),
+        (
+            "auth.ListPrincipals",
+            auth.list_principals(request(ListPrincipalsRequest::default(), &mcp))
+                .await
+                .map(drop),
+        ),
+        (
+            "ontology.ReloadProject",
+            ontology
+                .reload_project(request(ReloadProjectRequest::default(), &mcp))
+                .await
+                .map(drop),
+        ),
+        (
+            "approval.ListProposals",
+            approval
+                .list_proposals(request(ListProposalsRequest::default(), &mcp))
+                .await
+                .map(drop),
+        ),
+    ];
+    for (what, refused) in refusals {
+        let status = refused.expect_err(what);
+        assert_eq!(
+            status.code(),
+            tonic::Code::PermissionDenied,
+            "{what}: {status:?}"
+        );
+        assert!(
+            status.message().contains("minted for `mcp`"),
+            "{what}: {}",
+            status.message()
+        );
+    }
+
+    // Nothing was written; the MCP context still reads, and the admin API still writes.
+    let listing = files.clone();
+    let list = move |context: Option<SignedCallerContext>| {
+        let mut files = listing.clone();
+        async move {
+            files
+                .list_files(request(
+                    ListFilesRequest {
+                        namespace: "replay".into(),
+                        ..Default::default()
+                    },
+                    &context,
+                ))
+                .await
+                .unwrap()
+                .into_inner()
+                .files
+                .len()
+        }
+    };
+    assert_eq!(list(mcp.clone()).await, 0);
+    files
+        .upload(request(upload("b.md"), &admin_api))
+        .await
+        .unwrap();
+    assert_eq!(list(mcp).await, 1);
     mesh.shutdown().await;
 }

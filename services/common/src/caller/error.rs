@@ -27,6 +27,12 @@ pub enum CallerError {
     /// An admin-only operation.
     #[error("this operation needs an admin principal")]
     NotAdmin,
+    /// An admin-API operation (a write, a grant, anything admin-only) with a context
+    /// minted for another purpose, such as an MCP call.
+    #[error(
+        "this operation belongs to the admin API (REST /api/v1 or the kgmesh CLI) and refuses a context minted for `{0}`: the context of an MCP call may only read and propose, whoever the caller is"
+    )]
+    NotAdminApi(String),
     /// A role the signed context does not carry.
     #[error(
         "role `{role}` is not one this caller holds (its roles: {held:?}); over HTTP an admin grants a role with the group `role:{role}`, over stdio the launcher asserts it with --role"
@@ -44,6 +50,7 @@ impl ErrorExt for CallerError {
         match self {
             CallerError::NamespaceDenied(_)
             | CallerError::NotAdmin
+            | CallerError::NotAdminApi(_)
             | CallerError::RoleNotHeld { .. } => ErrorCode::PermissionDenied,
             CallerError::BadKey => ErrorCode::InvalidArgument,
             _ => ErrorCode::Unauthenticated,

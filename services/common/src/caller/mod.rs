@@ -196,13 +196,40 @@ pub fn access_for<'a>(
         .ok_or_else(|| CallerError::NamespaceDenied(namespace.to_owned()))
 }
 
-/// Requires the admin flag.
-pub fn require_admin(context: &CallerContext) -> Result<(), CallerError> {
-    if context.is_admin {
+/// The `tool` of contexts the gateway mints for its admin API (REST `/api/v1`); the kgmesh
+/// CLI's own calls use `admin:<operation>`.
+pub const ADMIN_API_TOOL: &str = "admin";
+
+/// The `tool` of contexts the gateway mints for MCP calls, over HTTP and stdio alike.
+pub const MCP_TOOL: &str = "mcp";
+
+/// Whether the context was minted for the admin API (see [`ADMIN_API_TOOL`]).
+pub fn minted_for_admin_api(context: &CallerContext) -> bool {
+    context.tool == ADMIN_API_TOOL
+        || context
+            .tool
+            .strip_prefix(ADMIN_API_TOOL)
+            .is_some_and(|rest| rest.starts_with(':'))
+}
+
+/// Requires a context minted for the admin API. Every call a service receives carries the
+/// caller's context on to the next hop, so a context an MCP call carries is seen by every
+/// service that call reaches: bound to reading (and proposing), it is worth nothing to one
+/// that would replay it to write, grant or mint.
+pub fn require_admin_api(context: &CallerContext) -> Result<(), CallerError> {
+    if minted_for_admin_api(context) {
         Ok(())
     } else {
-        Err(CallerError::NotAdmin)
+        Err(CallerError::NotAdminApi(context.tool.clone()))
     }
+}
+
+/// Requires the admin flag, in a context minted for the admin API.
+pub fn require_admin(context: &CallerContext) -> Result<(), CallerError> {
+    if !context.is_admin {
+        return Err(CallerError::NotAdmin);
+    }
+    require_admin_api(context)
 }
 
 /// Requires `role` to be one of the context's roles (granted over HTTP, asserted by a
@@ -319,6 +346,31 @@ mod tests {
             verifier.verify(&forged, now_ms()),
             Err(CallerError::BadSignature)
         ));
+    }
+
+    #[test]
+    fn admin_operations_take_only_a_context_minted_for_the_admin_api() {
+        let mut caller = context(CONTEXT_TTL_MS);
+        caller.is_admin = true;
+        for tool in [ADMIN_API_TOOL, "admin:ontology"] {
+            caller.tool = tool.into();
+            assert!(require_admin(&caller).is_ok(), "{tool}");
+            assert!(require_admin_api(&caller).is_ok(), "{tool}");
+        }
+        for tool in [MCP_TOOL, "kg_search", "administer", "admin_x", ""] {
+            caller.tool = tool.into();
+            let err = require_admin(&caller).unwrap_err();
+            assert!(matches!(err, CallerError::NotAdminApi(_)), "{tool}: {err}");
+            assert_eq!(err.code(), ErrorCode::PermissionDenied);
+            assert!(require_admin_api(&caller).is_err(), "{tool}");
+        }
+        caller.is_admin = false;
+        caller.tool = ADMIN_API_TOOL.into();
+        assert!(matches!(require_admin(&caller), Err(CallerError::NotAdmin)));
+        assert!(
+            require_admin_api(&caller).is_ok(),
+            "a writer need not be an admin"
+        );
     }
 
     #[test]
