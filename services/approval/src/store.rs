@@ -72,7 +72,7 @@ pub(crate) struct Outcome<'a> {
 const COLUMNS: &str = "id, object_name, action_name, arguments_json, arguments_sha256, policy_version, \
     proposer, on_behalf_of, agent, role, state, refusal, outcome_detail, effect_method, \
     effect_url_template, effect_host, attempts, idempotency_key, execute_now, created_at_ms, \
-    decided_at_ms, decided_by, decision_reason, finished_at_ms";
+    decided_at_ms, decided_by, decision_reason, finished_at_ms, role_asserted";
 
 fn proposal_from(row: &AnyRow) -> Result<Proposal> {
     let state = state_from(&row.try_get::<String, _>("state")?)?;
@@ -87,6 +87,7 @@ fn proposal_from(row: &AnyRow) -> Result<Proposal> {
         on_behalf_of: row.try_get("on_behalf_of")?,
         agent: row.try_get("agent")?,
         role: row.try_get("role")?,
+        role_asserted: row.try_get::<i64, _>("role_asserted")? != 0,
         state: state as i32,
         refusal: row.try_get("refusal")?,
         outcome_detail: row.try_get("outcome_detail")?,
@@ -147,8 +148,8 @@ impl ProposalStore {
             "INSERT INTO approval_proposals (id, object_name, action_name, arguments_json, arguments_sha256, \
              policy_version, proposer, on_behalf_of, agent, role, state, refusal, outcome_detail, effect_method, \
              effect_url_template, effect_host, attempts, idempotency_key, execute_now, created_at_ms, \
-             decided_at_ms, decided_by, decision_reason, finished_at_ms) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24)",
+             decided_at_ms, decided_by, decision_reason, finished_at_ms, role_asserted) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25)",
         )
         .bind(&p.id)
         .bind(&p.object)
@@ -174,6 +175,7 @@ impl ProposalStore {
         .bind(&p.decided_by)
         .bind(&p.decision_reason)
         .bind(p.finished_at_ms)
+        .bind(i64::from(p.role_asserted))
         .execute(&mut *tx)
         .await?;
         for event in events {

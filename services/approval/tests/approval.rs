@@ -545,6 +545,33 @@ async fn suite(sql: SqlStore) {
     let stored = h.get(&p.id).await;
     assert_eq!(kinds(&stored), ["submitted"]);
     assert_no_secrets(&stored);
+    assert!(!stored.role_asserted);
+    assert!(
+        stored.events[0].detail.contains("role `support`, granted"),
+        "{stored:?}"
+    );
+
+    // A role a stdio launcher asserted is stored as such, so the approver can weigh it.
+    h.ontology.set("oasserted", "cancel", h.rule("ok"));
+    let mut launcher = context("agent-1", false);
+    launcher.roles_asserted = true;
+    let mut request = tonic::Request::new(SubmitProposalRequest {
+        object: "oasserted".into(),
+        action: "cancel".into(),
+        arguments_json: json!({"tag": "asserted1", "order_id": 42}).to_string(),
+        role: "support".into(),
+        ..Default::default()
+    });
+    attach_caller(&mut request, &h.signer.sign(&launcher));
+    let asserted = h.client.clone().submit(request).await.unwrap().into_inner();
+    let asserted = h.get(&asserted.id).await;
+    assert!(asserted.role_asserted, "{asserted:?}");
+    assert!(
+        asserted.events[0]
+            .detail
+            .contains("role `support`, asserted by a stdio launcher"),
+        "{asserted:?}"
+    );
 
     // The agent (no admin) can neither decide nor read proposals.
     for status in [

@@ -257,6 +257,7 @@ impl AuthService {
             // An agent is never an admin, whatever an older row says (create_principal
             // refuses the flag for agents now).
             is_admin: principal.is_admin && principal.kind() != PrincipalKind::Agent,
+            roles_asserted: asserted_role.is_some(),
         };
         Ok(AuthorizeResponse {
             context: Some(self.signer.sign(&context)),
