@@ -11,7 +11,6 @@ use kg_proto::v1::{
 };
 use kg_stores::blobs::BlobStore;
 use kg_stores::events;
-use prost::Message as _;
 use sha2::{Digest as _, Sha256};
 
 use crate::error::{FilesError, Result, retry_lost_race};
@@ -275,10 +274,7 @@ impl FilesService {
             FileChangeOp::Upsert => format!("{}:{op_name}", file.version_id),
             _ => format!("{}:{op_name}:{}", file.version_id, file.updated_at_ms),
         };
-        let subject = events::files_changed_subject(&file.namespace)?;
-        if let Err(err) =
-            events::publish(&self.jetstream, &subject, &msg_id, event.encode_to_vec()).await
-        {
+        if let Err(err) = events::publish_file_change(&self.jetstream, &event, &msg_id).await {
             tracing::error!(error = %err.detail(), file_id = %file.file_id, "could not publish file change");
             if op == FileChangeOp::Upsert {
                 let reason = "could not be queued for indexing; upload it again";

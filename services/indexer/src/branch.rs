@@ -59,7 +59,7 @@ pub(crate) async fn run(
         jetstream: jetstream.clone(),
         chunk,
     });
-    lanes::run(&jetstream, &spec, 1, shutdown, worker).await
+    lanes::run(&jetstream, &spec, &spec.durable, 1, shutdown, worker).await
 }
 
 impl LaneHandler for BranchWorker {

@@ -80,10 +80,13 @@ async fn pause(delay: Duration, shutdown: &CancellationToken) -> bool {
     }
 }
 
-/// Consumes until `shutdown` with `lanes` concurrent lanes.
+/// Consumes until `shutdown` with `lanes` concurrent lanes. Consumers that name the same
+/// `lease_scope` share each key's lease and its highest sequence applied, so one file's
+/// events never run at once across them, and one applied there makes older ones stale here.
 pub(crate) async fn run<H: LaneHandler>(
     js: &jetstream::Context,
     spec: &ConsumerSpec,
+    lease_scope: &str,
     lanes: usize,
     shutdown: CancellationToken,
     handler: Arc<H>,
@@ -132,6 +135,7 @@ pub(crate) async fn run<H: LaneHandler>(
             Arc::clone(&handler),
             Arc::clone(&leases),
             spec.clone(),
+            Arc::from(lease_scope),
             shutdown.clone(),
         ));
     }
@@ -215,6 +219,7 @@ async fn run_lane<H: LaneHandler>(
     handler: Arc<H>,
     leases: Arc<Leases>,
     spec: ConsumerSpec,
+    lease_scope: Arc<str>,
     shutdown: CancellationToken,
 ) {
     loop {
@@ -230,7 +235,7 @@ async fn run_lane<H: LaneHandler>(
             .info()
             .map(|i| (i.delivered, i.stream_sequence))
             .unwrap_or((1, 0));
-        let shared_key = Leases::bucket_key(&spec.durable, &key);
+        let shared_key = Leases::bucket_key(&lease_scope, &key);
         let lease = match leases.acquire(&shared_key, &shutdown).await {
             Ok(Some(lease)) => lease,
             // Stopping: the message is redelivered to whoever consumes next.

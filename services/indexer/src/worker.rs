@@ -81,8 +81,9 @@ struct Worker {
     tboxes: kg_stores::tbox::TboxBucket,
 }
 
-/// Consumes `kg.files.v1.*.changed` until `shutdown`. Boxed: the worker's
-/// future is deep enough to overflow type checking in every caller that spawns it.
+/// Consumes `kg.files.v1.*.changed`, and `kg.files.v1.*.removed` on a consumer of its own,
+/// until `shutdown`. Boxed: the worker's future is deep enough to overflow type checking in
+/// every caller that spawns it.
 pub fn run(
     config: IndexerConfig,
     graph: GraphStore,
@@ -153,9 +154,64 @@ async fn run_worker(
         spec.clone(),
         shutdown.clone(),
     );
-    let main = lanes::run(&jetstream, &spec, concurrency, shutdown, worker);
-    tokio::try_join!(main, branch)?;
+    // Deletes again, on their own consumer: a delete on `changed` waits behind every upload
+    // queued before it, so a file removed during a bulk ingest (a leaked secret, say) would
+    // stay searchable until the ingest drained. The shared lease scope keeps one file's
+    // events apart across both consumers and makes its older queued uploads stale once the
+    // removal has applied.
+    let removals_spec = ConsumerSpec {
+        durable: REMOVALS_DURABLE.to_owned(),
+        filter_subject: "kg.files.v1.*.removed".to_owned(),
+        ..spec.clone()
+    };
+    let removals = lanes::run(
+        &jetstream,
+        &removals_spec,
+        &spec.durable,
+        REMOVAL_LANES,
+        shutdown.clone(),
+        std::sync::Arc::new(Removals(std::sync::Arc::clone(&worker))),
+    );
+    let main = lanes::run(
+        &jetstream,
+        &spec,
+        &spec.durable,
+        concurrency,
+        shutdown,
+        worker,
+    );
+    tokio::try_join!(main, branch, removals)?;
     Ok(())
+}
+
+/// The durable consumer of `kg.files.v1.*.removed`.
+pub const REMOVALS_DURABLE: &str = "indexer-removals";
+
+/// Lanes of the removals consumer: a removal is a few deletes per store.
+const REMOVAL_LANES: usize = 2;
+
+/// The removals consumer's handler: deletes only.
+struct Removals(std::sync::Arc<Worker>);
+
+impl LaneHandler for Removals {
+    fn key(&self, payload: &[u8]) -> Option<String> {
+        self.0.key(payload)
+    }
+
+    fn handle<'a>(&'a self, delivery: Delivery<'a>) -> futures::future::BoxFuture<'a, Handled> {
+        Box::pin(async move {
+            match FileChanged::decode(delivery.payload) {
+                Ok(event) if event.op() == FileChangeOp::Delete => self.0.handle(delivery).await,
+                _ => {
+                    tracing::warn!(
+                        subject = delivery.subject,
+                        "dropping a removal that is not a delete"
+                    );
+                    Handled::Ack
+                }
+            }
+        })
+    }
 }
 
 impl LaneHandler for Worker {

@@ -1,7 +1,9 @@
 //! NATS JetStream: the ingest event streams and their subjects.
 //!
-//! - `KG_FILES` holds `kg.files.v1.<ns>.changed` (files service publishes, indexer consumes)
-//!   and `kg.files.v1.<ns>.dead` (messages the indexer gave up on).
+//! - `KG_FILES` holds `kg.files.v1.<ns>.changed` (files service publishes, indexer consumes),
+//!   `kg.files.v1.<ns>.removed` (a delete again, for the indexer's removals consumer, so it
+//!   never waits behind an ingest backlog) and `kg.files.v1.<ns>.dead` (messages the indexer
+//!   gave up on).
 //! - `KG_INDEX` holds `kg.index.v1.<ns>.indexed` (indexer publishes when a version is written).
 //!
 //! Both are file-backed with a 2 minute duplicate window: a publish carries `Nats-Msg-Id`
@@ -10,6 +12,8 @@
 use std::time::Duration;
 
 use async_nats::jetstream::{self, stream};
+use kg_proto::v1::{FileChangeOp, FileChanged};
+use prost::Message as _;
 
 use crate::error::{StoreError, StoreKind};
 
@@ -70,6 +74,14 @@ pub fn files_changed_subject(namespace: &str) -> Result<String, StoreError> {
     Ok(format!("kg.files.v1.{}.changed", token(namespace)?))
 }
 
+/// `kg.files.v1.<ns>.removed`: a file was deleted. The same event also goes on `changed`,
+/// in order with the file's other changes (and for indexers that predate this subject); here
+/// it reaches a consumer of its own, which takes the file out of every lane while `changed`
+/// may still hold a backlog of uploads.
+pub fn files_removed_subject(namespace: &str) -> Result<String, StoreError> {
+    Ok(format!("kg.files.v1.{}.removed", token(namespace)?))
+}
+
 /// `kg.index.v1.<ns>.indexed`: a file version's chunks, graph and vectors are written.
 pub fn indexed_subject(namespace: &str) -> Result<String, StoreError> {
     Ok(format!("kg.index.v1.{}.indexed", token(namespace)?))
@@ -95,6 +107,27 @@ fn token(namespace: &str) -> Result<&str, StoreError> {
             reason: "a subject token may only contain letters, digits, '_' and '-'".into(),
         })
     }
+}
+
+/// Publishes a file change on `kg.files.v1.<ns>.changed` with `Nats-Msg-Id: msg_id`, and a
+/// delete again on [`files_removed_subject`] (`<msg_id>:removed`). That second publish is best
+/// effort: the first already takes the file out, in order with its other changes, so only the
+/// first one's failure is an error.
+pub async fn publish_file_change(
+    js: &jetstream::Context,
+    event: &FileChanged,
+    msg_id: &str,
+) -> Result<(), StoreError> {
+    let payload = event.encode_to_vec();
+    let subject = files_changed_subject(&event.namespace)?;
+    publish(js, &subject, msg_id, payload.clone()).await?;
+    if event.op() == FileChangeOp::Delete {
+        let subject = files_removed_subject(&event.namespace)?;
+        if let Err(err) = publish(js, &subject, &format!("{msg_id}:removed"), payload).await {
+            tracing::warn!(error = %err.detail(), file_id = %event.file_id, "could not publish a removal's fast path; the file leaves the index in order with its other changes");
+        }
+    }
+    Ok(())
 }
 
 /// Publishes `payload` with `Nats-Msg-Id: msg_id` and waits for the stream's ack. A
@@ -144,6 +177,7 @@ mod tests {
             "kg.index.v1.team-a_1.indexed"
         );
         assert_eq!(dead_letter_subject("x").unwrap(), "kg.files.v1.x.dead");
+        assert_eq!(files_removed_subject("x").unwrap(), "kg.files.v1.x.removed");
         for bad in ["", "a.b", "a*", ">", "a b", "ns\n"] {
             assert!(files_changed_subject(bad).is_err(), "{bad:?}");
         }

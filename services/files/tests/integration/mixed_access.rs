@@ -440,16 +440,21 @@ async fn a_delete_sent_again_sends_the_event_again() {
             .await
             .unwrap()
     );
-    assert_eq!(messages().await, after_first + 1);
-    let last = stream
-        .get_last_raw_message_by_subject(&subject)
-        .await
-        .unwrap();
-    let event = kg_proto::v1::FileChanged::decode(last.payload.as_ref()).unwrap();
-    assert_eq!(
-        (event.file_id.as_str(), event.op()),
-        (file.file_id.as_str(), kg_proto::v1::FileChangeOp::Delete)
-    );
+    // Each delete goes on `changed`, in order, and again on `removed`, the fast path.
+    assert_eq!(messages().await, after_first + 2);
+    let removed = kg_stores::events::files_removed_subject(NS).unwrap();
+    for subject in [&subject, &removed] {
+        let last = stream
+            .get_last_raw_message_by_subject(subject)
+            .await
+            .unwrap();
+        let event = kg_proto::v1::FileChanged::decode(last.payload.as_ref()).unwrap();
+        assert_eq!(
+            (event.file_id.as_str(), event.op()),
+            (file.file_id.as_str(), kg_proto::v1::FileChangeOp::Delete),
+            "{subject}"
+        );
+    }
     // Still deleted for readers, and a writer who may not write there still may not.
     let gone = files
         .get_file(&admin(), NS, None, Some(&file.file_id))

@@ -78,9 +78,10 @@ impl Leases {
         })
     }
 
-    /// The bucket key of a lane key in `durable`: KV keys allow few characters.
-    pub(crate) fn bucket_key(durable: &str, key: &str) -> String {
-        format!("{durable}.{}", hex::encode(key.as_bytes()))
+    /// The bucket key of a lane key in `scope` (see [`super::run`]): KV keys allow few
+    /// characters.
+    pub(crate) fn bucket_key(scope: &str, key: &str) -> String {
+        format!("{scope}.{}", hex::encode(key.as_bytes()))
     }
 
     /// Waits until this replica holds the lease of `key`; `None` if `shutdown` came first.

@@ -7,6 +7,7 @@ mod entities;
 mod formats_graph;
 mod llm_extractor;
 mod progress_acks;
+mod removals;
 mod stores;
 mod two_replicas;
 mod vector_backfill;

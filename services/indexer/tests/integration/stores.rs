@@ -37,3 +37,28 @@ pub async fn start() -> Stores {
         dir,
     }
 }
+
+/// Embeds any batch with `marker` in a text `delay` late, like a large file, and the rest at
+/// once (hashing embeddings).
+#[derive(Debug)]
+pub struct SlowOn {
+    pub marker: &'static str,
+    pub delay: std::time::Duration,
+    pub inner: kg_embed::HashingEmbedder,
+}
+
+#[async_trait::async_trait]
+impl kg_embed::Embedder for SlowOn {
+    fn model_id(&self) -> &str {
+        "test-hashing"
+    }
+    fn dims(&self) -> usize {
+        self.inner.dims()
+    }
+    async fn embed(&self, texts: Vec<String>) -> Result<Vec<Vec<f32>>, kg_embed::EmbedError> {
+        if texts.iter().any(|t| t.contains(self.marker)) {
+            tokio::time::sleep(self.delay).await;
+        }
+        self.inner.embed(texts).await
+    }
+}

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use kg_embed::{EmbedError, Embedder, HashingEmbedder};
+use kg_embed::HashingEmbedder;
 use kg_indexer::{IndexerConfig, Vectors};
 use kg_proto::v1::{FileChangeOp, FileChanged};
 use kg_stores::blobs::BlobStore;
@@ -17,29 +17,11 @@ use kg_stores::vector::EdgeIndex;
 use prost::Message as _;
 use tokio_util::sync::CancellationToken;
 
+use crate::stores::SlowOn;
+
 const NS: &str = "replicas";
 const FILES: usize = 6;
 const SLOW: Duration = Duration::from_millis(1500);
-
-/// Embeds a first version slowly, like a large file.
-#[derive(Debug)]
-struct SlowFirstVersions(HashingEmbedder);
-
-#[async_trait::async_trait]
-impl Embedder for SlowFirstVersions {
-    fn model_id(&self) -> &str {
-        "test-hashing"
-    }
-    fn dims(&self) -> usize {
-        self.0.dims()
-    }
-    async fn embed(&self, texts: Vec<String>) -> Result<Vec<Vec<f32>>, EmbedError> {
-        if texts.iter().any(|t| t.contains("firstversion")) {
-            tokio::time::sleep(SLOW).await;
-        }
-        self.0.embed(texts).await
-    }
-}
 
 async fn upload(
     js: &async_nats::jetstream::Context,
@@ -77,7 +59,11 @@ async fn replica(
     stop: &CancellationToken,
 ) -> tokio::task::JoinHandle<Result<(), kg_indexer::IndexerError>> {
     let index = EdgeIndex::open(dir.join(name), 16).await.unwrap();
-    let embedder = Arc::new(SlowFirstVersions(HashingEmbedder::new(16)));
+    let embedder = Arc::new(SlowOn {
+        marker: "firstversion",
+        delay: SLOW,
+        inner: HashingEmbedder::new(16),
+    });
     let config = IndexerConfig {
         concurrency: 2,
         vectors: Some(Vectors::new(index.into(), embedder).unwrap()),

@@ -1,0 +1,237 @@
+//! A delete does not wait behind an ingest backlog. The files service publishes a delete on
+//! `changed` (in order with the file's other changes) and again on `removed`, which the
+//! indexer's removals consumer takes at once: the file leaves the graph and the vector lane
+//! while the backlog is still being embedded, and an older upload of it queued behind that
+//! backlog does not bring it back. Real NATS, FalkorDB and qdrant-edge.
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::consumer;
+use futures::StreamExt as _;
+use kg_embed::HashingEmbedder;
+use kg_indexer::{IndexerConfig, Vectors};
+use kg_proto::v1::{AccessFilter, FileChangeOp, FileChanged, FileIndexed};
+use kg_stores::blobs::BlobStore;
+use kg_stores::events;
+use kg_stores::graph::{GraphStore, Params};
+use kg_stores::vector::{EdgeIndex, Scope};
+use prost::Message as _;
+use tokio_util::sync::CancellationToken;
+
+use crate::stores::SlowOn;
+
+const NS: &str = "removals";
+const BACKLOG: usize = 6;
+const SLOW: Duration = Duration::from_millis(1500);
+
+/// Publishes `file_id`'s change as the files service does; `text` None is a delete.
+async fn change(
+    js: &async_nats::jetstream::Context,
+    blobs: &BlobStore,
+    file_id: &str,
+    version: i64,
+    text: Option<&str>,
+) {
+    let blob_key = match text {
+        Some(text) => blobs.put(text.as_bytes()).await.unwrap(),
+        None => String::new(),
+    };
+    let op = if text.is_some() {
+        FileChangeOp::Upsert
+    } else {
+        FileChangeOp::Delete
+    };
+    let event = FileChanged {
+        namespace: NS.into(),
+        file_id: file_id.into(),
+        version_id: format!("{file_id}-v{version}"),
+        path: format!("docs/{file_id}.md"),
+        mime: "text/markdown".into(),
+        blob_key,
+        op: op as i32,
+        enabled: true,
+        changed_at_ms: 1_000 * version,
+        ..Default::default()
+    };
+    let msg_id = format!("{}:{op:?}", event.version_id);
+    events::publish_file_change(js, &event, &msg_id)
+        .await
+        .unwrap();
+}
+
+/// The file's chunks in the graph.
+async fn chunks(graph: &GraphStore, file_id: &str) -> usize {
+    let mut params = Params::new();
+    params.insert("fileId".into(), file_id.into());
+    let rows = graph
+        .query(
+            NS,
+            "MATCH (c:Chunk {fileId: $fileId}) RETURN count(c)",
+            &params,
+        )
+        .await
+        .map(|r| r.rows)
+        .unwrap_or_default();
+    rows.first()
+        .and_then(|row| row.first())
+        .and_then(serde_json::Value::as_u64)
+        .map_or(0, |n| n as usize)
+}
+
+/// The secret's chunk points in the vector lane.
+async fn secret_points(index: &EdgeIndex) -> u64 {
+    let only_the_secret = AccessFilter {
+        namespace: NS.into(),
+        allow_prefixes: vec!["docs/secret.md".into()],
+        ..Default::default()
+    };
+    index
+        .count(&only_the_secret, &Scope::chunks())
+        .await
+        .unwrap()
+}
+
+/// The versions the indexer reported written, in order.
+async fn indexed_versions(js: &async_nats::jetstream::Context) -> Vec<String> {
+    let stream = js.get_stream(events::INDEX_STREAM).await.unwrap();
+    let reader = stream
+        .create_consumer(consumer::pull::OrderedConfig {
+            filter_subject: events::indexed_subject(NS).unwrap(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut messages = reader.messages().await.unwrap();
+    let mut versions = Vec::new();
+    while let Ok(Some(message)) =
+        tokio::time::timeout(Duration::from_millis(500), messages.next()).await
+    {
+        let indexed = FileIndexed::decode(message.unwrap().payload.as_ref()).unwrap();
+        versions.push(indexed.version_id);
+    }
+    versions
+}
+
+/// Events the main consumer has not settled yet.
+async fn unsettled(js: &async_nats::jetstream::Context) -> u64 {
+    let stream = js.get_stream(events::FILES_STREAM).await.unwrap();
+    let info = stream.consumer_info("indexer").await.unwrap();
+    info.num_pending + info.num_ack_pending as u64
+}
+
+async fn wait_for(what: &str, within: Duration, mut done: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !done().await {
+        assert!(Instant::now() < deadline, "{what}: not within {within:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_delete_does_not_wait_behind_the_ingest_backlog() {
+    let stores = crate::stores::start().await;
+    let (graph, js, blobs) = (&stores.graph, &stores.js, &stores.blobs);
+    let index = EdgeIndex::open(stores.dir.path().join("vectors"), 16)
+        .await
+        .unwrap();
+    let embedder = Arc::new(SlowOn {
+        marker: "backlogtext",
+        delay: SLOW,
+        inner: HashingEmbedder::new(16),
+    });
+    let config = IndexerConfig {
+        concurrency: 1,
+        vectors: Some(Vectors::new(index.clone().into(), embedder).unwrap()),
+        ..IndexerConfig::default()
+    };
+    let stop = CancellationToken::new();
+    let worker = tokio::spawn(kg_indexer::run(
+        config,
+        graph.clone(),
+        blobs.clone(),
+        js.clone(),
+        stop.clone(),
+    ));
+
+    change(
+        js,
+        blobs,
+        "secret",
+        1,
+        Some("# Keys\n\nThe leaked key is abc123.\n"),
+    )
+    .await;
+    wait_for("the secret indexed", Duration::from_secs(30), async || {
+        chunks(graph, "secret").await > 0
+    })
+    .await;
+    assert!(secret_points(&index).await > 0);
+
+    // A backlog of slow files, then an upload of the secret queued behind it, then its delete.
+    for file in 0..BACKLOG {
+        let text = format!("# File {file}\n\nThe backlogtext of file {file}.\n");
+        change(js, blobs, &format!("b{file}"), 1, Some(&text)).await;
+    }
+    change(
+        js,
+        blobs,
+        "secret",
+        2,
+        Some("# Keys\n\nThe new key is def456.\n"),
+    )
+    .await;
+    let deleted_at = Instant::now();
+    change(js, blobs, "secret", 3, None).await;
+
+    wait_for("the secret removed", SLOW * 2, async || {
+        chunks(graph, "secret").await == 0
+    })
+    .await;
+    let took = deleted_at.elapsed();
+    assert_eq!(secret_points(&index).await, 0);
+    let behind = unsettled(js).await;
+    assert!(
+        behind >= 2,
+        "removed in {took:?} with {behind} events still queued: it must not have waited for them"
+    );
+
+    // The backlog drains; the older upload of the secret does not bring it back.
+    wait_for(
+        "the backlog settled",
+        SLOW * (BACKLOG as u32 + 10),
+        async || unsettled(js).await == 0,
+    )
+    .await;
+    for file in 0..BACKLOG {
+        assert!(chunks(graph, &format!("b{file}")).await > 0, "b{file}");
+    }
+    assert_eq!(
+        chunks(graph, "secret").await,
+        0,
+        "an older upload resurrected it"
+    );
+    assert_eq!(secret_points(&index).await, 0);
+    // Not even for a moment: the upload older than the removal was skipped, not written and
+    // then deleted again by the delete behind it.
+    let indexed = indexed_versions(js).await;
+    assert!(indexed.contains(&"secret-v1".to_owned()), "{indexed:?}");
+    assert!(!indexed.contains(&"secret-v2".to_owned()), "{indexed:?}");
+
+    // Uploaded again after the delete, it is indexed as any new version.
+    change(
+        js,
+        blobs,
+        "secret",
+        4,
+        Some("# Keys\n\nRotated; nothing here.\n"),
+    )
+    .await;
+    wait_for(
+        "the new upload indexed",
+        Duration::from_secs(30),
+        async || chunks(graph, "secret").await > 0,
+    )
+    .await;
+    stop.cancel();
+    worker.await.unwrap().unwrap();
+}
