@@ -185,7 +185,7 @@ async fn run_worker(
 }
 
 /// The durable consumer of `kg.files.v1.*.removed`.
-pub const REMOVALS_DURABLE: &str = "indexer-removals";
+const REMOVALS_DURABLE: &str = "indexer-removals";
 
 /// Lanes of the removals consumer: a removal is a few deletes per store.
 const REMOVAL_LANES: usize = 2;
