@@ -46,6 +46,13 @@ pub struct CertificateLabels {
     pub certificate: String,
 }
 
+/// Labels of one durable JetStream consumer.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConsumerLabels {
+    /// The durable's name (`indexer`, `indexer-removals`, `indexer-branch`).
+    pub consumer: String,
+}
+
 /// Every metric family kgmesh exports.
 pub struct Metrics {
     registry: Mutex<Registry>,
@@ -72,6 +79,9 @@ pub struct Metrics {
     /// When each TLS certificate in use expires (Unix seconds), for an alert on a renewal that
     /// did not happen.
     pub tls_certificate_expiry: Family<CertificateLabels, Gauge>,
+    /// Events a durable consumer of the indexer has not settled (queued or running), as
+    /// JetStream counts them for every replica together.
+    pub indexer_pending_events: Family<ConsumerLabels, Gauge>,
 }
 
 impl Metrics {
@@ -117,6 +127,7 @@ pub fn metrics() -> &'static Metrics {
         let llm_dropped = Counter::default();
         let llm_skipped_chunks = Counter::default();
         let tls_certificate_expiry = Family::<CertificateLabels, Gauge>::default();
+        let indexer_pending_events = Family::<ConsumerLabels, Gauge>::default();
         registry.register(
             "grpc_requests",
             "gRPC requests served",
@@ -168,6 +179,11 @@ pub fn metrics() -> &'static Metrics {
             "when the TLS certificate in use expires, in Unix seconds",
             tls_certificate_expiry.clone(),
         );
+        registry.register(
+            "indexer_pending_events",
+            "events a durable consumer of the indexer has not settled yet (queued or running)",
+            indexer_pending_events.clone(),
+        );
         Metrics {
             registry: Mutex::new(registry),
             grpc_requests,
@@ -181,6 +197,7 @@ pub fn metrics() -> &'static Metrics {
             llm_dropped,
             llm_skipped_chunks,
             tls_certificate_expiry,
+            indexer_pending_events,
         }
     })
 }

@@ -37,6 +37,8 @@ use leases::{Lease, Leases};
 const PULL_EXPIRES: Duration = Duration::from_secs(10);
 /// Pause after a failed pull, so a broken consumer does not spin.
 const PULL_RETRY: Duration = Duration::from_secs(1);
+/// How often the consumer's backlog is read into `kgmesh_indexer_pending_events`.
+const BACKLOG_EVERY: Duration = Duration::from_secs(10);
 
 /// What the lanes run for each message.
 pub(crate) trait LaneHandler: Send + Sync + 'static {
@@ -124,6 +126,11 @@ pub(crate) async fn run<H: LaneHandler>(
     workers.spawn(
         Arc::clone(&in_flight).tick(in_flight::progress_interval(ack_wait), shutdown.clone()),
     );
+    workers.spawn(report_backlog(
+        consumer.clone(),
+        spec.durable.clone(),
+        shutdown.clone(),
+    ));
     for lane in 0..lanes {
         // Unbounded: the pull-ahead window bounds all lanes together, and the pull
         // loop must never wait on one busy lane while messages sit unseen.
@@ -211,6 +218,32 @@ pub(crate) async fn run<H: LaneHandler>(
     shutdown.cancel();
     while workers.join_next().await.is_some() {}
     result
+}
+
+/// Sets `kgmesh_indexer_pending_events` for `durable` at once and every [`BACKLOG_EVERY`]:
+/// the events JetStream holds for it that no replica settled yet, which is what a deploy's
+/// alert on a falling-behind indexer (or its autoscaler) wants.
+async fn report_backlog(
+    mut consumer: jetstream::consumer::Consumer<pull::Config>,
+    durable: String,
+    shutdown: CancellationToken,
+) {
+    let gauge = kg_common::metrics::metrics()
+        .indexer_pending_events
+        .get_or_create(&kg_common::metrics::ConsumerLabels { consumer: durable })
+        .clone();
+    loop {
+        match consumer.info().await {
+            Ok(info) => {
+                let pending = info.num_pending.saturating_add(info.num_ack_pending as u64);
+                gauge.set(i64::try_from(pending).unwrap_or(i64::MAX));
+            }
+            Err(err) => tracing::debug!(error = %err, "reading the consumer's backlog failed"),
+        }
+        if !pause(BACKLOG_EVERY, &shutdown).await {
+            return;
+        }
+    }
 }
 
 async fn run_lane<H: LaneHandler>(

@@ -127,10 +127,15 @@ async fn wait_for(what: &str, within: Duration, mut done: impl AsyncFnMut() -> b
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_delete_does_not_wait_behind_the_ingest_backlog() {
-    let stores = crate::stores::start().await;
-    let (graph, js, blobs) = (&stores.graph, &stores.js, &stores.blobs);
+/// One indexer, one file at a time, embedding the backlog's files slowly; its vector index,
+/// its stop token and its task.
+async fn start_indexer(
+    stores: &crate::stores::Stores,
+) -> (
+    EdgeIndex,
+    CancellationToken,
+    tokio::task::JoinHandle<Result<(), kg_indexer::IndexerError>>,
+) {
     let index = EdgeIndex::open(stores.dir.path().join("vectors"), 16)
         .await
         .unwrap();
@@ -147,11 +152,19 @@ async fn a_delete_does_not_wait_behind_the_ingest_backlog() {
     let stop = CancellationToken::new();
     let worker = tokio::spawn(kg_indexer::run(
         config,
-        graph.clone(),
-        blobs.clone(),
-        js.clone(),
+        stores.graph.clone(),
+        stores.blobs.clone(),
+        stores.js.clone(),
         stop.clone(),
     ));
+    (index, stop, worker)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_delete_does_not_wait_behind_the_ingest_backlog() {
+    let stores = crate::stores::start().await;
+    let (graph, js, blobs) = (&stores.graph, &stores.js, &stores.blobs);
+    let (index, stop, worker) = start_indexer(&stores).await;
 
     change(
         js,
@@ -230,6 +243,45 @@ async fn a_delete_does_not_wait_behind_the_ingest_backlog() {
         "the new upload indexed",
         Duration::from_secs(30),
         async || chunks(graph, "secret").await > 0,
+    )
+    .await;
+    stop.cancel();
+    worker.await.unwrap().unwrap();
+}
+
+/// The series of `consumer` in the metrics text, if it was exported.
+fn pending_events(consumer: &str) -> Option<u64> {
+    let prefix = format!("kgmesh_indexer_pending_events{{consumer=\"{consumer}\"}} ");
+    kg_common::metrics::encode_text()
+        .lines()
+        .find_map(|line| line.strip_prefix(&prefix)?.trim().parse().ok())
+}
+
+/// Each consumer's backlog is exported as soon as the indexer starts and again as it drains,
+/// for an alert on an indexer that falls behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_backlog_of_each_consumer_is_exported() {
+    let stores = crate::stores::start().await;
+    let (js, blobs) = (&stores.js, &stores.blobs);
+    for file in 0..4 {
+        let text = format!("# File {file}\n\nThe backlogtext of file {file}.\n");
+        change(js, blobs, &format!("b{file}"), 1, Some(&text)).await;
+    }
+    let (_index, stop, worker) = start_indexer(&stores).await;
+    wait_for("the backlog exported", Duration::from_secs(5), async || {
+        pending_events("indexer").is_some_and(|n| n >= 2)
+    })
+    .await;
+    wait_for(
+        "the removals consumer exported",
+        Duration::from_secs(5),
+        async || pending_events("indexer-removals") == Some(0),
+    )
+    .await;
+    wait_for(
+        "the drained backlog exported",
+        Duration::from_secs(30),
+        async || pending_events("indexer") == Some(0),
     )
     .await;
     stop.cancel();
