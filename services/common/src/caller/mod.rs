@@ -239,7 +239,8 @@ pub fn require_role(context: &CallerContext, role: &str) -> Result<(), CallerErr
         Ok(())
     } else {
         Err(CallerError::RoleNotHeld {
-            role: role.to_owned(),
+            // From a request body: what the message repeats of it is made safe to show.
+            role: crate::sanitize::sanitize_text(role, 80),
             held: context.roles.clone(),
         })
     }
@@ -385,6 +386,10 @@ mod tests {
         }
         let message = require_role(&caller, "billing").unwrap_err().to_string();
         assert!(message.contains(r#"its roles: ["support"]"#), "{message}");
+        let message = require_role(&caller, "bill\u{1b}[31ming")
+            .unwrap_err()
+            .to_string();
+        assert!(!message.contains('\u{1b}'), "{message}");
 
         assert!(is_role_name("support") && is_role_name("tier_2"));
         for bad in [
