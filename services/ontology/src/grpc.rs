@@ -83,8 +83,9 @@ impl Ontology for OntologyService {
     ) -> Result<Response<CheckActionResponse>, Status> {
         let caller = require_caller(&request)?;
         let r = request.into_inner();
-        // An admin re-checks a proposal, made as the proposer's role, before deciding it.
-        if !caller.is_admin {
+        // An admin deciding a proposal (through the admin API) re-checks it as the role it
+        // was made as; anyone else, an admin's MCP context included, only as a role it holds.
+        if require_admin(&caller).is_err() {
             require_role(&caller, &r.role).map_err(|e| kg_common::error::to_status(&e))?;
         }
         Ok(Response::new(

@@ -10,6 +10,7 @@ use std::time::Duration;
 use kg_common::caller::{ContextSigner, ContextVerifier, now_ms};
 use kg_ontology::{Forward, OntologyConfig, OntologyService};
 use kg_proto::v1::{CallerContext, SignedCallerContext, SubmitProposalRequest};
+use prost::Message as _;
 use serde_json::{Value, json};
 use sqlx::{AssertSqlSafe, Executor as _};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -592,6 +593,11 @@ async fn roles_come_from_the_signed_context_never_from_the_request() {
         .unwrap()
         .into_inner();
     assert_eq!(own.refusal, "", "{own:?}");
+    // An admin's context minted for MCP is held to its own roles like any other.
+    let mut relayed = CallerContext::decode(admin_context(&m).context.as_slice()).unwrap();
+    relayed.tool = kg_common::caller::MCP_TOOL.into();
+    let err = check("billing", m.signer.sign(&relayed)).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
     let by_admin = check("billing", admin_context(&m))
         .await
         .unwrap()
