@@ -49,7 +49,7 @@ pub struct CertificateLabels {
 /// Labels of one durable JetStream consumer.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ConsumerLabels {
-    /// The durable's name (`indexer`, `indexer-removals`, `indexer-branch`).
+    /// The durable's name (`indexer`, `indexer-removals`, `indexer-flags`, `indexer-branch`).
     pub consumer: String,
 }
 

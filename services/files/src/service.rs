@@ -262,6 +262,7 @@ impl FilesService {
             enabled: file.enabled,
             hidden: file.hidden,
             changed_at_ms: file.updated_at_ms,
+            requeued: false,
         };
         let op_name = match op {
             FileChangeOp::Upsert => "upsert",

@@ -603,6 +603,7 @@ impl FilesService {
             enabled: true,
             hidden: false,
             changed_at_ms: now_ms(),
+            requeued: false,
         };
         let subject = format!("kg.files.v1.{namespace}.branch");
         let msg_id = format!("{}:{}:branch", file.branch_id, file.version_id);

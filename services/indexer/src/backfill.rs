@@ -5,17 +5,18 @@
 //! embeddings on, [`backfill_vectors`] reads the `KG_FILES` stream (it keeps every change
 //! event), takes each file's latest upsert, and re-queues those whose current graph version
 //! lacks the stamp. The worker then writes their vectors through its ordinary, ordered,
-//! idempotent path; `changedAtMs` on the FileRef stops a re-queued event from ever replacing
-//! a newer version.
+//! idempotent path. A re-queued event is marked `requeued`: it only re-indexes the version the
+//! graph still holds, with the graph's flags, so a file deleted, replaced or hidden between
+//! the scan and the event's turn stays as its newest change left it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
+use crate::events_err;
 use async_nats::jetstream::{self, consumer};
 use futures::StreamExt as _;
 use kg_proto::v1::{AccessFilter, FileChangeOp, FileChanged, Permission};
 use kg_stores::StoreError;
-use kg_stores::error::StoreKind;
 use kg_stores::events;
 use kg_stores::graph::{GraphStore, Params};
 use prost::Message as _;
@@ -36,25 +37,43 @@ pub fn vector_stamp(vectors: &Vectors, version_id: &str) -> String {
     )
 }
 
-/// What the graph says about a file: (versionId, vectorStamp, changedAtMs).
+/// What the graph says about a file.
+pub(crate) struct FileState {
+    pub(crate) version_id: Option<String>,
+    /// `<versionId>|<model>|<dims>` of the vectors written, see [`vector_stamp`].
+    pub(crate) vector_stamp: Option<String>,
+    pub(crate) changed_at_ms: Option<i64>,
+    /// `(enabled, hidden)`: the newest flags applied to the file, by its upserts or changes.
+    pub(crate) flags: Option<(bool, bool)>,
+}
+
+/// The graph's record of a file; `None` when the graph holds no such file.
 pub(crate) async fn file_state(
     graph: &GraphStore,
     ns: &str,
     file_id: &str,
-) -> Option<(Option<String>, Option<String>, Option<i64>)> {
+) -> Result<Option<FileState>, StoreError> {
     let mut params = Params::new();
     params.insert("fileId".into(), json!(file_id));
     let rows = graph
         .query(
             ns,
-            "MATCH (f:FileRef {fileId: $fileId}) RETURN f.versionId, f.vectorStamp, f.changedAtMs",
+            "MATCH (f:FileRef {fileId: $fileId}) \
+             RETURN f.versionId, f.vectorStamp, f.changedAtMs, f.enabled, f.hidden",
             &params,
         )
-        .await
-        .ok()?;
-    let row = rows.rows.into_iter().next()?;
+        .await?;
+    let Some(row) = rows.rows.into_iter().next() else {
+        return Ok(None);
+    };
     let text = |i: usize| row.get(i).and_then(Value::as_str).map(str::to_owned);
-    Some((text(0), text(1), row.get(2).and_then(Value::as_i64)))
+    let flag = |i: usize| row.get(i).and_then(Value::as_bool);
+    Ok(Some(FileState {
+        version_id: text(0),
+        vector_stamp: text(1),
+        changed_at_ms: row.get(2).and_then(Value::as_i64),
+        flags: flag(3).zip(flag(4)),
+    }))
 }
 
 /// After a version is written: when its change happened, and (with embeddings) which
@@ -91,13 +110,6 @@ async fn has_file_point(vectors: &Vectors, ns: &str, file_id: &str) -> bool {
         vectors.index.file_vector(&everything, file_id).await,
         Ok(Some(_))
     )
-}
-
-fn events_err(err: impl Into<kg_stores::error::BoxError>) -> StoreError {
-    StoreError::Unavailable {
-        store: StoreKind::Events,
-        source: err.into(),
-    }
 }
 
 /// The latest upsert of every file that still exists, per namespace, from the stream.
@@ -216,7 +228,13 @@ pub async fn backfill_vectors(
                 vectors.embedder.model_id(),
                 vectors.embedder.dims()
             );
-            events::publish(js, &subject, &msg_id, event.encode_to_vec()).await?;
+            // Marked, so the worker indexes the version the graph holds when it runs, with the
+            // graph's flags: the file may have been deleted or hidden since this scan.
+            let requeued = FileChanged {
+                requeued: true,
+                ..event.clone()
+            };
+            events::publish(js, &subject, &msg_id, requeued.encode_to_vec()).await?;
             queued += 1;
         }
     }

@@ -19,13 +19,13 @@ use std::hash::{Hash as _, Hasher as _};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::events_err;
 use async_nats::jetstream::consumer::{AckPolicy, pull};
 use async_nats::jetstream::{self, AckKind};
 use futures::StreamExt as _;
 use futures::future::BoxFuture;
 use kg_stores::StoreError;
 use kg_stores::consumer::{ConsumerSpec, Delivery, Handled, backoff};
-use kg_stores::error::StoreKind;
 use tokio::sync::{Semaphore, mpsc};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -47,18 +47,17 @@ pub(crate) trait LaneHandler: Send + Sync + 'static {
     fn key(&self, payload: &[u8]) -> Option<String>;
     /// Handles one message.
     fn handle<'a>(&'a self, delivery: Delivery<'a>) -> BoxFuture<'a, Handled>;
+    /// Whether a message handled here becomes its key's newest applied event, which makes
+    /// every older event of the key stale. A flags change must not: the uploads queued
+    /// before it still have to run.
+    fn records_progress(&self) -> bool {
+        true
+    }
 }
 
 struct Job {
     pending: Pending<jetstream::Message>,
     key: String,
-}
-
-fn events_err(err: impl Into<kg_stores::error::BoxError>) -> StoreError {
-    StoreError::Unavailable {
-        store: StoreKind::Events,
-        source: err.into(),
-    }
 }
 
 /// The lane of a key: stable within the process.
@@ -303,6 +302,7 @@ async fn run_lane<H: LaneHandler>(
             payload: &message.payload,
             attempt,
             last_attempt: attempt >= spec.max_deliver,
+            sequence,
         };
         // The in-flight ticker keeps the message alive while this runs, and the lease is
         // renewed alongside.
@@ -312,6 +312,7 @@ async fn run_lane<H: LaneHandler>(
             return;
         };
         let kind = match outcome {
+            Handled::Ack if !handler.records_progress() => AckKind::Ack,
             Handled::Ack => {
                 if let Err(err) = leases.record(&shared_key, sequence, last).await {
                     tracing::warn!(error = %err.detail(), lane, "recording indexer progress failed; an older redelivery of this file could apply again");

@@ -4,7 +4,8 @@
 //! version's blob, parses it, chunks it with exact offsets, builds the heading
 //! outline, embeds the chunks into the vector index, and writes chunks, outline
 //! and file nodes to FalkorDB idempotently, then publishes `kg.index.v1.<ns>.indexed`.
-//! Deletes and flag changes apply to graph and vectors at once. Serves no request traffic.
+//! Deletes and flag changes apply to graph and vectors at once, on consumers of their own that
+//! do not wait behind an ingest backlog. Serves no request traffic.
 
 #![recursion_limit = "256"]
 
@@ -13,6 +14,7 @@ pub mod branch;
 pub mod document;
 pub mod entities;
 pub mod entity_writer;
+mod flags;
 pub mod graph_writer;
 mod lanes;
 pub mod pipeline;
@@ -22,5 +24,10 @@ pub mod vector_writer;
 mod worker;
 
 pub use settings::IndexerSettings;
+
+/// A JetStream call failed; the caller retries or redelivers.
+pub(crate) fn events_err(err: impl Into<kg_stores::error::BoxError>) -> kg_stores::StoreError {
+    kg_stores::StoreError::unavailable(kg_stores::error::StoreKind::Events, err)
+}
 pub use vector_writer::Vectors;
 pub use worker::{IndexerConfig, IndexerError, run};

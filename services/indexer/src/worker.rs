@@ -1,6 +1,7 @@
 //! The ingest worker: one durable consumer, several files at once on ordered lanes
 //! (see `lanes`), each event acked only after its vector and graph writes and the
-//! status event are durable.
+//! status event are durable. Deletes and flag changes also arrive on consumers of their own,
+//! which take them ahead of an ingest backlog.
 
 use std::time::Duration;
 
@@ -15,7 +16,9 @@ use kg_stores::graph::GraphStore;
 use prost::Message as _;
 use tokio_util::sync::CancellationToken;
 
+use crate::backfill::FileState;
 use crate::document::ChunkOptions;
+use crate::flags::{FlagsLedger, NewestFlags};
 use crate::graph_writer;
 use crate::lanes::{self, LaneHandler};
 use crate::pipeline::{self, FileMeta};
@@ -79,11 +82,13 @@ struct Worker {
     config: IndexerConfig,
     /// Published TBoxes, for entity extraction.
     tboxes: kg_stores::tbox::TboxBucket,
+    /// The newest flags change applied per file.
+    flags: FlagsLedger,
 }
 
-/// Consumes `kg.files.v1.*.changed`, and `kg.files.v1.*.removed` on a consumer of its own,
-/// until `shutdown`. Boxed: the worker's future is deep enough to overflow type checking in
-/// every caller that spawns it.
+/// Consumes `kg.files.v1.*.changed`, and `kg.files.v1.*.removed` and `kg.files.v1.*.flags`
+/// on consumers of their own, until `shutdown`. Boxed: the worker's future is deep enough to
+/// overflow type checking in every caller that spawns it.
 pub fn run(
     config: IndexerConfig,
     graph: GraphStore,
@@ -103,6 +108,7 @@ async fn run_worker(
 ) -> Result<(), IndexerError> {
     events::ensure_streams(&jetstream).await?;
     let tboxes = kg_stores::tbox::TboxBucket::open(&jetstream).await?;
+    let flags = FlagsLedger::open(&jetstream).await?;
     let spec = ConsumerSpec {
         stream: events::FILES_STREAM.to_owned(),
         durable: "indexer".to_owned(),
@@ -116,6 +122,7 @@ async fn run_worker(
         jetstream: jetstream.clone(),
         config,
         tboxes,
+        flags,
     });
     let concurrency = worker.config.concurrency;
     // Index definitions can change between releases (the Chunk full-text index gained
@@ -154,23 +161,29 @@ async fn run_worker(
         spec.clone(),
         shutdown.clone(),
     );
-    // Deletes again, on their own consumer: a delete on `changed` waits behind every upload
-    // queued before it, so a file removed during a bulk ingest (a leaked secret, say) would
-    // stay searchable until the ingest drained. The shared lease scope keeps one file's
-    // events apart across both consumers and makes its older queued uploads stale once the
-    // removal has applied.
-    let removals_spec = ConsumerSpec {
-        durable: REMOVALS_DURABLE.to_owned(),
-        filter_subject: "kg.files.v1.*.removed".to_owned(),
-        ..spec.clone()
-    };
-    let removals = lanes::run(
+    // Deletes and flag changes again, each on a consumer of its own: on `changed` they wait
+    // behind every upload queued before them, so a file removed or hidden during a bulk ingest
+    // (a leaked secret, say) would stay searchable until the ingest drained. The shared lease
+    // scope keeps one file's events apart across every consumer. A removal, once applied,
+    // makes the file's older queued events stale; a flags change leaves them to run, and the
+    // flags ledger gives them its newer flags.
+    let removals = fast_path(
         &jetstream,
-        &removals_spec,
-        &spec.durable,
-        REMOVAL_LANES,
+        &spec,
+        FastPath {
+            worker: std::sync::Arc::clone(&worker),
+            kind: FastPathKind::Removals,
+        },
         shutdown.clone(),
-        std::sync::Arc::new(Removals(std::sync::Arc::clone(&worker))),
+    );
+    let flag_changes = fast_path(
+        &jetstream,
+        &spec,
+        FastPath {
+            worker: std::sync::Arc::clone(&worker),
+            kind: FastPathKind::FlagChanges,
+        },
+        shutdown.clone(),
     );
     let main = lanes::run(
         &jetstream,
@@ -180,37 +193,93 @@ async fn run_worker(
         shutdown,
         worker,
     );
-    tokio::try_join!(main, branch, removals)?;
+    tokio::try_join!(main, branch, removals, flag_changes)?;
     Ok(())
 }
 
-/// The durable consumer of `kg.files.v1.*.removed`.
-const REMOVALS_DURABLE: &str = "indexer-removals";
+/// Lanes of each fast-path consumer: a removal or a flags change is a few writes per store.
+const FAST_PATH_LANES: usize = 2;
 
-/// Lanes of the removals consumer: a removal is a few deletes per store.
-const REMOVAL_LANES: usize = 2;
+/// The changes that also travel on a subject of their own, ahead of the ingest backlog.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FastPathKind {
+    /// Deletes, on `kg.files.v1.*.removed`.
+    Removals,
+    /// Flags changes, on `kg.files.v1.*.flags`.
+    FlagChanges,
+}
 
-/// The removals consumer's handler: deletes only.
-struct Removals(std::sync::Arc<Worker>);
+impl FastPathKind {
+    /// The one op its subject carries.
+    fn op(self) -> FileChangeOp {
+        match self {
+            FastPathKind::Removals => FileChangeOp::Delete,
+            FastPathKind::FlagChanges => FileChangeOp::Flags,
+        }
+    }
 
-impl LaneHandler for Removals {
+    /// Its durable consumer and the subjects it reads.
+    fn consumer(self) -> (&'static str, &'static str) {
+        match self {
+            FastPathKind::Removals => ("indexer-removals", "kg.files.v1.*.removed"),
+            FastPathKind::FlagChanges => ("indexer-flags", "kg.files.v1.*.flags"),
+        }
+    }
+}
+
+/// Runs the fast-path consumer of `handler.kind`, sharing the main consumer's leases.
+async fn fast_path(
+    jetstream: &async_nats::jetstream::Context,
+    main: &ConsumerSpec,
+    handler: FastPath,
+    shutdown: CancellationToken,
+) -> Result<(), StoreError> {
+    let (durable, filter_subject) = handler.kind.consumer();
+    let spec = ConsumerSpec {
+        durable: durable.to_owned(),
+        filter_subject: filter_subject.to_owned(),
+        ..main.clone()
+    };
+    lanes::run(
+        jetstream,
+        &spec,
+        &main.durable,
+        FAST_PATH_LANES,
+        shutdown,
+        std::sync::Arc::new(handler),
+    )
+    .await
+}
+
+/// The handler of a fast-path consumer: events of one op only.
+struct FastPath {
+    worker: std::sync::Arc<Worker>,
+    kind: FastPathKind,
+}
+
+impl LaneHandler for FastPath {
     fn key(&self, payload: &[u8]) -> Option<String> {
-        self.0.key(payload)
+        self.worker.key(payload)
     }
 
     fn handle<'a>(&'a self, delivery: Delivery<'a>) -> futures::future::BoxFuture<'a, Handled> {
         Box::pin(async move {
             match FileChanged::decode(delivery.payload) {
-                Ok(event) if event.op() == FileChangeOp::Delete => self.0.handle(delivery).await,
+                Ok(event) if event.op() == self.kind.op() => self.worker.handle(delivery).await,
                 _ => {
                     tracing::warn!(
                         subject = delivery.subject,
-                        "dropping a removal that is not a delete"
+                        "dropping an event that does not belong on this subject"
                     );
                     Handled::Ack
                 }
             }
         })
+    }
+
+    fn records_progress(&self) -> bool {
+        // The uploads queued before a flags change must still run (with its flags).
+        self.kind != FastPathKind::FlagChanges
     }
 }
 
@@ -236,9 +305,9 @@ impl Worker {
             return Handled::Ack;
         };
         let result = match event.op() {
-            FileChangeOp::Upsert => self.upsert(&event).await,
+            FileChangeOp::Upsert => self.upsert(&event, delivery.sequence).await,
             FileChangeOp::Delete => self.delete(&event).await,
-            FileChangeOp::Flags => self.set_flags(&event).await,
+            FileChangeOp::Flags => self.set_flags(&event, delivery.sequence).await,
             FileChangeOp::Unspecified => Ok(()),
         };
         match result {
@@ -255,18 +324,34 @@ impl Worker {
         }
     }
 
-    async fn upsert(&self, event: &FileChanged) -> Result<(), Failure> {
-        let state =
-            crate::backfill::file_state(&self.graph, &event.namespace, &event.file_id).await;
+    /// Indexes the event's version; `sequence` is the event's place in the stream.
+    async fn upsert(&self, event: &FileChanged, sequence: u64) -> Result<(), Failure> {
+        let state = crate::backfill::file_state(&self.graph, &event.namespace, &event.file_id)
+            .await
+            .map_err(|e| Failure::Retry(e.detail()))?;
+        // A re-queued event (the vector backfill) re-indexes what the graph holds: the file may
+        // have been deleted or replaced since the stream was scanned.
+        if event.requeued
+            && state.as_ref().and_then(|s| s.version_id.as_deref())
+                != Some(event.version_id.as_str())
+        {
+            tracing::info!(namespace = %event.namespace, path = %event.path, "skipping a re-queued upsert of a version the graph no longer holds");
+            return Ok(());
+        }
         // An event older than the version the graph holds (a late redelivery, a re-queued
         // backfill) must never replace it.
-        if let Some((Some(version), _, Some(changed_at))) = &state
+        if let Some(FileState {
+            version_id: Some(version),
+            changed_at_ms: Some(changed_at),
+            ..
+        }) = &state
             && *version != event.version_id
             && *changed_at > event.changed_at_ms
         {
             tracing::info!(namespace = %event.namespace, path = %event.path, "skipping an upsert older than the indexed version");
             return Ok(());
         }
+        let (enabled, hidden) = self.upsert_flags(event, sequence, state.as_ref()).await?;
         let bytes = match self.blobs.get(&event.blob_key).await {
             Ok(bytes) => bytes,
             Err(StoreError::NotFound { .. }) => {
@@ -282,8 +367,8 @@ impl Worker {
             version_id: event.version_id.clone(),
             path: event.path.clone(),
             mime: event.mime.clone(),
-            enabled: event.enabled,
-            hidden: event.hidden,
+            enabled,
+            hidden,
         };
         let options = self.config.chunk.clone();
         // Parsing and token counting are CPU work: keep them off the async threads.
@@ -300,7 +385,7 @@ impl Worker {
             .as_ref()
             .map(|v| crate::backfill::vector_stamp(v, &event.version_id));
         let vectors_written = vector_stamp.is_some()
-            && state.as_ref().and_then(|s| s.1.as_deref()) == vector_stamp.as_deref()
+            && state.as_ref().and_then(|s| s.vector_stamp.as_deref()) == vector_stamp.as_deref()
             && graph_is_current(&self.graph, &indexed).await;
         if let Some(vectors) = &self.config.vectors
             && !vectors_written
@@ -374,6 +459,31 @@ impl Worker {
         Ok(())
     }
 
+    /// The flags an upsert is written with. A re-queued event takes the graph's, which are the
+    /// newest applied. Any other takes the newer of its own and the file's newest flags change
+    /// applied: a change that overtook it on the fast path is newer than the event.
+    async fn upsert_flags(
+        &self,
+        event: &FileChanged,
+        sequence: u64,
+        state: Option<&FileState>,
+    ) -> Result<(bool, bool), Failure> {
+        if event.requeued
+            && let Some(flags) = state.and_then(|s| s.flags)
+        {
+            return Ok(flags);
+        }
+        let newest = self
+            .flags
+            .newest(&event.namespace, &event.file_id)
+            .await
+            .map_err(|e| Failure::Retry(e.detail()))?;
+        Ok(match newest {
+            Some(newest) if newest.sequence > sequence => (newest.enabled, newest.hidden),
+            _ => (event.enabled, event.hidden),
+        })
+    }
+
     /// Removes the file from the graph and the vector index.
     async fn delete(&self, event: &FileChanged) -> Result<(), Failure> {
         // Before the FileRef goes: it lists the entities whose orphans must go too.
@@ -397,11 +507,26 @@ impl Worker {
                 .await
                 .map_err(|e| Failure::Retry(e.to_string()))?;
         }
+        self.flags
+            .forget(&event.namespace, &event.file_id)
+            .await
+            .map_err(|e| Failure::Retry(e.detail()))?;
         Ok(())
     }
 
-    /// Sets enabled/hidden in the graph and on every vector of the file.
-    async fn set_flags(&self, event: &FileChanged) -> Result<(), Failure> {
+    /// Sets enabled/hidden in the graph and on every vector of the file, unless a newer flags
+    /// change was applied already (this is the in-order copy of one that took the fast path,
+    /// or a late redelivery).
+    async fn set_flags(&self, event: &FileChanged, sequence: u64) -> Result<(), Failure> {
+        let newest = self
+            .flags
+            .newest(&event.namespace, &event.file_id)
+            .await
+            .map_err(|e| Failure::Retry(e.detail()))?;
+        if newest.is_some_and(|newest| newest.sequence > sequence) {
+            tracing::info!(namespace = %event.namespace, path = %event.path, "skipping a flags change older than one applied");
+            return Ok(());
+        }
         graph_writer::set_flags(
             &self.graph,
             &event.namespace,
@@ -444,6 +569,18 @@ impl Worker {
                 .await
                 .map_err(|e| Failure::Retry(e.to_string()))?;
         }
+        self.flags
+            .record(
+                &event.namespace,
+                &event.file_id,
+                NewestFlags {
+                    sequence,
+                    enabled: event.enabled,
+                    hidden: event.hidden,
+                },
+            )
+            .await
+            .map_err(|e| Failure::Retry(e.detail()))?;
         Ok(())
     }
 

@@ -45,6 +45,9 @@ pub struct Delivery<'a> {
     pub attempt: i64,
     /// True on the last delivery the consumer will make.
     pub last_attempt: bool,
+    /// The message's sequence in its stream (0 if the server did not say): events of one
+    /// stream are ordered by it whichever subject and consumer they arrive on.
+    pub sequence: u64,
 }
 
 /// Backoff before redelivery `attempt` (1-based): 1 s, 2 s, 4 s ... up to 60 s.
@@ -105,12 +108,16 @@ where
                 continue;
             }
         };
-        let attempt = message.info().map(|i| i.delivered).unwrap_or(1);
+        let (attempt, sequence) = message
+            .info()
+            .map(|i| (i.delivered, i.stream_sequence))
+            .unwrap_or((1, 0));
         let outcome = handler(Delivery {
             subject: message.subject.as_str(),
             payload: &message.payload,
             attempt,
             last_attempt: attempt >= spec.max_deliver,
+            sequence,
         })
         .await;
         let acked = match outcome {

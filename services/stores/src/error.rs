@@ -123,7 +123,8 @@ impl StoreError {
         kg_common::error::detail(self)
     }
 
-    pub(crate) fn unavailable(store: StoreKind, source: impl Into<BoxError>) -> Self {
+    /// The store could not be reached or refused the call; callers may retry.
+    pub fn unavailable(store: StoreKind, source: impl Into<BoxError>) -> Self {
         StoreError::Unavailable {
             store,
             source: source.into(),
@@ -137,7 +138,8 @@ impl StoreError {
         }
     }
 
-    pub(crate) fn internal(store: StoreKind, detail: impl fmt::Display) -> Self {
+    /// The store answered something this code cannot use; `detail` is for logs only.
+    pub fn internal(store: StoreKind, detail: impl fmt::Display) -> Self {
         StoreError::Internal {
             store,
             detail: detail.to_string(),

@@ -82,6 +82,14 @@ pub fn files_removed_subject(namespace: &str) -> Result<String, StoreError> {
     Ok(format!("kg.files.v1.{}.removed", token(namespace)?))
 }
 
+/// `kg.files.v1.<ns>.flags`: a file was enabled, disabled, hidden or shown. The same event
+/// also goes on `changed`; here it reaches a consumer of its own, so hiding a file does not
+/// wait behind a backlog of uploads either. Unlike a removal it leaves the file's queued
+/// uploads to run: they are indexed with the newest flags.
+pub fn files_flags_subject(namespace: &str) -> Result<String, StoreError> {
+    Ok(format!("kg.files.v1.{}.flags", token(namespace)?))
+}
+
 /// `kg.index.v1.<ns>.indexed`: a file version's chunks, graph and vectors are written.
 pub fn indexed_subject(namespace: &str) -> Result<String, StoreError> {
     Ok(format!("kg.index.v1.{}.indexed", token(namespace)?))
@@ -109,10 +117,11 @@ fn token(namespace: &str) -> Result<&str, StoreError> {
     }
 }
 
-/// Publishes a file change on `kg.files.v1.<ns>.changed` with `Nats-Msg-Id: msg_id`, and a
-/// delete again on [`files_removed_subject`] (`<msg_id>:removed`). That second publish is best
-/// effort: the first already takes the file out, in order with its other changes, so only the
-/// first one's failure is an error.
+/// Publishes a file change on `kg.files.v1.<ns>.changed` with `Nats-Msg-Id: msg_id`, a
+/// delete again on [`files_removed_subject`] (`<msg_id>:removed`) and a flags change again on
+/// [`files_flags_subject`] (`<msg_id>:flags`). That second publish is best effort: the first
+/// already applies the change, in order with the file's other changes, so only the first
+/// one's failure is an error.
 pub async fn publish_file_change(
     js: &jetstream::Context,
     event: &FileChanged,
@@ -121,11 +130,15 @@ pub async fn publish_file_change(
     let payload = event.encode_to_vec();
     let subject = files_changed_subject(&event.namespace)?;
     publish(js, &subject, msg_id, payload.clone()).await?;
-    if event.op() == FileChangeOp::Delete {
-        let subject = files_removed_subject(&event.namespace)?;
-        if let Err(err) = publish(js, &subject, &format!("{msg_id}:removed"), payload).await {
-            tracing::warn!(error = %err.detail(), file_id = %event.file_id, "could not publish a removal's fast path; the file leaves the index in order with its other changes");
-        }
+    let fast_path = match event.op() {
+        FileChangeOp::Delete => Some((files_removed_subject(&event.namespace)?, "removed")),
+        FileChangeOp::Flags => Some((files_flags_subject(&event.namespace)?, "flags")),
+        FileChangeOp::Upsert | FileChangeOp::Unspecified => None,
+    };
+    if let Some((subject, suffix)) = fast_path
+        && let Err(err) = publish(js, &subject, &format!("{msg_id}:{suffix}"), payload).await
+    {
+        tracing::warn!(error = %err.detail(), file_id = %event.file_id, "could not publish a change's fast path; it applies in order with the file's other changes");
     }
     Ok(())
 }
@@ -178,6 +191,7 @@ mod tests {
         );
         assert_eq!(dead_letter_subject("x").unwrap(), "kg.files.v1.x.dead");
         assert_eq!(files_removed_subject("x").unwrap(), "kg.files.v1.x.removed");
+        assert_eq!(files_flags_subject("x").unwrap(), "kg.files.v1.x.flags");
         for bad in ["", "a.b", "a*", ">", "a b", "ns\n"] {
             assert!(files_changed_subject(bad).is_err(), "{bad:?}");
         }

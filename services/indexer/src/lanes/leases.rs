@@ -7,10 +7,10 @@
 
 use std::time::Duration;
 
+use crate::events_err;
 use async_nats::jetstream::{self, kv};
 use bytes::Bytes;
 use kg_stores::StoreError;
-use kg_stores::error::StoreKind;
 use tokio_util::sync::CancellationToken;
 
 /// Leases of keys being indexed (one entry per key while an event of it runs).
@@ -35,13 +35,6 @@ pub(crate) struct Leases {
 pub(crate) struct Lease {
     key: String,
     revision: u64,
-}
-
-fn events_err(err: impl Into<kg_stores::error::BoxError>) -> StoreError {
-    StoreError::Unavailable {
-        store: StoreKind::Events,
-        source: err.into(),
-    }
 }
 
 impl Leases {

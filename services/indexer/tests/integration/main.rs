@@ -4,10 +4,10 @@
 
 mod branch_uploads;
 mod entities;
+mod fast_path;
 mod formats_graph;
 mod llm_extractor;
 mod progress_acks;
-mod removals;
 mod stores;
 mod two_replicas;
 mod vector_backfill;

@@ -12,7 +12,7 @@ use kg_proto::v1::{AccessFilter, FileChangeOp, FileChanged, Permission};
 use kg_stores::blobs::BlobStore;
 use kg_stores::events;
 use kg_stores::graph::{GraphStore, Params};
-use kg_stores::vector::EdgeIndex;
+use kg_stores::vector::{EdgeIndex, Scope};
 use prost::Message as _;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
@@ -88,6 +88,27 @@ async fn file_refs(graph: &GraphStore) -> Vec<Vec<Value>> {
         .unwrap_or_default()
 }
 
+/// Starts an indexer; its stop token and its task.
+fn spawn_indexer(
+    config: IndexerConfig,
+    graph: &GraphStore,
+    blobs: &BlobStore,
+    js: &async_nats::jetstream::Context,
+) -> (
+    CancellationToken,
+    tokio::task::JoinHandle<Result<(), kg_indexer::IndexerError>>,
+) {
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(kg_indexer::run(
+        config,
+        graph.clone(),
+        blobs.clone(),
+        js.clone(),
+        stop.clone(),
+    ));
+    (stop, task)
+}
+
 async fn wait_for(what: &str, mut check: impl AsyncFnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(60);
     while !check().await {
@@ -137,14 +158,7 @@ async fn enabling_embeddings_backfills_current_versions_once() {
         "c",
     )
     .await;
-    let stop = CancellationToken::new();
-    let plain = tokio::spawn(kg_indexer::run(
-        IndexerConfig::default(),
-        graph.clone(),
-        blobs.clone(),
-        js.clone(),
-        stop.clone(),
-    ));
+    let (stop, plain) = spawn_indexer(IndexerConfig::default(), &graph, &blobs, &js);
     wait_for("plain indexing", async || {
         let refs = file_refs(&graph).await;
         refs.len() == 2 && refs[0][1] == json!("f1-v2") && refs[1][1] == json!("f2-v1")
@@ -167,14 +181,7 @@ async fn enabling_embeddings_backfills_current_versions_once() {
         vectors: Some(vectors.clone()),
         ..IndexerConfig::default()
     };
-    let stop = CancellationToken::new();
-    let with_vectors = tokio::spawn(kg_indexer::run(
-        config.clone(),
-        graph.clone(),
-        blobs.clone(),
-        js.clone(),
-        stop.clone(),
-    ));
+    let (stop, with_vectors) = spawn_indexer(config.clone(), &graph, &blobs, &js);
     wait_for("the backfill", async || {
         let refs = file_refs(&graph).await;
         refs.len() == 2 && refs.iter().all(|r| !r[2].is_null())
@@ -222,16 +229,156 @@ async fn enabling_embeddings_backfills_current_versions_once() {
     assert_eq!(embedder.texts.load(Ordering::SeqCst), embedded);
 
     // A second start with embeddings embeds nothing.
-    let stop = CancellationToken::new();
-    let again = tokio::spawn(kg_indexer::run(
-        config,
-        graph.clone(),
-        blobs.clone(),
-        js.clone(),
-        stop.clone(),
-    ));
+    let (stop, again) = spawn_indexer(config, &graph, &blobs, &js);
     tokio::time::sleep(Duration::from_secs(4)).await;
     stop.cancel();
     again.await.unwrap().unwrap();
     assert_eq!(embedder.texts.load(Ordering::SeqCst), embedded);
+}
+
+/// A change of `file_id` (v1) other than an upload, as the files service publishes it.
+async fn change(
+    js: &async_nats::jetstream::Context,
+    file_id: &str,
+    op: FileChangeOp,
+    hidden: bool,
+) {
+    let event = FileChanged {
+        namespace: NS.into(),
+        file_id: file_id.into(),
+        version_id: format!("{file_id}-v1"),
+        path: format!("docs/{file_id}.md"),
+        mime: "text/markdown".into(),
+        op: op as i32,
+        enabled: true,
+        hidden,
+        changed_at_ms: 2_000,
+        ..Default::default()
+    };
+    events::publish_file_change(js, &event, &format!("{file_id}:{op:?}"))
+        .await
+        .unwrap();
+}
+
+/// The backfill scans the stream, then re-queues what it found. A file deleted or hidden in
+/// between stays as that newest change left it: a re-queued event re-indexes only the version
+/// the graph holds, with the graph's flags. The stale events are published here by hand, as a
+/// scan taken just before the delete and the hide would have made them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_requeued_upsert_indexes_only_what_the_graph_holds_now() {
+    let stores = crate::stores::start().await;
+    let (graph, js, blobs) = (
+        stores.graph.clone(),
+        stores.js.clone(),
+        stores.blobs.clone(),
+    );
+    let gone_text = "# Gone\n\nDeleted after the scan.\n";
+    let veiled_text = "# Veiled\n\nHidden after the scan.\n";
+    upload(&js, &blobs, "gone", "gone-v1", gone_text, 1_000, "g").await;
+    upload(&js, &blobs, "veiled", "veiled-v1", veiled_text, 1_000, "v").await;
+
+    // Indexed without embeddings, then the delete and the hide apply.
+    let (stop, plain) = spawn_indexer(IndexerConfig::default(), &graph, &blobs, &js);
+    wait_for("plain indexing", async || {
+        file_refs(&graph).await.len() == 2
+    })
+    .await;
+    change(&js, "gone", FileChangeOp::Delete, false).await;
+    change(&js, "veiled", FileChangeOp::Flags, true).await;
+    wait_for("the delete and the hide", async || {
+        let hidden = graph
+            .query(
+                NS,
+                "MATCH (f:FileRef {fileId: 'veiled'}) RETURN f.hidden",
+                &Params::new(),
+            )
+            .await
+            .map(|r| r.rows)
+            .unwrap_or_default();
+        file_refs(&graph).await.len() == 1 && hidden.first().is_some_and(|r| r[0] == json!(true))
+    })
+    .await;
+    stop.cancel();
+    plain.await.unwrap().unwrap();
+
+    // What a scan from before them re-queues: both files, shown.
+    let subject = events::files_changed_subject(NS).unwrap();
+    for (file_id, text) in [("gone", gone_text), ("veiled", veiled_text)] {
+        let stale = FileChanged {
+            namespace: NS.into(),
+            file_id: file_id.into(),
+            version_id: format!("{file_id}-v1"),
+            path: format!("docs/{file_id}.md"),
+            mime: "text/markdown".into(),
+            blob_key: blobs.put(text.as_bytes()).await.unwrap(),
+            op: FileChangeOp::Upsert as i32,
+            enabled: true,
+            hidden: false,
+            changed_at_ms: 1_000,
+            requeued: true,
+            ..Default::default()
+        };
+        events::publish(
+            &js,
+            &subject,
+            &format!("{file_id}:stale"),
+            stale.encode_to_vec(),
+        )
+        .await
+        .unwrap();
+    }
+
+    let index = EdgeIndex::open(stores.dir.path().join("vectors"), 16)
+        .await
+        .unwrap();
+    let vectors = Vectors::new(index.into(), Arc::new(HashingEmbedder::new(16))).unwrap();
+    let config = IndexerConfig {
+        vectors: Some(vectors.clone()),
+        ..IndexerConfig::default()
+    };
+    let (stop, with_vectors) = spawn_indexer(config, &graph, &blobs, &js);
+    wait_for("veiled embedded and every event settled", async || {
+        let refs = file_refs(&graph).await;
+        let settled = js
+            .get_stream(events::FILES_STREAM)
+            .await
+            .unwrap()
+            .consumer_info("indexer")
+            .await
+            .is_ok_and(|info| info.num_pending == 0 && info.num_ack_pending == 0);
+        settled
+            && refs
+                .iter()
+                .any(|r| r[0] == json!("veiled") && !r[2].is_null())
+    })
+    .await;
+    stop.cancel();
+    with_vectors.await.unwrap().unwrap();
+
+    let refs = file_refs(&graph).await;
+    assert_eq!(refs.len(), 1, "the deleted file came back: {refs:?}");
+    assert_eq!(refs[0][0], json!("veiled"));
+    let count = |prefix: &str, visible_only: bool| {
+        let filter = AccessFilter {
+            allow_prefixes: vec![prefix.to_owned()],
+            visible_only,
+            ..everything()
+        };
+        let index = vectors.index.clone();
+        async move { index.count(&filter, &Scope::chunks()).await.unwrap() }
+    };
+    assert_eq!(
+        count("docs/gone.md", false).await,
+        0,
+        "the deleted file's vectors came back"
+    );
+    assert!(
+        count("docs/veiled.md", false).await > 0,
+        "veiled was embedded"
+    );
+    assert_eq!(
+        count("docs/veiled.md", true).await,
+        0,
+        "the hidden file was embedded as shown"
+    );
 }

@@ -1,8 +1,10 @@
-//! A delete does not wait behind an ingest backlog. The files service publishes a delete on
-//! `changed` (in order with the file's other changes) and again on `removed`, which the
-//! indexer's removals consumer takes at once: the file leaves the graph and the vector lane
-//! while the backlog is still being embedded, and an older upload of it queued behind that
-//! backlog does not bring it back. Real NATS, FalkorDB and qdrant-edge.
+//! Deletes and flag changes do not wait behind an ingest backlog. The files service publishes
+//! them on `changed` (in order with the file's other changes) and again on `removed` or
+//! `flags`, which consumers of their own take at once: the file leaves the graph and the
+//! vector lane, or is hidden there, while the backlog is still being embedded. An older
+//! upload of a deleted file queued behind the backlog does not bring it back; one of a hidden
+//! file is written hidden, and the in-order copy of an older flags change does not undo a
+//! newer one. Real NATS, FalkorDB and qdrant-edge.
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -41,6 +43,36 @@ async fn change(
     } else {
         FileChangeOp::Delete
     };
+    publish(js, file_id, version, op, blob_key, false).await;
+}
+
+/// Hides or shows `file_id`, whose newest version is `version`, as the files service does.
+async fn set_hidden(
+    js: &async_nats::jetstream::Context,
+    file_id: &str,
+    version: i64,
+    hidden: bool,
+) {
+    publish(
+        js,
+        file_id,
+        version,
+        FileChangeOp::Flags,
+        String::new(),
+        hidden,
+    )
+    .await;
+}
+
+async fn publish(
+    js: &async_nats::jetstream::Context,
+    file_id: &str,
+    version: i64,
+    op: FileChangeOp,
+    blob_key: String,
+    hidden: bool,
+) {
+    let changed_at_ms = kg_common::caller::now_ms();
     let event = FileChanged {
         namespace: NS.into(),
         file_id: file_id.into(),
@@ -50,10 +82,15 @@ async fn change(
         blob_key,
         op: op as i32,
         enabled: true,
-        changed_at_ms: 1_000 * version,
+        hidden,
+        changed_at_ms,
         ..Default::default()
     };
-    let msg_id = format!("{}:{op:?}", event.version_id);
+    // Upserts dedupe on the version, other changes on their time (as the files service does).
+    let msg_id = match op {
+        FileChangeOp::Upsert => format!("{}:{op:?}", event.version_id),
+        _ => format!("{}:{op:?}:{changed_at_ms}:{hidden}", event.version_id),
+    };
     events::publish_file_change(js, &event, &msg_id)
         .await
         .unwrap();
@@ -89,6 +126,45 @@ async fn secret_points(index: &EdgeIndex) -> u64 {
         .count(&only_the_secret, &Scope::chunks())
         .await
         .unwrap()
+}
+
+/// Points of `file_id` a reader who may not see hidden files finds in the vector lane.
+async fn visible_points(index: &EdgeIndex, file_id: &str) -> u64 {
+    let reader = AccessFilter {
+        namespace: NS.into(),
+        allow_prefixes: vec![format!("docs/{file_id}.md")],
+        visible_only: true,
+        ..Default::default()
+    };
+    index.count(&reader, &Scope::chunks()).await.unwrap()
+}
+
+/// The version the graph holds for `file_id`, and how many of its chunks are (hidden, shown).
+async fn graph_view(graph: &GraphStore, file_id: &str) -> (Option<String>, u64, u64) {
+    let mut params = Params::new();
+    params.insert("fileId".into(), file_id.into());
+    let rows = graph
+        .query(
+            NS,
+            "MATCH (f:FileRef {fileId: $fileId}) OPTIONAL MATCH (c:Chunk {fileId: $fileId}) \
+             RETURN f.versionId, count(CASE WHEN c.hidden THEN 1 END), \
+                    count(CASE WHEN NOT c.hidden THEN 1 END)",
+            &params,
+        )
+        .await
+        .unwrap()
+        .rows;
+    let Some(row) = rows.first() else {
+        return (None, 0, 0);
+    };
+    let count = |i: usize| row.get(i).and_then(serde_json::Value::as_u64).unwrap_or(0);
+    (
+        row.first()
+            .and_then(serde_json::Value::as_str)
+            .map(str::to_owned),
+        count(1),
+        count(2),
+    )
 }
 
 /// The versions the indexer reported written, in order.
@@ -249,6 +325,106 @@ async fn a_delete_does_not_wait_behind_the_ingest_backlog() {
     worker.await.unwrap().unwrap();
 }
 
+/// Hiding a file takes effect while a backlog is still queued, and nothing queued before the
+/// change shows it again: not an upload of it (written hidden), not the in-order copy of an
+/// older flags change. Checked at every step of the drain, not only at its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn hiding_a_file_does_not_wait_behind_the_ingest_backlog() {
+    let stores = crate::stores::start().await;
+    let (graph, js, blobs) = (&stores.graph, &stores.js, &stores.blobs);
+    let (index, stop, worker) = start_indexer(&stores).await;
+    let backlog = async |from: usize, files: usize| {
+        for file in from..from + files {
+            let text = format!("# File {file}\n\nThe backlogtext of file {file}.\n");
+            change(js, blobs, &format!("b{file}"), 1, Some(&text)).await;
+        }
+    };
+    // Never visible while the drain runs: each check of the wait asserts it.
+    let drains_hidden = async |what: &str| {
+        wait_for(what, SLOW * (BACKLOG as u32 + 10), async || {
+            let (_, _, shown) = graph_view(graph, "secret").await;
+            assert_eq!(
+                shown, 0,
+                "{what}: a hidden file's chunks were shown in the graph"
+            );
+            assert_eq!(
+                visible_points(&index, "secret").await,
+                0,
+                "{what}: shown in the vector lane"
+            );
+            unsettled(js).await == 0
+        })
+        .await;
+    };
+
+    change(
+        js,
+        blobs,
+        "secret",
+        1,
+        Some("# Keys\n\nThe leaked key is abc123.\n"),
+    )
+    .await;
+    wait_for("the secret indexed", Duration::from_secs(30), async || {
+        visible_points(&index, "secret").await > 0
+    })
+    .await;
+
+    // A new upload of the secret queued between two halves of a backlog, then it is hidden.
+    backlog(0, 2).await;
+    change(
+        js,
+        blobs,
+        "secret",
+        2,
+        Some("# Keys\n\nThe new key is def456.\n"),
+    )
+    .await;
+    backlog(2, BACKLOG - 2).await;
+    let hidden_at = Instant::now();
+    set_hidden(js, "secret", 2, true).await;
+    wait_for("the secret hidden", SLOW * 2, async || {
+        let (_, hidden, shown) = graph_view(graph, "secret").await;
+        hidden > 0 && shown == 0 && visible_points(&index, "secret").await == 0
+    })
+    .await;
+    let took = hidden_at.elapsed();
+    let behind = unsettled(js).await;
+    assert!(
+        behind >= 2,
+        "hidden in {took:?} with {behind} events still queued: it must not have waited for them"
+    );
+    // The upload behind the first half is written hidden, and stays so through the second.
+    drains_hidden("the first drain").await;
+    let (version, hidden, _) = graph_view(graph, "secret").await;
+    assert_eq!(version.as_deref(), Some("secret-v2"));
+    assert!(hidden > 0);
+    assert!(indexed_versions(js).await.contains(&"secret-v2".to_owned()));
+
+    // Shown, then hidden again, both at once while a backlog runs: the in-order copy of the
+    // show, queued between the two halves, must not show it after the newer hide.
+    backlog(10, 2).await;
+    set_hidden(js, "secret", 2, false).await;
+    wait_for("the secret shown", SLOW * 2, async || {
+        visible_points(&index, "secret").await > 0
+    })
+    .await;
+    backlog(12, BACKLOG - 2).await;
+    set_hidden(js, "secret", 2, true).await;
+    wait_for("the secret hidden again", SLOW * 2, async || {
+        visible_points(&index, "secret").await == 0
+    })
+    .await;
+    assert!(
+        unsettled(js).await >= 2,
+        "the second hide waited for the backlog"
+    );
+    drains_hidden("the second drain").await;
+
+    stop.cancel();
+    worker.await.unwrap().unwrap();
+}
+
 /// The series of `consumer` in the metrics text, if it was exported.
 fn pending_events(consumer: &str) -> Option<u64> {
     let prefix = format!("kgmesh_indexer_pending_events{{consumer=\"{consumer}\"}} ");
@@ -276,6 +452,12 @@ async fn the_backlog_of_each_consumer_is_exported() {
         "the removals consumer exported",
         Duration::from_secs(5),
         async || pending_events("indexer-removals") == Some(0),
+    )
+    .await;
+    wait_for(
+        "the flags consumer exported",
+        Duration::from_secs(5),
+        async || pending_events("indexer-flags") == Some(0),
     )
     .await;
     wait_for(
