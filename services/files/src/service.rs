@@ -240,15 +240,28 @@ impl FilesService {
             updated_at_ms: now,
             chunk_count: 0,
         };
-        self.store.upsert_version(&file, &blob_key).await?;
-        self.publish(&file, &blob_key, FileChangeOp::Upsert).await?;
+        let mut file = file;
+        let flags = self.store.upsert_version(&file, &blob_key).await?;
+        // The flags the row holds now: a flags change since `existing` was read is in them.
+        file.enabled = flags.enabled;
+        file.hidden = flags.hidden;
+        self.publish(&file, &blob_key, FileChangeOp::Upsert, flags.version)
+            .await?;
         Ok(UploadResponse {
             file: Some(file),
             changed: true,
         })
     }
 
-    async fn publish(&self, file: &FileInfo, blob_key: &str, op: FileChangeOp) -> Result<()> {
+    /// Publishes a change of `file`, whose flags are those of the file's `flags_version`th
+    /// flags change.
+    async fn publish(
+        &self,
+        file: &FileInfo,
+        blob_key: &str,
+        op: FileChangeOp,
+        flags_version: i64,
+    ) -> Result<()> {
         let event = FileChanged {
             namespace: file.namespace.clone(),
             file_id: file.file_id.clone(),
@@ -263,6 +276,7 @@ impl FilesService {
             hidden: file.hidden,
             changed_at_ms: file.updated_at_ms,
             requeued: false,
+            flags_version,
         };
         let op_name = match op {
             FileChangeOp::Upsert => "upsert",
@@ -270,9 +284,11 @@ impl FilesService {
             FileChangeOp::Flags => "flags",
             FileChangeOp::Unspecified => "unspecified",
         };
-        // Upserts dedupe on the version; flag and delete events must not.
+        // Upserts dedupe on the version. Each flags change has an id of its own: two in one
+        // millisecond shared one before, and the stream dropped the second as a duplicate.
         let msg_id = match op {
             FileChangeOp::Upsert => format!("{}:{op_name}", file.version_id),
+            FileChangeOp::Flags => format!("{}:{op_name}:v{flags_version}", file.file_id),
             _ => format!("{}:{op_name}:{}", file.version_id, file.updated_at_ms),
         };
         if let Err(err) = events::publish_file_change(&self.jetstream, &event, &msg_id).await {
@@ -395,13 +411,18 @@ impl FilesService {
             .get_file(caller, namespace, None, Some(file_id))
             .await?;
         Self::writable(caller, namespace, &file.path)?;
-        file.enabled = enabled.unwrap_or(file.enabled);
-        file.hidden = hidden.unwrap_or(file.hidden);
         file.updated_at_ms = now_ms();
-        self.store
-            .set_flags(&file.file_id, file.enabled, file.hidden, file.updated_at_ms)
+        // Only the flags asked for change, in one statement: a concurrent change of the other
+        // flag is kept, not overwritten with what `file` read before it.
+        let flags = self
+            .store
+            .set_flags(&file.file_id, enabled, hidden, file.updated_at_ms)
+            .await?
+            .ok_or_else(|| FilesError::NotFound(format!("{namespace}/{file_id}")))?;
+        file.enabled = flags.enabled;
+        file.hidden = flags.hidden;
+        self.publish(&file, "", FileChangeOp::Flags, flags.version)
             .await?;
-        self.publish(&file, "", FileChangeOp::Flags).await?;
         Ok(file)
     }
 
@@ -429,7 +450,8 @@ impl FilesService {
                 .mark_deleted(&file.file_id, file.updated_at_ms)
                 .await?;
         }
-        self.publish(&file, "", FileChangeOp::Delete).await?;
+        // A delete's flags are never applied: its flags version does not matter.
+        self.publish(&file, "", FileChangeOp::Delete, 0).await?;
         Ok(true)
     }
 

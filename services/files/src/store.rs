@@ -72,6 +72,23 @@ fn status_from(s: &str) -> FileStatus {
     }
 }
 
+/// A file's flags as one write left them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FlagsSnapshot {
+    pub(crate) enabled: bool,
+    pub(crate) hidden: bool,
+    /// The file's count of flag changes, which orders its flags for the indexer.
+    pub(crate) version: i64,
+}
+
+fn flags_from(row: &AnyRow) -> Result<FlagsSnapshot> {
+    Ok(FlagsSnapshot {
+        enabled: row.try_get::<i64, _>("enabled")? != 0,
+        hidden: row.try_get::<i64, _>("hidden")? != 0,
+        version: row.try_get("flags_version")?,
+    })
+}
+
 fn file_from(row: &AnyRow) -> Result<FileInfo> {
     Ok(FileInfo {
         file_id: row.try_get("file_id")?,
@@ -340,8 +357,14 @@ impl FilesStore {
         })
     }
 
-    /// Inserts a new file row or points an existing one at a new version.
-    pub(crate) async fn upsert_version(&self, file: &FileInfo, blob_key: &str) -> Result<()> {
+    /// Inserts a new file row or points an existing one at a new version. Returns the row's
+    /// flags as this write left them: a flags change that raced the upload is either in them
+    /// or has a higher version.
+    pub(crate) async fn upsert_version(
+        &self,
+        file: &FileInfo,
+        blob_key: &str,
+    ) -> Result<FlagsSnapshot> {
         let mut tx = self.sql.pool().begin().await?;
         let updated = sqlx::query(
             "UPDATE kg_files SET version_id = $1, content_sha256 = $2, size = $3, mime = $4, status = $5, status_reason = '', chunk_count = 0, updated_at_ms = $6 WHERE file_id = $7",
@@ -393,8 +416,16 @@ impl FilesStore {
             .execute(&mut *tx)
             .await?;
         }
+        // Inside the transaction, after the row's write: on PostgreSQL a concurrent flags
+        // change waits for this commit and then counts one more.
+        let flags =
+            sqlx::query("SELECT enabled, hidden, flags_version FROM kg_files WHERE file_id = $1")
+                .bind(&file.file_id)
+                .fetch_one(&mut *tx)
+                .await?;
+        let flags = flags_from(&flags)?;
         tx.commit().await?;
-        Ok(())
+        Ok(flags)
     }
 
     /// Records an indexing outcome, only if it is about the current version.
@@ -421,23 +452,27 @@ impl FilesStore {
         Ok(done.rows_affected() > 0)
     }
 
+    /// Sets the flags given (`None` keeps one as it is) in one statement, so two changes at
+    /// once to different flags both stay, and counts the change. `None` when no such file.
     pub(crate) async fn set_flags(
         &self,
         file_id: &str,
-        enabled: bool,
-        hidden: bool,
+        enabled: Option<bool>,
+        hidden: Option<bool>,
         now_ms: i64,
-    ) -> Result<()> {
-        sqlx::query(
-            "UPDATE kg_files SET enabled = $1, hidden = $2, updated_at_ms = $3 WHERE file_id = $4",
+    ) -> Result<Option<FlagsSnapshot>> {
+        let row = sqlx::query(
+            "UPDATE kg_files SET enabled = COALESCE($1, enabled), hidden = COALESCE($2, hidden), \
+             flags_version = flags_version + 1, updated_at_ms = $3 WHERE file_id = $4 \
+             RETURNING enabled, hidden, flags_version",
         )
-        .bind(i64::from(enabled))
-        .bind(i64::from(hidden))
+        .bind(enabled.map(i64::from))
+        .bind(hidden.map(i64::from))
         .bind(now_ms)
         .bind(file_id)
-        .execute(self.sql.pool())
+        .fetch_optional(self.sql.pool())
         .await?;
-        Ok(())
+        row.as_ref().map(flags_from).transpose()
     }
 
     pub(crate) async fn mark_deleted(&self, file_id: &str, now_ms: i64) -> Result<()> {

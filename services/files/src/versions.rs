@@ -604,6 +604,7 @@ impl FilesService {
             hidden: false,
             changed_at_ms: now_ms(),
             requeued: false,
+            flags_version: 0,
         };
         let subject = format!("kg.files.v1.{namespace}.branch");
         let msg_id = format!("{}:{}:branch", file.branch_id, file.version_id);

@@ -1,11 +1,13 @@
-//! The newest flags change (enabled, hidden) applied per file, with its stream sequence.
+//! The newest flags change (enabled, hidden) applied per file, with its order.
 //!
 //! A flags change reaches the indexer twice: in order on `changed`, and at once on `flags`,
 //! so hiding a file takes effect while a backlog of uploads is still queued. The uploads of
 //! that file queued before the change, and the in-order copy of the change itself, then run
-//! after a newer change was applied. Each reads this record first: an upload older than the
-//! record is written with the record's flags, and a flags change older than it is skipped.
-//! It lives in JetStream KV, beside the lanes' leases, so every replica reads the same one.
+//! after a newer change was applied; and two changes made at once can reach the stream in
+//! the opposite order to the registry's. So each event reads this record first: an upload
+//! with older flags is written with the record's, and an older flags change is skipped.
+//! Flags are ordered by the registry's count of flag changes (`flags_version`), then by the
+//! stream. It lives in JetStream KV, beside the lanes' leases, so every replica reads it.
 
 use async_nats::jetstream::{self, kv};
 use bytes::Bytes;
@@ -20,6 +22,9 @@ const FLAGS_BUCKET: &str = "kg_indexer_flags";
 /// A file's flags as its newest applied change set them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct NewestFlags {
+    /// The registry's count of the file's flag changes when they were read (0 when the
+    /// publisher predates it).
+    pub flags_version: i64,
     /// The change's sequence in the `KG_FILES` stream.
     pub sequence: u64,
     pub enabled: bool,
@@ -27,10 +32,21 @@ pub(crate) struct NewestFlags {
 }
 
 impl NewestFlags {
-    /// `<sequence> <enabled> <hidden>`, the flags as 0 or 1.
+    /// Whether these flags are newer than those an event at `sequence` carries, read at
+    /// `flags_version`. The registry's count decides; the stream only between equal counts,
+    /// or when either side has none (0: a publisher that predates it, mid-upgrade).
+    pub(crate) fn newer_than(&self, flags_version: i64, sequence: u64) -> bool {
+        if self.flags_version > 0 && flags_version > 0 && self.flags_version != flags_version {
+            return self.flags_version > flags_version;
+        }
+        self.sequence > sequence
+    }
+
+    /// `<flags_version> <sequence> <enabled> <hidden>`, the flags as 0 or 1.
     fn encode(self) -> Bytes {
         Bytes::from(format!(
-            "{} {} {}",
+            "{} {} {} {}",
+            self.flags_version,
             self.sequence,
             u8::from(self.enabled),
             u8::from(self.hidden)
@@ -40,6 +56,7 @@ impl NewestFlags {
     fn decode(bytes: &[u8]) -> Option<Self> {
         let text = std::str::from_utf8(bytes).ok()?;
         let mut fields = text.split(' ');
+        let flags_version = fields.next()?.parse().ok()?;
         let sequence = fields.next()?.parse().ok()?;
         let flag = |field: Option<&str>| match field? {
             "0" => Some(false),
@@ -49,6 +66,7 @@ impl NewestFlags {
         let enabled = flag(fields.next())?;
         let hidden = flag(fields.next())?;
         fields.next().is_none().then_some(NewestFlags {
+            flags_version,
             sequence,
             enabled,
             hidden,
@@ -138,23 +156,44 @@ mod tests {
     #[test]
     fn an_entry_reads_back_and_a_malformed_one_is_refused() {
         let flags = NewestFlags {
+            flags_version: 3,
             sequence: 42,
             enabled: true,
             hidden: false,
         };
-        assert_eq!(flags.encode(), Bytes::from("42 1 0"));
+        assert_eq!(flags.encode(), Bytes::from("3 42 1 0"));
         assert_eq!(NewestFlags::decode(&flags.encode()), Some(flags));
         for bad in [
             "",
-            "42",
-            "42 1",
-            "42 1 2",
-            "x 1 0",
-            "42 1 0 7",
-            "42 true false",
+            "3 42",
+            "3 42 1",
+            "3 42 1 2",
+            "x 42 1 0",
+            "3 42 1 0 7",
+            "3 42 true false",
         ] {
             assert_eq!(NewestFlags::decode(bad.as_bytes()), None, "{bad:?}");
         }
+    }
+
+    #[test]
+    fn the_registry_count_orders_flags_before_the_stream_does() {
+        let at = |flags_version, sequence| NewestFlags {
+            flags_version,
+            sequence,
+            enabled: true,
+            hidden: true,
+        };
+        // Published out of order: the higher count wins whatever the sequence.
+        assert!(at(5, 10).newer_than(4, 12));
+        assert!(!at(4, 12).newer_than(5, 10));
+        // Equal counts, or a side without one, go by the stream.
+        assert!(at(5, 12).newer_than(5, 10));
+        assert!(!at(5, 10).newer_than(5, 12));
+        assert!(!at(5, 10).newer_than(0, 12));
+        assert!(at(0, 12).newer_than(5, 10));
+        // The same event is not newer than itself: a redelivery applies again.
+        assert!(!at(5, 10).newer_than(5, 10));
     }
 
     #[test]

@@ -479,7 +479,9 @@ impl Worker {
             .await
             .map_err(|e| Failure::Retry(e.detail()))?;
         Ok(match newest {
-            Some(newest) if newest.sequence > sequence => (newest.enabled, newest.hidden),
+            Some(newest) if newest.newer_than(event.flags_version, sequence) => {
+                (newest.enabled, newest.hidden)
+            }
             _ => (event.enabled, event.hidden),
         })
     }
@@ -516,14 +518,14 @@ impl Worker {
 
     /// Sets enabled/hidden in the graph and on every vector of the file, unless a newer flags
     /// change was applied already (this is the in-order copy of one that took the fast path,
-    /// or a late redelivery).
+    /// a change made just before another but published after it, or a late redelivery).
     async fn set_flags(&self, event: &FileChanged, sequence: u64) -> Result<(), Failure> {
         let newest = self
             .flags
             .newest(&event.namespace, &event.file_id)
             .await
             .map_err(|e| Failure::Retry(e.detail()))?;
-        if newest.is_some_and(|newest| newest.sequence > sequence) {
+        if newest.is_some_and(|newest| newest.newer_than(event.flags_version, sequence)) {
             tracing::info!(namespace = %event.namespace, path = %event.path, "skipping a flags change older than one applied");
             return Ok(());
         }
@@ -574,6 +576,7 @@ impl Worker {
                 &event.namespace,
                 &event.file_id,
                 NewestFlags {
+                    flags_version: event.flags_version,
                     sequence,
                     enabled: event.enabled,
                     hidden: event.hidden,

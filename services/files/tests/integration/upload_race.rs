@@ -3,14 +3,17 @@
 //! all succeed as one file;
 //! of branches or releases created under one name at once, one is made and the others are
 //! told it exists (`already_exists`), never an internal error; deploys of one environment
-//! at once all land, one after another.
+//! at once all land, one after another. Flag changes at once to one file (one disables it,
+//! one hides it) both stay, and the events carry a count that orders them for the indexer.
 
 use kg_common::error::{ErrorCode, ErrorExt};
 use kg_files::FilesService;
-use kg_proto::v1::{Permission, ReleaseTarget, release_target};
+use kg_proto::v1::{FileChangeOp, FileChanged, Permission, ReleaseTarget, release_target};
 use kg_stores::blobs::BlobStore;
 use kg_stores::embedded::{EmbeddedNats, EmbeddedPostgres, find_venv};
+use kg_stores::events;
 use kg_stores::sql::SqlStore;
+use prost::Message as _;
 
 use crate::common::writer;
 
@@ -132,6 +135,96 @@ async fn names_race(files: &FilesService, tag: &str) {
     }
 }
 
+/// The file's change events, as the indexer reads them.
+async fn changes(js: &async_nats::jetstream::Context, file_id: &str) -> Vec<FileChanged> {
+    use futures::StreamExt as _;
+    let stream = js.get_stream(events::FILES_STREAM).await.unwrap();
+    let reader = stream
+        .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig {
+            filter_subject: events::files_changed_subject(NS).unwrap(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut messages = reader.messages().await.unwrap();
+    let mut found = Vec::new();
+    while let Ok(Some(message)) =
+        tokio::time::timeout(std::time::Duration::from_millis(500), messages.next()).await
+    {
+        let event = FileChanged::decode(message.unwrap().payload.as_ref()).unwrap();
+        if event.file_id == file_id {
+            found.push(event);
+        }
+    }
+    found
+}
+
+/// Rounds of a disable and a hide of one file at once: both stay every time (before, each
+/// wrote both flags as it had read them, so the later write undid the other change), and
+/// the change events' flags versions order them as the registry did.
+async fn flags_race(files: &FilesService, js: &async_nats::jetstream::Context, path: &str) {
+    let caller = writer(NS);
+    let file = files
+        .upload(
+            &caller,
+            NS,
+            path,
+            b"# Flags\n\nChanged twice at once.\n",
+            "",
+        )
+        .await
+        .unwrap()
+        .file
+        .unwrap();
+    let id = file.file_id.as_str();
+    for round in 0..8 {
+        files
+            .set_flags(&caller, NS, id, Some(true), Some(false))
+            .await
+            .unwrap();
+        let (disabled, hidden) = tokio::join!(
+            files.set_flags(&caller, NS, id, Some(false), None),
+            files.set_flags(&caller, NS, id, None, Some(true)),
+        );
+        disabled.unwrap();
+        hidden.unwrap();
+        let now = files.get_file(&caller, NS, None, Some(id)).await.unwrap();
+        assert!(
+            !now.enabled && now.hidden,
+            "round {round}: a change was lost: enabled {}, hidden {}",
+            now.enabled,
+            now.hidden
+        );
+    }
+    // An upload after them carries the flags and the count they reached.
+    files
+        .upload(&caller, NS, path, b"# Flags\n\nA new version.\n", "")
+        .await
+        .unwrap();
+    let events = changes(js, id).await;
+    let flags: Vec<_> = events
+        .iter()
+        .filter(|e| e.op() == FileChangeOp::Flags)
+        .collect();
+    assert_eq!(flags.len(), 8 * 3);
+    let mut versions: Vec<i64> = flags.iter().map(|e| e.flags_version).collect();
+    versions.sort_unstable();
+    versions.dedup();
+    assert_eq!(
+        versions,
+        (1..=24).collect::<Vec<_>>(),
+        "one count per change"
+    );
+    let newest = flags.iter().max_by_key(|e| e.flags_version).unwrap();
+    assert!(!newest.enabled && newest.hidden, "{newest:?}");
+    let upload = events.last().unwrap();
+    assert_eq!(upload.op(), FileChangeOp::Upsert);
+    assert_eq!(
+        (upload.enabled, upload.hidden, upload.flags_version),
+        (false, true, 24)
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_racing_for_one_name_never_fail_as_internal() {
     let venv = find_venv().expect("run deploy/scripts/dev-deps.sh first");
@@ -154,6 +247,7 @@ async fn writes_racing_for_one_name_never_fail_as_internal() {
             .await
             .unwrap();
         race(&files, path).await;
+        flags_race(&files, &js, &path.replace("notes/", "flags/")).await;
         names_race(
             &files,
             path.trim_start_matches("notes/").trim_end_matches(".md"),

@@ -34,62 +34,55 @@ async fn change(
     version: i64,
     text: Option<&str>,
 ) {
-    let blob_key = match text {
-        Some(text) => blobs.put(text.as_bytes()).await.unwrap(),
-        None => String::new(),
+    let event = match text {
+        Some(text) => FileChanged {
+            blob_key: blobs.put(text.as_bytes()).await.unwrap(),
+            ..event(file_id, version, FileChangeOp::Upsert)
+        },
+        None => event(file_id, version, FileChangeOp::Delete),
     };
-    let op = if text.is_some() {
-        FileChangeOp::Upsert
-    } else {
-        FileChangeOp::Delete
-    };
-    publish(js, file_id, version, op, blob_key, false).await;
+    publish(js, event).await;
 }
 
-/// Hides or shows `file_id`, whose newest version is `version`, as the files service does.
+/// Hides or shows `file_id`, whose newest version is `version`, as its `flags_version`th
+/// flags change.
 async fn set_hidden(
     js: &async_nats::jetstream::Context,
     file_id: &str,
     version: i64,
     hidden: bool,
+    flags_version: i64,
 ) {
-    publish(
-        js,
-        file_id,
-        version,
-        FileChangeOp::Flags,
-        String::new(),
+    let event = FileChanged {
         hidden,
-    )
-    .await;
+        flags_version,
+        ..event(file_id, version, FileChangeOp::Flags)
+    };
+    publish(js, event).await;
 }
 
-async fn publish(
-    js: &async_nats::jetstream::Context,
-    file_id: &str,
-    version: i64,
-    op: FileChangeOp,
-    blob_key: String,
-    hidden: bool,
-) {
-    let changed_at_ms = kg_common::caller::now_ms();
-    let event = FileChanged {
+/// A change `op` of `file_id` at `version`, enabled and shown.
+fn event(file_id: &str, version: i64, op: FileChangeOp) -> FileChanged {
+    FileChanged {
         namespace: NS.into(),
         file_id: file_id.into(),
         version_id: format!("{file_id}-v{version}"),
         path: format!("docs/{file_id}.md"),
         mime: "text/markdown".into(),
-        blob_key,
         op: op as i32,
         enabled: true,
-        hidden,
-        changed_at_ms,
+        changed_at_ms: kg_common::caller::now_ms(),
         ..Default::default()
-    };
-    // Upserts dedupe on the version, other changes on their time (as the files service does).
-    let msg_id = match op {
-        FileChangeOp::Upsert => format!("{}:{op:?}", event.version_id),
-        _ => format!("{}:{op:?}:{changed_at_ms}:{hidden}", event.version_id),
+    }
+}
+
+async fn publish(js: &async_nats::jetstream::Context, event: FileChanged) {
+    // Upserts dedupe on the version, other changes on their count or time (as the files
+    // service does).
+    let msg_id = match event.op() {
+        FileChangeOp::Upsert => format!("{}:upsert", event.version_id),
+        FileChangeOp::Flags => format!("{}:flags:v{}", event.file_id, event.flags_version),
+        _ => format!("{}:delete:{}", event.version_id, event.changed_at_ms),
     };
     events::publish_file_change(js, &event, &msg_id)
         .await
@@ -190,8 +183,13 @@ async fn indexed_versions(js: &async_nats::jetstream::Context) -> Vec<String> {
 
 /// Events the main consumer has not settled yet.
 async fn unsettled(js: &async_nats::jetstream::Context) -> u64 {
+    unsettled_on(js, "indexer").await
+}
+
+/// Events `durable` has not settled yet.
+async fn unsettled_on(js: &async_nats::jetstream::Context, durable: &str) -> u64 {
     let stream = js.get_stream(events::FILES_STREAM).await.unwrap();
-    let info = stream.consumer_info("indexer").await.unwrap();
+    let info = stream.consumer_info(durable).await.unwrap();
     info.num_pending + info.num_ack_pending as u64
 }
 
@@ -382,7 +380,7 @@ async fn hiding_a_file_does_not_wait_behind_the_ingest_backlog() {
     .await;
     backlog(2, BACKLOG - 2).await;
     let hidden_at = Instant::now();
-    set_hidden(js, "secret", 2, true).await;
+    set_hidden(js, "secret", 2, true, 1).await;
     wait_for("the secret hidden", SLOW * 2, async || {
         let (_, hidden, shown) = graph_view(graph, "secret").await;
         hidden > 0 && shown == 0 && visible_points(&index, "secret").await == 0
@@ -404,13 +402,13 @@ async fn hiding_a_file_does_not_wait_behind_the_ingest_backlog() {
     // Shown, then hidden again, both at once while a backlog runs: the in-order copy of the
     // show, queued between the two halves, must not show it after the newer hide.
     backlog(10, 2).await;
-    set_hidden(js, "secret", 2, false).await;
+    set_hidden(js, "secret", 2, false, 2).await;
     wait_for("the secret shown", SLOW * 2, async || {
         visible_points(&index, "secret").await > 0
     })
     .await;
     backlog(12, BACKLOG - 2).await;
-    set_hidden(js, "secret", 2, true).await;
+    set_hidden(js, "secret", 2, true, 3).await;
     wait_for("the secret hidden again", SLOW * 2, async || {
         visible_points(&index, "secret").await == 0
     })
@@ -421,6 +419,64 @@ async fn hiding_a_file_does_not_wait_behind_the_ingest_backlog() {
     );
     drains_hidden("the second drain").await;
 
+    stop.cancel();
+    worker.await.unwrap().unwrap();
+}
+
+/// Two flag changes made at once can reach the stream in the opposite order to the
+/// registry's. The one the registry counted later wins, whichever consumer applies which copy
+/// first, and an upload that read its flags before it is written with the newer ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn flag_changes_published_out_of_order_keep_the_newer_one() {
+    let stores = crate::stores::start().await;
+    let (graph, js, blobs) = (&stores.graph, &stores.js, &stores.blobs);
+    let (index, stop, worker) = start_indexer(&stores).await;
+    let settled = async || {
+        for durable in ["indexer", "indexer-flags"] {
+            if unsettled_on(js, durable).await > 0 {
+                return false;
+            }
+        }
+        true
+    };
+    change(
+        js,
+        blobs,
+        "secret",
+        1,
+        Some("# Keys\n\nThe leaked key is abc123.\n"),
+    )
+    .await;
+    wait_for("the secret indexed", Duration::from_secs(30), async || {
+        visible_points(&index, "secret").await > 0
+    })
+    .await;
+
+    // The registry's second change (hide) is published before its first (show).
+    set_hidden(js, "secret", 1, true, 2).await;
+    set_hidden(js, "secret", 1, false, 1).await;
+    wait_for("both changes settled", Duration::from_secs(30), settled).await;
+    let (_, hidden, shown) = graph_view(graph, "secret").await;
+    assert!(hidden > 0 && shown == 0, "hidden {hidden}, shown {shown}");
+    assert_eq!(visible_points(&index, "secret").await, 0);
+
+    // An upload whose flags were read at the first change, published after both.
+    let upload = FileChanged {
+        blob_key: blobs
+            .put(b"# Keys\n\nThe new key is def456.\n")
+            .await
+            .unwrap(),
+        flags_version: 1,
+        ..event("secret", 2, FileChangeOp::Upsert)
+    };
+    publish(js, upload).await;
+    wait_for("the upload indexed", Duration::from_secs(30), async || {
+        graph_view(graph, "secret").await.0.as_deref() == Some("secret-v2") && settled().await
+    })
+    .await;
+    let (_, hidden, shown) = graph_view(graph, "secret").await;
+    assert!(hidden > 0 && shown == 0, "hidden {hidden}, shown {shown}");
+    assert_eq!(visible_points(&index, "secret").await, 0);
     stop.cancel();
     worker.await.unwrap().unwrap();
 }
