@@ -31,6 +31,8 @@ const MAX_SEARCH_CHARS: usize = 256;
 const MAX_TYPE_CHARS: usize = 128;
 const MAX_TAGS: usize = 64;
 const MAX_CURSOR_CHARS: usize = 2048;
+/// Links of all three kinds in one answer, as the files service caps them.
+const MAX_LINKS: usize = 2000;
 /// Largest answer as JSON text; over it the call fails (REST 413, MCP PAYLOAD_TOO_LARGE).
 const MAX_GRAPH_BYTES: usize = 512 * 1024;
 /// Cap on a path, title, tag or URL in the answer.
@@ -164,19 +166,19 @@ pub(crate) fn output_schema() -> Value {
                 "required": ["file_id", "file_version_id", "path", "title", "type", "tags", "reserved"],
                 "additionalProperties": false
             }, "description": "Visible knowledge files as nodes."},
-            "edges": {"type": "array", "maxItems": 2000, "items": {
+            "edges": {"type": "array", "maxItems": MAX_LINKS, "items": {
                 "type": "object",
                 "properties": {"source_file_version_id": uuid, "target_file_version_id": uuid, "ordinal": ordinal},
                 "required": ["source_file_version_id", "target_file_version_id", "ordinal"],
                 "additionalProperties": false
             }},
-            "external_links": {"type": "array", "maxItems": 2000, "items": {
+            "external_links": {"type": "array", "maxItems": MAX_LINKS, "items": {
                 "type": "object",
                 "properties": {"source_file_version_id": uuid, "ordinal": ordinal, "url": {"type": "string"}},
                 "required": ["source_file_version_id", "ordinal", "url"],
                 "additionalProperties": false
             }},
-            "broken_links": {"type": "array", "maxItems": 2000, "items": {
+            "broken_links": {"type": "array", "maxItems": MAX_LINKS, "items": {
                 "type": "object",
                 "properties": {"source_file_version_id": uuid, "ordinal": ordinal, "target_path": {"type": "string"}},
                 "required": ["source_file_version_id", "ordinal", "target_path"],
@@ -567,9 +569,22 @@ fn too_large(bytes: usize) -> ClientError {
     )
 }
 
-/// Holds `value` under the 512 KiB payload and the tool-call wire limit:
-/// links go first (last list first), then the call fails.
+/// Holds `value` to the link cap (whatever the files service sent), then under the 512 KiB
+/// payload and the tool-call wire limit: links go first (last list first), then the call fails.
 pub(crate) fn fit(mut value: Value, wire_limit: usize) -> Result<Value, ClientError> {
+    let mut room = MAX_LINKS;
+    let mut capped = false;
+    for list in ["edges", "external_links", "broken_links"] {
+        if let Some(items) = value.get_mut(list).and_then(Value::as_array_mut) {
+            capped |= items.len() > room;
+            items.truncate(room);
+            room -= items.len();
+        }
+    }
+    if capped {
+        value["links_truncated"] = Value::Bool(true);
+        value["partial"] = Value::Bool(true);
+    }
     let fits = |v: &Value| v.to_string().len() <= MAX_GRAPH_BYTES && wire_len(v) <= wire_limit;
     while !fits(&value) {
         let mut cut = false;
@@ -725,6 +740,99 @@ mod tests {
         }
     }
 
+    /// Each length and count cap of the input schema: accepted at the cap, refused one past it
+    /// with the argument's name, and the schema says the same.
+    #[test]
+    fn every_cap_holds_exactly_at_its_limit() {
+        /// The argument named in the error, the arguments with a value of a given size, the cap.
+        type Cap = (&'static str, fn(usize) -> Value, usize);
+        fn text(n: usize) -> String {
+            "x".repeat(n)
+        }
+        fn entries(n: usize) -> Vec<&'static str> {
+            vec!["a.md"; n]
+        }
+        let ctx = context(&["docs"]);
+        let cases: [Cap; 11] = [
+            (
+                "caller_selector entry",
+                |n| json!({"caller_selector": text(n)}),
+                MAX_SELECTOR_CHARS,
+            ),
+            (
+                "caller_selector entry",
+                |n| json!({"caller_selector": [text(n)]}),
+                MAX_SELECTOR_CHARS,
+            ),
+            (
+                "caller_selector",
+                |n| json!({"caller_selector": entries(n)}),
+                MAX_SELECTOR_ITEMS,
+            ),
+            (
+                "environment_name",
+                |n| json!({"lookup_target": {"kind": "environment", "environment_name": text(n)}}),
+                MAX_NAME_CHARS,
+            ),
+            (
+                "release_version",
+                |n| json!({"lookup_target": {"kind": "release", "release_version": text(n)}}),
+                MAX_NAME_CHARS,
+            ),
+            (
+                "filters.search",
+                |n| json!({"filters": {"search": text(n)}}),
+                MAX_SEARCH_CHARS,
+            ),
+            (
+                "filters.type",
+                |n| json!({"filters": {"type": text(n)}}),
+                MAX_TYPE_CHARS,
+            ),
+            (
+                "filters.tags entry",
+                |n| json!({"filters": {"tags": [text(n)]}}),
+                MAX_TYPE_CHARS,
+            ),
+            (
+                "filters.tags",
+                |n| json!({"filters": {"tags": vec!["t"; n]}}),
+                MAX_TAGS,
+            ),
+            (
+                "pagination.cursor",
+                |n| json!({"pagination": {"cursor": text(n)}}),
+                MAX_CURSOR_CHARS,
+            ),
+            (
+                "root_path",
+                |n| json!({"root_path": text(n)}),
+                MAX_PATH_CHARS,
+            ),
+        ];
+        let map_of = |n: usize| {
+            let entries: Map<String, Value> =
+                (0..n).map(|i| (format!("d{i}/"), json!(true))).collect();
+            json!({"caller_selector": entries})
+        };
+        for (name, make, cap) in cases {
+            let at = make(cap);
+            check_schema(&input_schema(), &at, "$").unwrap_or_else(|e| panic!("{name}: {e}"));
+            request(&ctx, &args(at)).unwrap_or_else(|e| panic!("{name} at {cap}: {e:?}"));
+            let over = make(cap + 1);
+            assert!(
+                check_schema(&input_schema(), &over, "$").is_err(),
+                "{name}: schema"
+            );
+            let err = request(&ctx, &args(over)).unwrap_err();
+            assert_eq!(err.code, ErrorCode::InvalidArgument, "{name}");
+            assert!(err.message.contains(name), "{name}: {}", err.message);
+        }
+        request(&ctx, &args(map_of(MAX_SELECTOR_ITEMS))).unwrap();
+        let err = request(&ctx, &args(map_of(MAX_SELECTOR_ITEMS + 1))).unwrap_err();
+        assert!(err.message.contains("caller_selector"), "{}", err.message);
+    }
+
     fn response(nodes: usize, links: usize, path_len: usize) -> GetKnowledgeGraphResponse {
         GetKnowledgeGraphResponse {
             nodes: (0..nodes)
@@ -797,6 +905,20 @@ mod tests {
         assert_eq!(fitted["links_truncated"], json!(true));
         assert_eq!(fitted["partial"], json!(true));
         assert_eq!(fitted["nodes"].as_array().unwrap().len(), 10);
+        check_schema(&output_schema(), &fitted, "$").unwrap();
+
+        // More links than the cap (a files service of another version): cut to it, and said.
+        let many = result_json(&response(2, 2_500, 5));
+        let links = |v: &Value| {
+            ["edges", "external_links", "broken_links"]
+                .iter()
+                .map(|l| v[*l].as_array().map_or(0, Vec::len))
+                .sum::<usize>()
+        };
+        assert!(links(&many) > MAX_LINKS);
+        let fitted = fit(many, MAX_RESULT_BYTES).unwrap();
+        assert_eq!(links(&fitted), MAX_LINKS);
+        assert_eq!(fitted["links_truncated"], json!(true));
         check_schema(&output_schema(), &fitted, "$").unwrap();
 
         // Nodes alone over the limit: PAYLOAD_TOO_LARGE naming the ways to narrow.

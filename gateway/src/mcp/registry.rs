@@ -589,8 +589,9 @@ fn file_output() -> Value {
 }
 
 /// A checker for the JSON Schema subset these schemas use (type, anyOf, enum,
-/// properties, required, items, additionalProperties), so tests can prove
-/// results match the outputSchema that MCP clients validate against.
+/// properties, required, items, additionalProperties, and the length, count and range
+/// bounds), so tests can prove results match the outputSchema that MCP clients validate
+/// against, and that an input schema states the caps the arguments are checked with.
 #[cfg(test)]
 pub(crate) fn check_schema(schema: &Value, value: &Value, path: &str) -> Result<(), String> {
     let type_ok = |t: &str| match t {
@@ -618,6 +619,27 @@ pub(crate) fn check_schema(schema: &Value, value: &Value, path: &str) -> Result<
             .any(|branch| check_schema(branch, value, path).is_ok())
     {
         return Err(format!("{path}: {value} matches none of {branches:?}"));
+    }
+    let bound = |name: &str| schema.get(name).and_then(Value::as_f64);
+    let size = match value {
+        Value::String(text) => Some(("characters", text.chars().count())),
+        Value::Array(items) => Some(("items", items.len())),
+        _ => None,
+    };
+    if let Some((unit, size)) = size {
+        let (min, max) = match value {
+            Value::String(_) => (bound("minLength"), bound("maxLength")),
+            _ => (bound("minItems"), bound("maxItems")),
+        };
+        if min.is_some_and(|min| (size as f64) < min) || max.is_some_and(|max| size as f64 > max) {
+            return Err(format!("{path}: {size} {unit}, outside {min:?}..={max:?}"));
+        }
+    }
+    if let Some(number) = value.as_f64()
+        && (bound("minimum").is_some_and(|min| number < min)
+            || bound("maximum").is_some_and(|max| number > max))
+    {
+        return Err(format!("{path}: {number} is out of range"));
     }
     if let Some(Value::Array(allowed)) = schema.get("enum")
         && !allowed.contains(value)

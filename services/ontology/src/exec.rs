@@ -712,3 +712,44 @@ async fn propose(
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(value: Value) -> Map<String, Value> {
+        value.as_object().cloned().unwrap_or_default()
+    }
+
+    /// `list_` and `traverse_` share it: default 100, at most 1000, at least 1, whatever the
+    /// client sends.
+    #[test]
+    fn limit_defaults_and_is_clamped_server_side() {
+        assert_eq!((DEFAULT_LIMIT, MAX_LIMIT), (100, 1000));
+        for (given, expected) in [
+            (json!({}), 100),
+            (json!({"limit": null}), 100),
+            (json!({"limit": 7}), 7),
+            (json!({"limit": 1000}), 1000),
+            (json!({"limit": 1001}), 1000),
+            (json!({"limit": 1_000_000_000_000_i64}), 1000),
+            (json!({"limit": 1e300}), 1000),
+            (json!({"limit": 0}), 1),
+            (json!({"limit": -5}), 1),
+            (json!({"limit": 2.7}), 2),
+        ] {
+            assert_eq!(limit(&args(given.clone())).ok(), Some(expected), "{given}");
+        }
+        for bad in [
+            json!({"limit": "10"}),
+            json!({"limit": true}),
+            json!({"limit": [1]}),
+        ] {
+            let err = limit(&args(bad.clone())).err();
+            assert!(
+                err.is_some_and(|e| e.code == ToolCode::InvalidArguments),
+                "{bad}"
+            );
+        }
+    }
+}

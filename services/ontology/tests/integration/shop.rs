@@ -876,3 +876,62 @@ async fn tool_descriptions_are_sanitised() {
         }
     }
 }
+
+/// A warehouse that fails mid-service (here a table dropped under it) answers every tool
+/// with one stable message: no SQL, no driver text, no path reaches the model.
+#[tokio::test]
+async fn a_failing_warehouse_tells_the_model_nothing_of_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = copy_project(dir.path());
+    let db = dir.path().join("shop.db");
+    let url = format!("sqlite://{}", db.display());
+    seed(&url, "seed.sqlite.sql").await;
+    let svc = service(&project, &url, false).await;
+    assert_eq!(
+        call(&svc, "get_order", json!({"order_id": 101}), &[]).await["rows"][0]["state"],
+        "pending"
+    );
+
+    // A long value comes back capped at the warehouse field cap (2000 characters, then "…").
+    let store = kg_stores::sql::SqlStore::connect(&url).await.unwrap();
+    store
+        .pool()
+        .execute(AssertSqlSafe(format!(
+            "UPDATE customers SET full_name = '{}' WHERE customer_id = 1",
+            "n".repeat(5_000)
+        )))
+        .await
+        .unwrap();
+    let ada = call(&svc, "get_customer", json!({"customer_id": 1}), &[]).await;
+    let name = ada["rows"][0]["full_name"].as_str().unwrap();
+    assert_eq!(name.chars().count(), 2_001, "{}", &name[..40]);
+    assert!(name.ends_with('…'));
+
+    store.pool().execute("DROP TABLE orders").await.unwrap();
+    store.close().await;
+    for (tool, args, roles) in [
+        ("get_order", json!({"order_id": 101}), &[][..]),
+        ("list_order", json!({"state": "pending"}), &[][..]),
+        (
+            "traverse_customer_orders",
+            json!({"customer_id": 1}),
+            &[][..],
+        ),
+        (
+            "propose_order_cancel",
+            json!({"order_id": 101, "reason": "x"}),
+            &["support"][..],
+        ),
+    ] {
+        let r = call(&svc, tool, args, roles).await;
+        assert_eq!(code(&r), "internal_error", "{tool}: {r}");
+        assert_eq!(
+            r["message"], "internal error; the details are in the server log",
+            "{tool}: {r}"
+        );
+        let text = r.to_string().to_ascii_lowercase();
+        for leak in ["no such table", "select", "sqlite", "shop.db", "orders"] {
+            assert!(!text.contains(leak), "{tool} said {leak:?}: {r}");
+        }
+    }
+}

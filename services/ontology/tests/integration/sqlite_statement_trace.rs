@@ -203,6 +203,25 @@ async fn sqlite_never_receives_a_statement_naming_a_sensitive_column() {
         }
     };
 
+    // A role the policy does not know is refused before the warehouse is touched.
+    statements.take();
+    let denied = call(
+        "propose_order_cancel",
+        json!({"order_id": 101, "reason": "x"}),
+        "intern",
+    )
+    .await;
+    assert_eq!(denied["error"], "denied_role", "{denied}");
+    let touched: Vec<String> = statements
+        .take()
+        .into_iter()
+        .filter(|s| s.contains("\"orders\"") || s.contains("\"customers\""))
+        .collect();
+    assert!(
+        touched.is_empty(),
+        "a refused call read the warehouse: {touched:#?}"
+    );
+
     // Every generated read tool, each shape of call.
     let ada = call("get_customer", json!({"customer_id": 1}), "").await;
     assert_eq!(ada["rows"][0]["full_name"], "Ada Lovelace", "{ada}");
