@@ -132,6 +132,38 @@ fn words(text: &str) -> Vec<String> {
         .collect()
 }
 
+/// A word's singular by Harman's S-stemmer: `-ies` to `-y` (not `-eies`, `-aies`), `-es` to
+/// `-e` (not `-aes`, `-ees`, `-oes`), then a final `s` dropped (not `-us`, `-ss`). So a
+/// question's "rate limits" reaches the entity "Rate limit", while the linker stays as strict
+/// as the names are otherwise: no full stemmer, which would also join "universe" with
+/// "university". Words of three letters or fewer stay as they are ("its", "gas").
+fn singular(word: &str) -> String {
+    if word.chars().count() <= 3 {
+        return word.to_owned();
+    }
+    let ends = |suffixes: &[&str]| suffixes.iter().any(|s| word.ends_with(s));
+    if word.ends_with("ies") && !ends(&["eies", "aies"]) {
+        return format!("{}y", &word[..word.len() - 3]);
+    }
+    if word.ends_with("es") && !ends(&["aes", "ees", "oes"]) {
+        return word[..word.len() - 1].to_owned();
+    }
+    if word.ends_with('s') && !ends(&["us", "ss"]) {
+        return word[..word.len() - 1].to_owned();
+    }
+    word.to_owned()
+}
+
+/// The form names and question phrases are compared in: words as [`words`] gives them, each
+/// made [`singular`].
+fn match_form(words: &[String]) -> String {
+    words
+        .iter()
+        .map(|w| singular(w))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// Every n-gram of up to [`MAX_GRAM`] words: (joined words, span).
 fn grams(words: &[String]) -> Vec<(String, (usize, usize))> {
     let mut out = Vec::new();
@@ -143,7 +175,8 @@ fn grams(words: &[String]) -> Vec<(String, (usize, usize))> {
     out
 }
 
-/// Span linker: entities whose name or alias equals a question n-gram, longest spans kept.
+/// Span linker: entities whose name or alias equals a question n-gram, word for word up to a
+/// plural ([`singular`]), longest spans kept.
 async fn link(store: &GraphStore, namespace: &str, query_text: &str) -> Result<Vec<Linked>> {
     let Some(terms) = fulltext_query(query_text) else {
         return Ok(Vec::new());
@@ -171,7 +204,8 @@ async fn link(store: &GraphStore, namespace: &str, query_text: &str) -> Result<V
         missing_index_check(store, namespace, "Entity").await?;
     }
     let question = words(query_text);
-    let grams = grams(&question);
+    let singulars: Vec<String> = question.iter().map(|w| singular(w)).collect();
+    let grams = grams(&singulars);
     let mut linked: Vec<Linked> = Vec::new();
     for row in &rows.rows {
         let (Some(key), Some(name)) = (
@@ -183,13 +217,13 @@ async fn link(store: &GraphStore, namespace: &str, query_text: &str) -> Result<V
             )));
         };
         let type_id = row.get(2).and_then(Value::as_str).unwrap_or_default();
-        let mut forms: Vec<String> = vec![words(name).join(" ")];
+        let mut forms: Vec<String> = vec![match_form(&words(name))];
         if let Some(aliases) = row.get(3).and_then(Value::as_array) {
             forms.extend(
                 aliases
                     .iter()
                     .filter_map(Value::as_str)
-                    .map(|a| words(a).join(" ")),
+                    .map(|a| match_form(&words(a))),
             );
         }
         // The longest question phrase this entity matches.
@@ -323,6 +357,31 @@ async fn bridged(
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn plurals_meet_their_singular_and_nothing_else_is_stemmed() {
+        for (word, expected) in [
+            ("limits", "limit"),
+            ("policies", "policy"),
+            ("rules", "rule"),
+            ("apis", "api"),
+            ("kubernetes", "kubernete"),
+            // Kept: -us, -ss, -aies, -eies, -aes, -ees, -oes, and short words.
+            ("status", "status"),
+            ("process", "process"),
+            ("its", "its"),
+            ("gas", "gas"),
+            // Not a plural rule: a full stemmer would take these to "univers".
+            ("universe", "universe"),
+            ("university", "university"),
+        ] {
+            assert_eq!(singular(word), expected, "{word}");
+        }
+        let form = |text: &str| match_form(&words(text));
+        assert_eq!(form("Rate limits"), form("rate limit"));
+        assert_eq!(form("Access Policies"), form("access policy"));
+        assert_ne!(form("universities"), form("universe"));
+    }
 
     fn linked(key: &str, span: (usize, usize), degree: u64) -> Linked {
         Linked {

@@ -181,6 +181,16 @@ async fn co_annotation_against_real_falkordb() {
     assert_eq!(g.entities[0].entity_key, cloud);
     assert_eq!(g.entities[0].role, "filter");
     assert_eq!(g.reason, "too_few_bridges");
+    // A plural in the question links the entity; the phrase is the question's own word.
+    let plural = env.service.search_for(&full, ask("clouds")).await.unwrap();
+    let g = grounding(&plural);
+    assert_eq!(
+        (
+            g.entities[0].entity_key.as_str(),
+            g.entities[0].phrase.as_str()
+        ),
+        (cloud.as_str(), "clouds")
+    );
     // A bridge and a filter pair up, but nothing connects them.
     let apart = env
         .service
