@@ -241,7 +241,10 @@ impl FilesService {
             chunk_count: 0,
         };
         let mut file = file;
-        let flags = self.store.upsert_version(&file, &blob_key).await?;
+        let flags = self
+            .store
+            .upsert_version(&file, &blob_key, access.visible_only)
+            .await?;
         // The flags the row holds now: a flags change since `existing` was read is in them.
         file.enabled = flags.enabled;
         file.hidden = flags.hidden;

@@ -7,7 +7,7 @@ use kg_stores::sql::SqlStore;
 use sqlx::any::AnyRow;
 use sqlx::{AssertSqlSafe, Row as _};
 
-use crate::error::Result;
+use crate::error::{FilesError, Result};
 
 pub(crate) static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
@@ -359,11 +359,13 @@ impl FilesStore {
 
     /// Inserts a new file row or points an existing one at a new version. Returns the row's
     /// flags as this write left them: a flags change that raced the upload is either in them
-    /// or has a higher version.
+    /// or has a higher version. With `refuse_hidden` (a caller who may not see hidden files),
+    /// a row hidden by the time of the write is left as it was: `WriteDenied`.
     pub(crate) async fn upsert_version(
         &self,
         file: &FileInfo,
         blob_key: &str,
+        refuse_hidden: bool,
     ) -> Result<FlagsSnapshot> {
         let mut tx = self.sql.pool().begin().await?;
         let updated = sqlx::query(
@@ -424,6 +426,11 @@ impl FilesStore {
                 .fetch_one(&mut *tx)
                 .await?;
         let flags = flags_from(&flags)?;
+        // The caller checked the row it read before; a hide may have landed since. Dropping
+        // the transaction rolls the write back.
+        if refuse_hidden && flags.hidden {
+            return Err(FilesError::WriteDenied(file.namespace.clone()));
+        }
         tx.commit().await?;
         Ok(flags)
     }
@@ -486,8 +493,56 @@ impl FilesStore {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+
+    /// The race an upload's first check cannot see: a hide lands between the upload reading
+    /// the row and writing it. For a caller who may not see hidden files the write is then
+    /// refused and rolled back; the row keeps its version and its flags.
+    #[tokio::test]
+    async fn an_upload_meeting_a_hide_that_landed_first_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let url = format!("sqlite://{}", dir.path().join("files.db").display());
+        let store = FilesStore::open(SqlStore::connect(&url).await.unwrap())
+            .await
+            .unwrap();
+        let v1 = FileInfo {
+            namespace: "ns".into(),
+            file_id: "f1".into(),
+            version_id: "f1-v1".into(),
+            path: "docs/a.md".into(),
+            content_sha256: "h1".into(),
+            mime: "text/markdown".into(),
+            status: FileStatus::Pending as i32,
+            enabled: true,
+            ..Default::default()
+        };
+        store.upsert_version(&v1, "blob-1", true).await.unwrap();
+        let hidden = store.set_flags("f1", None, Some(true), 2).await.unwrap();
+        assert_eq!(hidden.map(|f| (f.hidden, f.version)), Some((true, 1)));
+
+        let v2 = FileInfo {
+            version_id: "f1-v2".into(),
+            content_sha256: "h2".into(),
+            ..v1.clone()
+        };
+        let refused = store.upsert_version(&v2, "blob-2", true).await;
+        assert!(
+            matches!(refused, Err(FilesError::WriteDenied(_))),
+            "{refused:?}"
+        );
+        let row = store
+            .by_path_unfiltered("ns", "docs/a.md")
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!((row.version_id.as_str(), row.hidden), ("f1-v1", true));
+
+        // A caller who may see hidden files writes it, and keeps it hidden.
+        let flags = store.upsert_version(&v2, "blob-2", false).await.unwrap();
+        assert_eq!((flags.hidden, flags.version), (true, 1));
+    }
 
     fn strings(items: &[&str]) -> Vec<String> {
         items.iter().map(|s| (*s).to_owned()).collect()
