@@ -745,6 +745,74 @@ mod tests {
         assert!(g.next_cursor.is_empty(), "one node: no next page");
     }
 
+    fn external(ordinal: u32, url: String) -> VersionLinkRecord {
+        VersionLinkRecord {
+            ordinal,
+            kind: LinkKind::External,
+            syntax: LinkSyntax::Link,
+            target_path: url,
+            raw_target: String::new(),
+            fragment: None,
+            label: String::new(),
+        }
+    }
+
+    /// Links cut for bytes before the count cap: the page holds every node, stays under the
+    /// payload limit, and says its links are truncated.
+    #[test]
+    fn links_over_the_byte_budget_are_cut_and_flagged() {
+        let long = |i: u32| format!("https://x.example/{i}/{}", "u".repeat(4_000));
+        let links: Vec<VersionLinkRecord> = (0..300).map(|i| external(i, long(i))).collect();
+        let map = HashMap::from([("v0".to_owned(), data("v0", "t".into(), links))]);
+        let access = everyone();
+        let g = build_graph(
+            GraphInput {
+                members: vec![member(0, "a.md".into())],
+                data: &map,
+                access: &access,
+                fingerprint_seed: String::new(),
+            },
+            &request(0),
+        )
+        .unwrap();
+        let kept = g.external_links.len();
+        assert!(kept > 0 && kept < 300, "{kept}");
+        let bytes: usize = g.external_links.iter().map(|l| l.url.len() + 64).sum();
+        assert!(bytes <= MAX_GRAPH_BYTES, "{bytes}");
+        assert_eq!(g.returned_nodes, 1);
+        assert!(g.links_truncated && g.partial);
+    }
+
+    /// Links the indexer dropped from a long document (past its per-version budget) make the
+    /// page say its links are truncated, though every stored link fits.
+    #[test]
+    fn links_the_indexer_dropped_are_reported_as_truncated() {
+        let mut version = data(
+            "v0",
+            "t".into(),
+            vec![external(0, "https://x.example".into())],
+        );
+        let access = everyone();
+        let build = |map: &HashMap<String, VersionLinks>| {
+            build_graph(
+                GraphInput {
+                    members: vec![member(0, "a.md".into())],
+                    data: map,
+                    access: &access,
+                    fingerprint_seed: String::new(),
+                },
+                &request(0),
+            )
+            .unwrap()
+        };
+        let whole = build(&HashMap::from([("v0".to_owned(), version.clone())]));
+        assert!(!whole.links_truncated && !whole.partial);
+        version.meta.links_omitted = 12;
+        let cut = build(&HashMap::from([("v0".to_owned(), version)]));
+        assert_eq!(cut.external_links.len(), 1);
+        assert!(cut.links_truncated && cut.partial);
+    }
+
     #[test]
     fn selectors_parse_and_match() {
         use caller_selector::Form;
