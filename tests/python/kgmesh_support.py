@@ -29,6 +29,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+SHOP_DIR = REPO_ROOT / "examples" / "shop"
 EXAMPLES_DIR = REPO_ROOT / "examples"
 DEMO_NAMESPACE = "demo"
 
@@ -911,3 +912,15 @@ def schema_portability_problems(mesh: Mesh, cwd: Path) -> tuple[list[dict[str, A
     listed = json.loads(done.stdout)
     return listed.get("result", listed)["tools"], done.stderr if problems else ""
 
+
+def shop_project(parent: Path, ontology: str | None = None) -> Path:
+    """examples/shop in `parent/shop`: its ontology (or `ontology`, an edited copy) and its
+    SQLite warehouse `shop.db`, seeded from seed.sqlite.sql."""
+    import sqlite3
+
+    project = parent / "shop"
+    project.mkdir()
+    (project / "ontology.yaml").write_text(ontology or (SHOP_DIR / "ontology.yaml").read_text())
+    with sqlite3.connect(project / "shop.db") as db:
+        db.executescript((SHOP_DIR / "seed.sqlite.sql").read_text())
+    return project

@@ -1,11 +1,13 @@
 """The same slice over stdio: `kgmesh mcp --stdio --data-dir DIR` with KGMESH_TOKEN, driven by the
-SDK's stdio client, and a raw check that its stdout carries JSON-RPC frames and nothing else."""
+SDK's stdio client, and a raw check that its stdout carries JSON-RPC frames and nothing else, also
+with an ontology project whose warehouse driver runs (and fails) in the process."""
 
 from __future__ import annotations
 
 import json
 import os
 import queue
+import sqlite3
 import subprocess
 import threading
 import time
@@ -28,6 +30,7 @@ from kgmesh_support import (
     check_runbook_outline,
     check_search_open,
     mcp_stdio,
+    shop_project,
 )
 
 FRAME_TIMEOUT_S = 60.0
@@ -79,10 +82,17 @@ def _pump(stream: IO[bytes], lines: queue.Queue[bytes | None]) -> None:
     lines.put(None)
 
 
-def test_stdio_stdout_is_only_jsonrpc(mesh: Mesh, demo: str, stdio_errlog: Path) -> None:
+@pytest.mark.parametrize("with_project", [False, True], ids=["built-in", "ontology"])
+def test_stdio_stdout_is_only_jsonrpc(
+    mesh: Mesh, demo: str, stdio_errlog: Path, tmp_path: Path, with_project: bool
+) -> None:
+    args = [str(mesh.binary), "mcp", "--stdio", "--data-dir", str(mesh.data_dir)]
+    project = shop_project(tmp_path) if with_project else None
+    if project is not None:
+        args += ["--project-dir", str(project), "--role", "support"]
     with open(stdio_errlog, "wb") as errlog:
         server = subprocess.Popen(
-            [str(mesh.binary), "mcp", "--stdio", "--data-dir", str(mesh.data_dir)],
+            args,
             cwd=REPO_ROOT,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -135,6 +145,26 @@ def test_stdio_stdout_is_only_jsonrpc(mesh: Mesh, demo: str, stdio_errlog: Path)
         listed = read_until_response(2)
         names = {tool["name"] for tool in listed["result"]["tools"]}
         assert set(CORE_TOOLS) <= names, names
+        if project is not None:
+            assert {"get_order", "propose_order_cancel"} <= names, names
+            calls = [
+                ("get_order", {"order_id": 101}),
+                ("propose_order_cancel", {"order_id": 101, "reason": "x", "dry_run": True}),
+            ]
+            for request_id, (name, arguments) in enumerate(calls, start=3):
+                send({"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
+                      "params": {"name": name, "arguments": arguments}})
+                answered = read_until_response(request_id)
+                assert not answered["result"].get("isError"), answered
+            # The warehouse fails under the driver (its table is gone): the answer is one
+            # frame with a stable message, and nothing the driver says reaches stdout.
+            with sqlite3.connect(project / "shop.db") as db:
+                db.execute("DROP TABLE orders")
+            send({"jsonrpc": "2.0", "id": 9, "method": "tools/call",
+                  "params": {"name": "get_order", "arguments": {"order_id": 101}}})
+            failed = read_until_response(9)
+            assert failed["result"].get("isError"), failed
+            assert "no such table" not in json.dumps(failed), failed
 
         # Closing stdin ends the session: the server exits on its own, and whatever it still
         # printed is JSON-RPC as well.

@@ -5,8 +5,6 @@ MCP client. The shop warehouse is a SQLite file seeded from examples/shop/seed.s
 from __future__ import annotations
 
 import os
-import shutil
-import sqlite3
 import subprocess
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -17,20 +15,24 @@ import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
-from kgmesh_support import MCP_READ_TIMEOUT_S, REPO_ROOT, Mesh, _plain_errors, call_tool, schema_portability_problems
+from kgmesh_support import (
+    MCP_READ_TIMEOUT_S,
+    REPO_ROOT,
+    SHOP_DIR,
+    Mesh,
+    _plain_errors,
+    call_tool,
+    schema_portability_problems,
+    shop_project,
+)
 
-SHOP = REPO_ROOT / "examples" / "shop"
+SHOP = SHOP_DIR
 READ_TOOLS = {"get_customer", "list_customer", "traverse_customer_orders", "get_order", "list_order"}
 
 
 @pytest.fixture
 def shop(tmp_path: Path) -> Path:
-    project = tmp_path / "shop"
-    project.mkdir()
-    shutil.copy(SHOP / "ontology.yaml", project / "ontology.yaml")
-    with sqlite3.connect(project / "shop.db") as db:
-        db.executescript((SHOP / "seed.sqlite.sql").read_text())
-    return project
+    return shop_project(tmp_path)
 
 
 @asynccontextmanager
@@ -172,12 +174,8 @@ def shop_mesh(mesh: Mesh, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     work = tmp_path_factory.mktemp("shop-up")
-    project = work / "shop"
-    project.mkdir()
     yaml = (SHOP / "ontology.yaml").read_text().replace("127.0.0.1:8765", f"127.0.0.1:{server.server_port}")
-    (project / "ontology.yaml").write_text(yaml)
-    with sqlite3.connect(project / "shop.db") as db:
-        db.executescript((SHOP / "seed.sqlite.sql").read_text())
+    project = shop_project(work, yaml)
     running = ShopMesh(work_dir=work, binary=mesh.binary, project=project)
     try:
         running.start()
