@@ -724,18 +724,7 @@ mod tests {
                 label: String::new(),
             })
             .collect();
-        let map = HashMap::from([("v0".to_owned(), data("v0", "t".into(), links))]);
-        let access = everyone();
-        let g = build_graph(
-            GraphInput {
-                members: vec![member(0, "a.md".into())],
-                data: &map,
-                access: &access,
-                fingerprint_seed: String::new(),
-            },
-            &request(0),
-        )
-        .unwrap();
+        let g = one_node(data("v0", "t".into(), links));
         assert_eq!(
             g.external_links.len() + g.broken_links.len() + g.edges.len(),
             MAX_GRAPH_LINKS
@@ -743,6 +732,21 @@ mod tests {
         assert!(g.links_truncated && g.partial);
         assert_eq!(g.limit, DEFAULT_GRAPH_LIMIT);
         assert!(g.next_cursor.is_empty(), "one node: no next page");
+    }
+
+    /// The graph of one readable node, `a.md` at version `v0`, with `links`.
+    fn one_node(version: VersionLinks) -> GetKnowledgeGraphResponse {
+        let map = HashMap::from([("v0".to_owned(), version)]);
+        build_graph(
+            GraphInput {
+                members: vec![member(0, "a.md".into())],
+                data: &map,
+                access: &everyone(),
+                fingerprint_seed: String::new(),
+            },
+            &request(0),
+        )
+        .unwrap()
     }
 
     fn external(ordinal: u32, url: String) -> VersionLinkRecord {
@@ -763,18 +767,7 @@ mod tests {
     fn links_over_the_byte_budget_are_cut_and_flagged() {
         let long = |i: u32| format!("https://x.example/{i}/{}", "u".repeat(4_000));
         let links: Vec<VersionLinkRecord> = (0..300).map(|i| external(i, long(i))).collect();
-        let map = HashMap::from([("v0".to_owned(), data("v0", "t".into(), links))]);
-        let access = everyone();
-        let g = build_graph(
-            GraphInput {
-                members: vec![member(0, "a.md".into())],
-                data: &map,
-                access: &access,
-                fingerprint_seed: String::new(),
-            },
-            &request(0),
-        )
-        .unwrap();
+        let g = one_node(data("v0", "t".into(), links));
         let kept = g.external_links.len();
         assert!(kept > 0 && kept < 300, "{kept}");
         let bytes: usize = g.external_links.iter().map(|l| l.url.len() + 64).sum();
@@ -792,23 +785,10 @@ mod tests {
             "t".into(),
             vec![external(0, "https://x.example".into())],
         );
-        let access = everyone();
-        let build = |map: &HashMap<String, VersionLinks>| {
-            build_graph(
-                GraphInput {
-                    members: vec![member(0, "a.md".into())],
-                    data: map,
-                    access: &access,
-                    fingerprint_seed: String::new(),
-                },
-                &request(0),
-            )
-            .unwrap()
-        };
-        let whole = build(&HashMap::from([("v0".to_owned(), version.clone())]));
+        let whole = one_node(version.clone());
         assert!(!whole.links_truncated && !whole.partial);
         version.meta.links_omitted = 12;
-        let cut = build(&HashMap::from([("v0".to_owned(), version)]));
+        let cut = one_node(version);
         assert_eq!(cut.external_links.len(), 1);
         assert!(cut.links_truncated && cut.partial);
     }
