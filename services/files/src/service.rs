@@ -224,7 +224,7 @@ impl FilesService {
             .as_ref()
             .map(|f| f.file_id.clone())
             .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
-        let file = FileInfo {
+        let mut file = FileInfo {
             namespace: namespace.to_owned(),
             version_id: version_id(&file_id, &content_sha256),
             file_id,
@@ -240,7 +240,6 @@ impl FilesService {
             updated_at_ms: now,
             chunk_count: 0,
         };
-        let mut file = file;
         let flags = self
             .store
             .upsert_version(&file, &blob_key, access.visible_only)

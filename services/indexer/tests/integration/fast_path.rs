@@ -160,6 +160,20 @@ async fn graph_view(graph: &GraphStore, file_id: &str) -> (Option<String>, u64, 
     )
 }
 
+/// Uploads the secret's first version and waits until readers find it in the vector lane.
+async fn index_the_secret(
+    js: &async_nats::jetstream::Context,
+    blobs: &BlobStore,
+    index: &EdgeIndex,
+) {
+    let text = "# Keys\n\nThe leaked key is abc123.\n";
+    change(js, blobs, "secret", 1, Some(text)).await;
+    wait_for("the secret indexed", Duration::from_secs(30), async || {
+        visible_points(index, "secret").await > 0
+    })
+    .await;
+}
+
 /// The versions the indexer reported written, in order.
 async fn indexed_versions(js: &async_nats::jetstream::Context) -> Vec<String> {
     let stream = js.get_stream(events::INDEX_STREAM).await.unwrap();
@@ -355,18 +369,7 @@ async fn hiding_a_file_does_not_wait_behind_the_ingest_backlog() {
         .await;
     };
 
-    change(
-        js,
-        blobs,
-        "secret",
-        1,
-        Some("# Keys\n\nThe leaked key is abc123.\n"),
-    )
-    .await;
-    wait_for("the secret indexed", Duration::from_secs(30), async || {
-        visible_points(&index, "secret").await > 0
-    })
-    .await;
+    index_the_secret(js, blobs, &index).await;
 
     // A new upload of the secret queued between two halves of a backlog, then it is hidden.
     backlog(0, 2).await;
@@ -439,18 +442,7 @@ async fn flag_changes_published_out_of_order_keep_the_newer_one() {
         }
         true
     };
-    change(
-        js,
-        blobs,
-        "secret",
-        1,
-        Some("# Keys\n\nThe leaked key is abc123.\n"),
-    )
-    .await;
-    wait_for("the secret indexed", Duration::from_secs(30), async || {
-        visible_points(&index, "secret").await > 0
-    })
-    .await;
+    index_the_secret(js, blobs, &index).await;
 
     // The registry's second change (hide) is published before its first (show).
     set_hidden(js, "secret", 1, true, 2).await;
