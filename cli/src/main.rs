@@ -18,6 +18,7 @@ use commands::files::FileCommand;
 use commands::pats::PatCommand;
 use kgmesh::{Mesh, MeshInfo};
 use serde_json::json;
+use tokio_util::sync::CancellationToken;
 
 #[derive(Parser)]
 #[command(
@@ -141,7 +142,7 @@ struct UpArgs {
     /// Extra Host header values to accept besides loopback (repeatable).
     #[arg(long = "allowed-host")]
     allowed_hosts: Vec<String>,
-    /// Write the URLs (and a first admin token) as JSON to this file when ready.
+    /// Write the URLs (and a first admin token) as JSON to this file when ready (after any --seed).
     #[arg(long)]
     ready_file: Option<PathBuf>,
     /// Log as JSON lines.
@@ -369,11 +370,55 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(64));
         }
     };
+    let seeds = match parse_seeds(&args.seed) {
+        Ok(seeds) => seeds,
+        Err(problem) => {
+            eprintln!("error: {problem}");
+            return Ok(ExitCode::from(64));
+        }
+    };
     let _telemetry = kg_common::telemetry::init("kgmesh", &telemetry)?;
     // Approval runs as its own process: this binary re-executed as `approval-serve`.
     options.approval.child = Some(kgmesh::approval_child::ChildCommand::current_exe()?);
     options.approval.telemetry = telemetry.clone();
+    // Caught from here on: a signal during start-up or a seed stops the mesh cleanly (the
+    // stores it started included) instead of killing this process under its children.
+    let stop = CancellationToken::new();
+    tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            shutdown_signal().await;
+            stop.cancel();
+        }
+    });
     let mesh = Mesh::start_with(options, args.ontology.into()).await?;
+    for (dir, namespace) in &seeds {
+        let seeded = tokio::select! {
+            seeded = mesh.seed(dir, namespace, SEED_TIMEOUT) => Some(seeded),
+            () = stop.cancelled() => None,
+        };
+        let (indexed, failed) = match seeded {
+            Some(Ok(seeded)) => seeded,
+            Some(Err(err)) => {
+                mesh.shutdown().await;
+                return Err(err.context(format!("--seed {}:{namespace}", dir.display())));
+            }
+            None => {
+                eprintln!("stopping: interrupted while seeding {namespace}");
+                mesh.shutdown().await;
+                return Ok(ExitCode::SUCCESS);
+            }
+        };
+        eprintln!(
+            "seeded {namespace} from {}: {indexed} indexed, {} failed",
+            dir.display(),
+            failed.len()
+        );
+        for (path, reason) in failed {
+            eprintln!("  failed: {path}: {reason}");
+        }
+    }
+    // Ready means serving what --seed asked for: a script waiting on this file may search it.
     if let Some(path) = &args.ready_file {
         let info = &mesh.info;
         let ready = json!({
@@ -386,28 +431,37 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
         std::fs::write(&tmp, serde_json::to_vec_pretty(&ready)?)?;
         std::fs::rename(&tmp, path)?;
     }
-    for seed in &args.seed {
-        let (dir, namespace) = seed.rsplit_once(':').with_context(|| {
-            format!("--seed `{seed}`: expected DIR:NAMESPACE, e.g. examples:demo")
-        })?;
-        let (indexed, failed) = mesh
-            .seed(
-                std::path::Path::new(dir),
-                namespace,
-                Duration::from_secs(600),
-            )
-            .await?;
-        eprintln!(
-            "seeded {namespace} from {dir}: {indexed} indexed, {} failed",
-            failed.len()
-        );
-        for (path, reason) in failed {
-            eprintln!("  failed: {path}: {reason}");
-        }
-    }
     print_banner(&mesh.info, mesh.admin_token.as_deref());
-    mesh.run_until(shutdown_signal()).await?;
+    mesh.run_until(stop.cancelled_owned()).await?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// How long one `--seed` folder may take to index.
+const SEED_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// The `--seed DIR:NAMESPACE` arguments, checked before anything starts so that a typo fails
+/// at once rather than after the stores are up.
+fn parse_seeds(seeds: &[String]) -> Result<Vec<(PathBuf, String)>, String> {
+    seeds
+        .iter()
+        .map(|seed| {
+            let Some((dir, namespace)) = seed.rsplit_once(':') else {
+                return Err(format!(
+                    "--seed `{seed}`: expected DIR:NAMESPACE, e.g. examples:demo"
+                ));
+            };
+            kg_common::access::validate_namespace(namespace)
+                .map_err(|err| format!("--seed `{seed}`: {err}"))?;
+            let dir = PathBuf::from(dir);
+            if !dir.exists() {
+                return Err(format!(
+                    "--seed `{seed}`: {} does not exist; name a folder or file to load",
+                    dir.display()
+                ));
+            }
+            Ok((dir, namespace.to_owned()))
+        })
+        .collect()
 }
 
 /// The options of `serve` and `bootstrap-admin`; None after printing the problems.

@@ -540,6 +540,9 @@ impl Mesh {
         let operator = CallerContext {
             principal_id: "system:seed".to_owned(),
             is_admin: true,
+            // Seeding creates a namespace and writes files: admin-API operations, which
+            // refuse a context minted for any other purpose.
+            tool: format!("{}:seed", kg_common::caller::ADMIN_API_TOOL),
             access: vec![AccessFilter {
                 namespace: namespace.to_owned(),
                 allow_prefixes: vec![String::new()],

@@ -246,7 +246,9 @@ class Mesh:
             f"--- stdout ---\n{tail(self.stdout_log, 20)}"
         )
 
-    def start(self) -> None:
+    def start(self, *, wait_ready: bool = True) -> None:
+        """Starts `kgmesh up`; returns once its ready file is written, or at once when
+        `wait_ready` is false (to act on a mesh still starting or seeding)."""
         if not self.binary.is_file():
             raise MeshError(
                 f"kgmesh binary not found at {self.binary}; build it with `cargo build -p kgmesh` "
@@ -276,7 +278,8 @@ class Mesh:
                 start_new_session=True,
                 env={**os.environ, **self.env},
             )
-        self._wait_ready()
+        if wait_ready:
+            self._wait_ready()
 
     def _wait_ready(self) -> None:
         assert self.proc is not None

@@ -1,0 +1,144 @@
+"""The README's quick start: `make up` runs `kgmesh up` with the arguments its Makefile recipe
+gives (read from the Makefile, so the two cannot drift apart), on the default embedder, and the
+folders it seeds are searchable once the ready file appears.
+
+Every other test ingests with `kgmesh ingest` and a token; `--seed` loads as the local operator
+without one, through its own caller context, and nothing else exercised that path.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from kgmesh_support import (
+    READY_TIMEOUT_S,
+    REPO_ROOT,
+    RUNBOOK,
+    Mesh,
+    MeshError,
+    call_ok,
+    kgmesh_bin,
+    mcp_http,
+    search_target,
+    tail,
+)
+
+pytestmark = pytest.mark.anyio
+
+# The harness picks these per test (a temp data dir, a free port); the Makefile's are for people.
+HARNESS_FLAGS = ("--data-dir", "--http-addr")
+
+
+def make_up_arguments() -> list[str]:
+    """The `kgmesh up` arguments of the Makefile's `up` recipe, without the harness's flags."""
+    makefile = (REPO_ROOT / "Makefile").read_text(encoding="utf-8")
+    recipe = re.search(r"^up:.*\n((?:\t.*\n)+)", makefile, re.M)
+    assert recipe, "the Makefile has no `up` target"
+    commands = [shlex.split(line) for line in recipe.group(1).splitlines()]
+    runs = [words for words in commands if len(words) > 1 and words[0].endswith("/kgmesh") and words[1] == "up"]
+    assert len(runs) == 1, f"the `up` recipe should run `kgmesh up` once: {recipe.group(1)}"
+    words, kept = runs[0][2:], []
+    while words:
+        word = words.pop(0)
+        if word in HARNESS_FLAGS:
+            words.pop(0)
+        elif word.split("=", 1)[0] not in HARNESS_FLAGS:
+            kept.append(word)
+    return kept
+
+
+def seeds(arguments: list[str]) -> list[tuple[str, str]]:
+    """The (folder, namespace) pairs of the `--seed DIR:NAMESPACE` arguments."""
+    pairs = [arguments[i + 1] for i, word in enumerate(arguments) if word == "--seed"]
+    return [tuple(pair.rsplit(":", 1)) for pair in pairs]  # type: ignore[misc]
+
+
+def visible_files(folder: str) -> list[str]:
+    """What `kgmesh ingest` (and `--seed`) load from a folder: files, no dot-file or dot-folder."""
+    root = REPO_ROOT / folder
+    return sorted(
+        path.relative_to(root).as_posix()
+        for path in root.rglob("*")
+        if path.is_file() and not any(part.startswith(".") for part in path.relative_to(root).parts)
+    )
+
+
+@pytest.fixture(scope="module")
+def quick_start(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
+    mesh = Mesh(
+        work_dir=tmp_path_factory.mktemp("kgmesh-quick-start"),
+        binary=kgmesh_bin(),
+        extra_args=make_up_arguments(),
+    )
+    try:
+        mesh.start()
+    except MeshError as err:
+        problems = mesh.stop()
+        pytest.fail(f"{err}\n{problems}", pytrace=False)
+    yield mesh
+    problems = mesh.stop()
+    assert not problems, problems
+
+
+def test_make_up_seeds_the_examples() -> None:
+    assert seeds(make_up_arguments()) == [("examples", "demo")], make_up_arguments()
+
+
+async def test_the_seeded_namespace_is_indexed_when_ready(quick_start: Mesh) -> None:
+    for folder, namespace in seeds(make_up_arguments()):
+        expected = visible_files(folder)
+        log = quick_start.stderr_log.read_text(encoding="utf-8", errors="replace")
+        assert f"seeded {namespace} from {folder}: {len(expected)} indexed, 0 failed" in log, quick_start.log_tail()
+        async with mcp_http(quick_start.mcp_url, quick_start.admin_token) as client:
+            listed = await call_ok(client, "kg_files", {"namespace": namespace, "limit": 100})
+            statuses = {file["path"]: file["status"] for file in listed["files"]}
+            assert sorted(statuses) == expected, statuses
+            assert set(statuses.values()) == {"indexed"}, statuses
+            # Searchable at once: the ready file is written after the seed, not before it.
+            await search_target(client, RUNBOOK, namespaces=[namespace])
+
+
+def test_a_bad_seed_fails_before_anything_starts(tmp_path: Path) -> None:
+    for seed, problem in (
+        ("examples", "expected DIR:NAMESPACE"),
+        ("examples:Not A Namespace", "invalid namespace"),
+        (f"{tmp_path / 'missing'}:demo", "does not exist"),
+    ):
+        done = subprocess.run(
+            [str(kgmesh_bin()), "up", "--data-dir", str(tmp_path / "data"), "--seed", seed],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert done.returncode == 64, (seed, done.returncode, done.stderr)
+        assert problem in done.stderr, (seed, done.stderr)
+        assert not (tmp_path / "data").exists(), f"{seed}: `kgmesh up` created its data dir before refusing"
+
+
+def test_a_signal_while_seeding_stops_every_store(tmp_path: Path) -> None:
+    # Enough files that the default embedder is still indexing them when the signal comes.
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for n in range(200):
+        paragraphs = "\n\n".join(f"Paragraph {p} of note {n}: the quarterly sprocket audit." for p in range(20))
+        (corpus / f"note-{n:03}.md").write_text(f"# Note {n}\n\n{paragraphs}\n", encoding="utf-8")
+    mesh = Mesh(work_dir=tmp_path / "mesh", binary=kgmesh_bin(), extra_args=["--seed", f"{corpus}:bulk"])
+    mesh.start(wait_ready=False)
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while "gateway listening" not in tail(mesh.stderr_log, 200):
+        assert mesh.proc is not None and mesh.proc.poll() is None, mesh.log_tail()
+        assert time.monotonic() < deadline, mesh.log_tail()
+        time.sleep(0.2)
+    # The stores and the approval child are up; the seed is uploading or waiting on the index.
+    problems = mesh.stop()
+    assert not problems, f"{problems}\n{mesh.log_tail()}"
+    assert "interrupted while seeding bulk" in tail(mesh.stderr_log, 200), mesh.log_tail()
+    assert not mesh.ready_file.exists(), "the ready file was written although the seed never finished"
