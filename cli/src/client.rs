@@ -8,6 +8,19 @@ use reqwest::{Method, StatusCode};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+/// The gateway answered with an error status (other than 401); its `{code, message}`, or
+/// the start of the body. A caller may tell a refusal of one request from an outage by it.
+#[derive(Debug, thiserror::Error)]
+#[error("{} {path}: {detail}", status.as_u16())]
+pub struct Refused {
+    /// The HTTP status.
+    pub status: StatusCode,
+    /// The request's URL path.
+    pub path: String,
+    /// `CODE: message` from the answer.
+    pub detail: String,
+}
+
 /// Where and as whom to call the admin API.
 #[derive(Clone)]
 pub struct AdminClient {
@@ -106,7 +119,12 @@ impl AdminClient {
                     "401 unauthorized: the token is missing, revoked, expired or from another deployment ({detail})"
                 );
             }
-            bail!("{} {}: {detail}", status.as_u16(), url.path());
+            return Err(Refused {
+                status,
+                path: url.path().to_owned(),
+                detail,
+            }
+            .into());
         }
         serde_json::from_str(&text)
             .with_context(|| format!("unexpected answer from {}", url.path()))

@@ -8,10 +8,10 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use futures::StreamExt as _;
 use indicatif::{ProgressBar, ProgressStyle};
-use reqwest::Method;
+use reqwest::{Method, StatusCode};
 use serde_json::{Value, json};
 
-use crate::client::{AdminClient, RequestBody};
+use crate::client::{AdminClient, Refused, RequestBody};
 
 /// Files uploaded at once.
 const UPLOAD_CONCURRENCY: usize = 4;
@@ -29,17 +29,30 @@ pub struct IngestReport {
     pub failed: Vec<(String, String)>,
 }
 
-/// Files under `root` (hidden entries skipped) with their `/`-separated relative paths.
-pub(crate) fn collect_files(root: &Path) -> anyhow::Result<Vec<(PathBuf, String)>> {
+/// What a folder holds for an upload.
+#[derive(Debug, Default)]
+pub(crate) struct Collected {
+    /// Files with their `/`-separated paths relative to the folder.
+    pub(crate) files: Vec<(PathBuf, String)>,
+    /// Files that cannot be uploaded as they are, with the reason: their path is not UTF-8.
+    pub(crate) skipped: Vec<(String, String)>,
+}
+
+/// Files under `root` (hidden entries and symbolic links skipped) with their
+/// `/`-separated relative paths.
+pub(crate) fn collect_files(root: &Path) -> anyhow::Result<Collected> {
     if root.is_file() {
         let name = root
             .file_name()
             .and_then(|n| n.to_str())
             .context("the file name is not UTF-8")?
             .to_owned();
-        return Ok(vec![(root.to_path_buf(), name)]);
+        return Ok(Collected {
+            files: vec![(root.to_path_buf(), name)],
+            skipped: Vec::new(),
+        });
     }
-    let mut files = Vec::new();
+    let mut collected = Collected::default();
     for entry in walkdir::WalkDir::new(root)
         .follow_links(false)
         .sort_by_file_name()
@@ -51,12 +64,18 @@ pub(crate) fn collect_files(root: &Path) -> anyhow::Result<Vec<(PathBuf, String)
             continue;
         }
         let relative = entry.path().strip_prefix(root)?;
-        let Some(relative) = relative.to_str() else {
-            bail!("{} is not a UTF-8 path", entry.path().display());
+        let Some(utf8) = relative.to_str() else {
+            collected.skipped.push((
+                relative.to_string_lossy().into_owned(),
+                "skipped: the path is not UTF-8; rename it to upload it".to_owned(),
+            ));
+            continue;
         };
-        files.push((entry.path().to_path_buf(), relative.replace('\\', "/")));
+        collected
+            .files
+            .push((entry.path().to_path_buf(), utf8.replace('\\', "/")));
     }
-    Ok(files)
+    Ok(collected)
 }
 
 fn progress(len: u64, what: &str) -> ProgressBar {
@@ -76,39 +95,58 @@ pub async fn ingest(
     namespace: &str,
     timeout: Duration,
 ) -> anyhow::Result<IngestReport> {
-    let files = collect_files(root)?;
-    if files.is_empty() {
+    let Collected { files, skipped } = collect_files(root)?;
+    if files.is_empty() && skipped.is_empty() {
         bail!("no files found under {}", root.display());
     }
     ensure_namespace(client, namespace).await?;
 
+    let mut report = IngestReport {
+        failed: skipped,
+        ..IngestReport::default()
+    };
     let bar = progress(files.len() as u64, "uploading");
     let uploads = futures::stream::iter(files.into_iter().map(|(local, relative)| {
         let client = client.clone();
         let namespace = namespace.to_owned();
         async move {
-            let bytes = tokio::fs::read(&local)
-                .await
-                .with_context(|| format!("cannot read {}", local.display()))?;
+            let bytes = match tokio::fs::read(&local).await {
+                Ok(bytes) => bytes,
+                Err(err) => return Ok((relative, Err(format!("cannot read it: {err}")))),
+            };
             let mut segments = vec!["namespaces", namespace.as_str(), "files"];
             segments.extend(relative.split('/'));
             let url = client.url(&segments)?;
-            let answer: Value = client
-                .send(Method::PUT, url, Some(RequestBody::Bytes(bytes)))
+            match client
+                .send::<Value>(Method::PUT, url, Some(RequestBody::Bytes(bytes)))
                 .await
-                .with_context(|| format!("uploading {relative}"))?;
-            anyhow::Ok((relative, answer))
+            {
+                Ok(answer) => anyhow::Ok((relative, Ok(answer))),
+                Err(err) => match err.downcast_ref::<Refused>() {
+                    Some(refused) if refuses_only_this_file(refused.status) => {
+                        let reason = format!("refused: {}", refused.detail);
+                        Ok((relative, Err(reason)))
+                    }
+                    _ => Err(err.context(format!("uploading {relative}"))),
+                },
+            }
         }
     }))
     .buffer_unordered(UPLOAD_CONCURRENCY);
     tokio::pin!(uploads);
 
-    let mut report = IngestReport::default();
     // path -> version id we wait for
     let mut waiting: HashMap<String, String> = HashMap::new();
     while let Some(result) = uploads.next().await {
         let (path, answer) = result?;
         bar.inc(1);
+        let answer = match answer {
+            Ok(answer) => answer,
+            Err(reason) => {
+                report.failed.push((path, reason));
+                continue;
+            }
+        };
         let changed = answer
             .get("changed")
             .and_then(Value::as_bool)
@@ -188,7 +226,23 @@ pub async fn ingest(
         tokio::time::sleep(pause).await;
     }
     bar.finish_and_clear();
+    report.failed.sort();
     Ok(report)
+}
+
+/// Whether a refused upload says something about that file alone (its size, path, type, or
+/// the caller's right to write there), so the other files still go up. Anything else (a
+/// missing namespace, an outage, too many requests) would refuse every file: the ingest stops.
+fn refuses_only_this_file(status: StatusCode) -> bool {
+    matches!(
+        status,
+        StatusCode::BAD_REQUEST
+            | StatusCode::FORBIDDEN
+            | StatusCode::CONFLICT
+            | StatusCode::PAYLOAD_TOO_LARGE
+            | StatusCode::UNSUPPORTED_MEDIA_TYPE
+            | StatusCode::UNPROCESSABLE_ENTITY
+    )
 }
 
 /// The wait between two status listings: twenty times what the last one took, within
@@ -202,7 +256,29 @@ fn poll_pause(listing: Duration) -> Duration {
 }
 
 async fn ensure_namespace(client: &AdminClient, namespace: &str) -> anyhow::Result<()> {
-    let existing = client.get(&["namespaces"], &[]).await?;
+    let existing = match client.get(&["namespaces"], &[]).await {
+        Ok(existing) => existing,
+        // Only an admin lists (and creates) namespaces; anyone else ingests into one an admin
+        // made and granted them write on, which it must at least be able to read.
+        Err(err) if refused_with(&err, StatusCode::FORBIDDEN) => {
+            return match client
+                .get(
+                    &["namespaces", namespace, "files"],
+                    &[("limit", "1".to_owned())],
+                )
+                .await
+            {
+                Ok(_) => Ok(()),
+                Err(err) if refused_with(&err, StatusCode::FORBIDDEN) => bail!(
+                    "namespace `{namespace}` does not exist or this token may not read it; an \
+                     admin creates it (`kgmesh ns create {namespace}`) and grants write on it \
+                     (`kgmesh grant put --principal ... --namespace {namespace} --permission write`)"
+                ),
+                Err(err) => Err(err),
+            };
+        }
+        Err(err) => return Err(err),
+    };
     let exists = existing
         .get("namespaces")
         .and_then(Value::as_array)
@@ -220,6 +296,12 @@ async fn ensure_namespace(client: &AdminClient, namespace: &str) -> anyhow::Resu
             .with_context(|| format!("creating namespace `{namespace}`"))?;
     }
     Ok(())
+}
+
+/// Whether `err` is the gateway refusing a request with `status`.
+fn refused_with(err: &anyhow::Error, status: StatusCode) -> bool {
+    err.downcast_ref::<Refused>()
+        .is_some_and(|refused| refused.status == status)
 }
 
 /// Every file of a namespace (hidden ones included), following cursors.

@@ -562,7 +562,9 @@ impl Mesh {
             Err(err) => return Err(err.into()),
         }
         let mut waiting = std::collections::HashMap::new();
-        for (local, relative) in crate::ingest::collect_files(dir)? {
+        let collected = crate::ingest::collect_files(dir)?;
+        let mut failed = collected.skipped;
+        for (local, relative) in collected.files {
             let bytes = tokio::fs::read(&local)
                 .await
                 .with_context(|| format!("cannot read {}", local.display()))?;
@@ -575,7 +577,7 @@ impl Mesh {
             }
         }
         let deadline = Instant::now() + timeout;
-        let (mut indexed, mut failed) = (0usize, Vec::new());
+        let mut indexed = 0usize;
         while !waiting.is_empty() {
             let mut cursor = String::new();
             loop {

@@ -1,0 +1,98 @@
+"""`kgmesh ingest` over a folder where some files cannot go in: each of those is reported with
+what to change, every other file is still uploaded and indexed, and the exit code is 3.
+
+One refused upload used to stop the whole ingest at that file, leaving the files after it (in
+upload order) out and unreported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from kgmesh_support import Mesh, Principal
+
+# The gateway's default `max_upload_bytes` (32 MiB); one byte more is refused with 413.
+DEFAULT_MAX_UPLOAD_BYTES = 32 * 1024 * 1024
+
+
+def ingest_json(mesh: Mesh, folder: Path, namespace: str, token: str | None = None) -> tuple[int, dict]:
+    done = mesh.run("ingest", str(folder), "--namespace", namespace, token=token, timeout=300)
+    try:
+        summary = json.loads(done.stdout)
+    except json.JSONDecodeError as err:
+        raise AssertionError(f"exit {done.returncode}\nstdout:\n{done.stdout}\nstderr:\n{done.stderr[-3000:]}") from err
+    return done.returncode, summary
+
+
+def indexed_paths(mesh: Mesh, namespace: str) -> dict[str, str]:
+    listed = mesh.cli("file", "list", "--namespace", namespace)
+    return {file["path"]: file["status"] for file in listed["files"]}
+
+
+def test_files_that_cannot_go_in_are_reported_and_the_rest_are_indexed(mesh: Mesh, tmp_path: Path) -> None:
+    namespace = "ingest-partial"
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    (folder / "a-first.md").write_text("# First\n\nThe amber lighthouse keeps its lamp lit.\n")
+    # Too large for the gateway: refused with 413 before anything is stored.
+    with open(folder / "b-huge.txt", "wb") as huge:
+        huge.truncate(DEFAULT_MAX_UPLOAD_BYTES + 1)
+    # Not a UTF-8 name: no kgmesh path can hold it.
+    with open(os.path.join(os.fsencode(folder), b"c-bad\xffname.md"), "wb") as bad:
+        bad.write(b"# Bad name\n")
+    (folder / "d-blob.bin").write_bytes(bytes(range(256)) * 4)
+    (folder / "z-last.md").write_text("# Last\n\nThe cobalt harbour closes at dusk.\n")
+
+    code, summary = ingest_json(mesh, folder, namespace)
+    assert code == 3, (code, summary)
+    failed = {entry["path"]: entry["reason"] for entry in summary["failed"]}
+    assert sorted(failed) == ["b-huge.txt", "c-bad\ufffdname.md", "d-blob.bin"], summary
+    assert failed["b-huge.txt"].startswith("refused: PAYLOAD_TOO_LARGE"), failed
+    assert "not UTF-8" in failed["c-bad\ufffdname.md"] and "rename" in failed["c-bad\ufffdname.md"], failed
+    assert "unsupported file type" in failed["d-blob.bin"], failed
+    assert summary["indexed"] == 2, summary
+
+    statuses = indexed_paths(mesh, namespace)
+    assert statuses["a-first.md"] == statuses["z-last.md"] == "indexed", statuses
+    assert "b-huge.txt" not in statuses, statuses
+
+    # The same folder again: the good files are unchanged, the same three are reported.
+    code, again = ingest_json(mesh, folder, namespace)
+    assert code == 3, (code, again)
+    assert again["unchanged"] >= 2 and sorted(e["path"] for e in again["failed"]) == sorted(failed), again
+
+
+def test_a_writer_of_one_folder_uploads_that_folder_and_hears_why_not_the_rest(
+    mesh: Mesh, make_principal: Callable[..., Principal], tmp_path: Path
+) -> None:
+    namespace = "ingest-folder-writer"
+    mesh.cli("ns", "create", namespace)
+    writer = make_principal("team-writer")
+    mesh.grant(writer.id, namespace, "write", prefix="team/")
+    folder = tmp_path / "corpus"
+    for path in ("other/a.md", "team/b.md", "zz/c.md"):
+        file = folder / path
+        file.parent.mkdir(parents=True, exist_ok=True)
+        file.write_text(f"# {path}\n\nNotes kept in {path}.\n")
+
+    code, summary = ingest_json(mesh, folder, namespace, token=writer.token)
+    assert code == 3, (code, summary)
+    failed = {entry["path"]: entry["reason"] for entry in summary["failed"]}
+    assert sorted(failed) == ["other/a.md", "zz/c.md"], summary
+    assert all(reason.startswith("refused: permission_denied") for reason in failed.values()), failed
+    assert summary["indexed"] == 1, summary
+    assert indexed_paths(mesh, namespace) == {"team/b.md": "indexed"}
+
+
+def test_a_writer_hears_what_to_ask_for_when_the_namespace_is_missing(
+    mesh: Mesh, make_principal: Callable[..., Principal], tmp_path: Path
+) -> None:
+    writer = make_principal("no-namespace-writer")
+    (tmp_path / "a.md").write_text("# A\n\nText.\n")
+    done = mesh.run("ingest", str(tmp_path), "--namespace", "ingest-never-created", token=writer.token)
+    assert done.returncode == 1, (done.returncode, done.stdout, done.stderr)
+    assert "`ingest-never-created` does not exist or this token may not read it" in done.stderr, done.stderr
+    assert "kgmesh ns create ingest-never-created" in done.stderr, done.stderr
