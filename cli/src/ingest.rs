@@ -256,46 +256,34 @@ fn poll_pause(listing: Duration) -> Duration {
 }
 
 async fn ensure_namespace(client: &AdminClient, namespace: &str) -> anyhow::Result<()> {
-    let existing = match client.get(&["namespaces"], &[]).await {
-        Ok(existing) => existing,
-        // Only an admin lists (and creates) namespaces; anyone else ingests into one an admin
-        // made and granted them write on, which it must at least be able to read.
-        Err(err) if refused_with(&err, StatusCode::FORBIDDEN) => {
-            return match client
-                .get(
-                    &["namespaces", namespace, "files"],
-                    &[("limit", "1".to_owned())],
-                )
-                .await
-            {
-                Ok(_) => Ok(()),
-                Err(err) if refused_with(&err, StatusCode::FORBIDDEN) => bail!(
-                    "namespace `{namespace}` does not exist or this token may not read it; an \
-                     admin creates it (`kgmesh ns create {namespace}`) and grants write on it \
-                     (`kgmesh grant put --principal ... --namespace {namespace} --permission write`)"
-                ),
-                Err(err) => Err(err),
-            };
-        }
-        Err(err) => return Err(err),
-    };
-    let exists = existing
+    // An admin sees every namespace, anyone else those it may read.
+    let visible = client.get(&["namespaces"], &[]).await?;
+    let exists = visible
         .get("namespaces")
         .and_then(Value::as_array)
         .is_some_and(|list| {
             list.iter()
                 .any(|n| n.get("name").and_then(Value::as_str) == Some(namespace))
         });
-    if !exists {
-        client
-            .post(
-                &["namespaces"],
-                json!({"name": namespace, "description": ""}),
-            )
-            .await
-            .with_context(|| format!("creating namespace `{namespace}`"))?;
+    if exists {
+        return Ok(());
     }
-    Ok(())
+    match client
+        .post(
+            &["namespaces"],
+            json!({"name": namespace, "description": ""}),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        // Only an admin creates namespaces.
+        Err(err) if refused_with(&err, StatusCode::FORBIDDEN) => bail!(
+            "namespace `{namespace}` does not exist or this token may not read it; an admin \
+             creates it (`kgmesh ns create {namespace}`) and grants write on it \
+             (`kgmesh grant put --principal ... --namespace {namespace} --permission write`)"
+        ),
+        Err(err) => Err(err.context(format!("creating namespace `{namespace}`"))),
+    }
 }
 
 /// Whether `err` is the gateway refusing a request with `status`.

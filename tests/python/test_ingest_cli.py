@@ -72,6 +72,9 @@ def test_a_writer_of_one_folder_uploads_that_folder_and_hears_why_not_the_rest(
     mesh.cli("ns", "create", namespace)
     writer = make_principal("team-writer")
     mesh.grant(writer.id, namespace, "write", prefix="team/")
+    # A non-admin lists the namespaces it may read, and only those.
+    listed = mesh.cli("ns", "list", token=writer.token)
+    assert [entry["name"] for entry in listed["namespaces"]] == [namespace], listed
     folder = tmp_path / "corpus"
     for path in ("other/a.md", "team/b.md", "zz/c.md"):
         file = folder / path

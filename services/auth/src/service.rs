@@ -8,7 +8,9 @@ use std::sync::Arc;
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use kg_common::access::{normalize_folder_prefix, validate_namespace};
-use kg_common::caller::{CONTEXT_TTL_MS, ContextSigner, PublicKey, now_ms, require_admin};
+use kg_common::caller::{
+    CONTEXT_TTL_MS, ContextSigner, PublicKey, minted_for_admin_api, now_ms, require_admin,
+};
 use kg_proto::v1::{
     AccessFilter, AuditEvent, AuthorizeResponse, CallerContext, Deny, Grant, Group,
     ListAuditRequest, ListAuditResponse, Namespace, Pat, Permission, Principal, PrincipalKind,
@@ -373,10 +375,18 @@ impl AuthService {
         Ok(ns)
     }
 
-    /// Admin: every namespace.
+    /// Every namespace for an admin on the admin API; for any other caller, those it may read.
     pub async fn list_namespaces(&self, caller: &CallerContext) -> Result<Vec<Namespace>> {
-        require_admin(caller)?;
-        self.store.list_namespaces().await
+        let every = self.store.list_namespaces().await?;
+        if caller.is_admin && minted_for_admin_api(caller) {
+            return Ok(every);
+        }
+        // Anyone else sees the namespaces its context grants, as kg_namespaces shows them:
+        // a writer can find where to ingest without an admin's help.
+        Ok(every
+            .into_iter()
+            .filter(|namespace| caller.access.iter().any(|a| a.namespace == namespace.name))
+            .collect())
     }
 
     /// Admin: create a principal.
