@@ -25,8 +25,36 @@ pub struct IngestReport {
     pub unchanged: usize,
     /// Files indexed.
     pub indexed: usize,
+    /// Files of the namespace deleted because the folder no longer holds them (`--delete`).
+    pub deleted: Vec<String>,
     /// Files that failed, with the reason.
     pub failed: Vec<(String, String)>,
+}
+
+/// Where an ingest puts the files, and whether it removes what the folder no longer holds.
+#[derive(Debug, Clone, Default)]
+pub struct IngestOptions {
+    /// The namespace folder the files go under (`team/docs`), or its root.
+    pub into: Option<String>,
+    /// Delete the namespace's files under `into` that the folder does not hold.
+    pub delete: bool,
+    /// How long to wait for indexing.
+    pub timeout: Duration,
+}
+
+/// `--into` as a path prefix: `team/docs` and `/team/docs/` both give `team/docs/`; empty
+/// segments, `.` and `..` are refused, since the server would refuse every file under them.
+pub fn folder_prefix(into: Option<&str>) -> anyhow::Result<String> {
+    let Some(into) = into.map(|i| i.trim_matches('/')).filter(|i| !i.is_empty()) else {
+        return Ok(String::new());
+    };
+    if into
+        .split('/')
+        .any(|segment| segment.is_empty() || segment == "." || segment == "..")
+    {
+        bail!("--into `{into}`: name a folder such as team/docs, without empty, `.` or `..` parts");
+    }
+    Ok(format!("{into}/"))
 }
 
 /// What a folder holds for an upload.
@@ -88,17 +116,40 @@ fn progress(len: u64, what: &str) -> ProgressBar {
     bar
 }
 
-/// Uploads `root` into `namespace` (created if missing) and waits for indexing.
+/// Uploads `root` into `namespace` (created if missing), deletes what it no longer holds when
+/// asked, and waits for indexing.
 pub async fn ingest(
     client: &AdminClient,
     root: &Path,
     namespace: &str,
-    timeout: Duration,
+    options: &IngestOptions,
 ) -> anyhow::Result<IngestReport> {
+    let prefix = folder_prefix(options.into.as_deref())?;
+    if options.delete && root.is_file() {
+        bail!(
+            "--delete needs a folder: it removes the files the folder no longer holds, and {} is one file",
+            root.display()
+        );
+    }
     let Collected { files, skipped } = collect_files(root)?;
     if files.is_empty() && skipped.is_empty() {
         bail!("no files found under {}", root.display());
     }
+    let files: Vec<(PathBuf, String)> = files
+        .into_iter()
+        .map(|(local, relative)| (local, format!("{prefix}{relative}")))
+        .collect();
+    let skipped: Vec<(String, String)> = skipped
+        .into_iter()
+        .map(|(relative, reason)| (format!("{prefix}{relative}"), reason))
+        .collect();
+    // Every path the folder holds, uploaded or not: a file refused this time keeps what an
+    // earlier ingest stored.
+    let held: std::collections::HashSet<String> = files
+        .iter()
+        .map(|(_, path)| path.clone())
+        .chain(skipped.iter().map(|(path, _)| path.clone()))
+        .collect();
     ensure_namespace(client, namespace).await?;
 
     let mut report = IngestReport {
@@ -182,8 +233,12 @@ pub async fn ingest(
     }
     bar.finish_and_clear();
 
+    if options.delete {
+        delete_missing(client, namespace, &prefix, &held, &mut report).await?;
+    }
+
     let bar = progress(waiting.len() as u64, "indexing");
-    let deadline = Instant::now() + timeout;
+    let deadline = Instant::now() + options.timeout;
     while !waiting.is_empty() {
         let listed = Instant::now();
         let files = list_all(client, namespace).await?;
@@ -218,8 +273,9 @@ pub async fn ingest(
             let mut pending: Vec<&String> = waiting.keys().collect();
             pending.sort();
             bail!(
-                "{} file(s) still not indexed after {timeout:?} (first: {}); check the indexer's log",
+                "{} file(s) still not indexed after {:?} (first: {}); check the indexer's log",
                 pending.len(),
+                options.timeout,
                 pending.first().map(|s| s.as_str()).unwrap_or_default()
             );
         }
@@ -227,7 +283,46 @@ pub async fn ingest(
     }
     bar.finish_and_clear();
     report.failed.sort();
+    report.deleted.sort();
     Ok(report)
+}
+
+/// Deletes the namespace's files under `prefix` that are not in `held`. Only files this
+/// token can list are candidates, and each delete is checked by the server like any other;
+/// one it refuses is reported, not fatal.
+async fn delete_missing(
+    client: &AdminClient,
+    namespace: &str,
+    prefix: &str,
+    held: &std::collections::HashSet<String>,
+    report: &mut IngestReport,
+) -> anyhow::Result<()> {
+    let stale: Vec<String> = list_all(client, namespace)
+        .await?
+        .iter()
+        .filter_map(|file| file.get("path").and_then(Value::as_str))
+        .filter(|path| path.starts_with(prefix) && !held.contains(*path))
+        .map(str::to_owned)
+        .collect();
+    let bar = progress(stale.len() as u64, "deleting");
+    for path in stale {
+        let mut segments = vec!["namespaces", namespace, "files"];
+        segments.extend(path.split('/'));
+        match client.delete(&segments).await {
+            Ok(_) => report.deleted.push(path),
+            Err(err) => match err.downcast_ref::<Refused>() {
+                Some(refused) if refuses_only_this_file(refused.status) => report
+                    .failed
+                    .push((path, format!("not deleted: {}", refused.detail))),
+                // Gone already (another ingest, an admin): what --delete wanted.
+                Some(refused) if refused.status == StatusCode::NOT_FOUND => {}
+                _ => return Err(err.context(format!("deleting {path}"))),
+            },
+        }
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    Ok(())
 }
 
 /// Whether a refused upload says something about that file alone (its size, path, type, or
@@ -318,8 +413,25 @@ pub async fn list_all(client: &AdminClient, namespace: &str) -> anyhow::Result<V
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn into_becomes_one_folder_prefix() {
+        for (into, prefix) in [
+            (None, ""),
+            (Some(""), ""),
+            (Some("/"), ""),
+            (Some("team"), "team/"),
+            (Some("/team/docs/"), "team/docs/"),
+        ] {
+            assert_eq!(folder_prefix(into).unwrap(), prefix, "{into:?}");
+        }
+        for bad in ["a//b", "./a", "a/..", "../x"] {
+            assert!(folder_prefix(Some(bad)).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn polling_backs_off_with_the_cost_of_a_listing() {

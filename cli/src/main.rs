@@ -222,6 +222,13 @@ struct IngestArgs {
     /// Target namespace (created if missing).
     #[arg(long, short)]
     namespace: String,
+    /// Namespace folder the files go under, e.g. team/docs (default: the namespace's root).
+    #[arg(long, value_name = "FOLDER")]
+    into: Option<String>,
+    /// Also delete the namespace's files under --into (the whole namespace without it) that
+    /// the folder no longer holds, so the namespace mirrors the folder.
+    #[arg(long)]
+    delete: bool,
     /// Give up waiting for indexing after this many seconds.
     #[arg(long, default_value_t = 600)]
     timeout_secs: u64,
@@ -619,18 +626,18 @@ fn print_banner(info: &MeshInfo, admin_token: Option<&str>) {
 async fn ingest(args: IngestArgs) -> anyhow::Result<ExitCode> {
     let client = args.remote.client()?;
     let started = std::time::Instant::now();
-    let report = kgmesh::ingest::ingest(
-        &client,
-        &args.path,
-        &args.namespace,
-        Duration::from_secs(args.timeout_secs),
-    )
-    .await?;
+    let options = kgmesh::ingest::IngestOptions {
+        into: args.into,
+        delete: args.delete,
+        timeout: Duration::from_secs(args.timeout_secs),
+    };
+    let report = kgmesh::ingest::ingest(&client, &args.path, &args.namespace, &options).await?;
     let summary = json!({
         "namespace": args.namespace,
         "uploaded": report.uploaded,
         "unchanged": report.unchanged,
         "indexed": report.indexed,
+        "deleted": report.deleted,
         "failed": report.failed.iter().map(|(p, r)| json!({"path": p, "reason": r})).collect::<Vec<_>>(),
         "seconds": started.elapsed().as_secs_f64(),
     });
@@ -638,14 +645,18 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<ExitCode> {
         println!("{}", serde_json::to_string(&summary)?);
     } else {
         println!(
-            "{}: {} uploaded, {} unchanged, {} indexed, {} failed in {:.1}s",
+            "{}: {} uploaded, {} unchanged, {} indexed, {} deleted, {} failed in {:.1}s",
             args.namespace,
             report.uploaded,
             report.unchanged,
             report.indexed,
+            report.deleted.len(),
             report.failed.len(),
             started.elapsed().as_secs_f64()
         );
+        for path in &report.deleted {
+            println!("  deleted: {path}");
+        }
         for (path, reason) in &report.failed {
             println!("  failed: {path}: {reason}");
         }

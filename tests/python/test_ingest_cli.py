@@ -18,8 +18,10 @@ from kgmesh_support import Mesh, Principal
 DEFAULT_MAX_UPLOAD_BYTES = 32 * 1024 * 1024
 
 
-def ingest_json(mesh: Mesh, folder: Path, namespace: str, token: str | None = None) -> tuple[int, dict]:
-    done = mesh.run("ingest", str(folder), "--namespace", namespace, token=token, timeout=300)
+def ingest_json(
+    mesh: Mesh, folder: Path, namespace: str, *extra: str, token: str | None = None
+) -> tuple[int, dict]:
+    done = mesh.run("ingest", str(folder), "--namespace", namespace, *extra, token=token, timeout=300)
     try:
         summary = json.loads(done.stdout)
     except json.JSONDecodeError as err:
@@ -99,3 +101,73 @@ def test_a_writer_hears_what_to_ask_for_when_the_namespace_is_missing(
     assert done.returncode == 1, (done.returncode, done.stdout, done.stderr)
     assert "`ingest-never-created` does not exist or this token may not read it" in done.stderr, done.stderr
     assert "kgmesh ns create ingest-never-created" in done.stderr, done.stderr
+
+
+def write_tree(root: Path, files: dict[str, str]) -> None:
+    for path, text in files.items():
+        file = root / path
+        file.parent.mkdir(parents=True, exist_ok=True)
+        file.write_text(text)
+
+
+def test_into_and_delete_keep_a_namespace_folder_in_step_with_a_local_folder(
+    mesh: Mesh, make_principal: Callable[..., Principal], tmp_path: Path
+) -> None:
+    namespace = "ingest-mirror"
+    outside = tmp_path / "outside"
+    write_tree(outside, {"keep.md": "# Keep\n\nOutside the mirrored folder.\n"})
+    mesh.ingest(outside, namespace)
+
+    docs = tmp_path / "docs"
+    write_tree(
+        docs,
+        {
+            "a.md": "# A\n\nThe amber lighthouse.\n",
+            "c.md": "# C\n\nThe cobalt harbour.\n",
+            "sub/b.md": "# B\n\nThe bronze bell.\n",
+        },
+    )
+    code, first = ingest_json(mesh, docs, namespace, "--into", "/docs/", "--delete")
+    assert code == 0 and first["deleted"] == [] and first["indexed"] == 3, first
+    assert indexed_paths(mesh, namespace) == dict.fromkeys(["docs/a.md", "docs/c.md", "docs/sub/b.md", "keep.md"], "indexed")
+
+    # The folder loses two files and gains one: the namespace follows, outside docs/ untouched.
+    (docs / "c.md").unlink()
+    (docs / "sub" / "b.md").unlink()
+    write_tree(docs, {"d.md": "# D\n\nThe damask curtain.\n"})
+    code, second = ingest_json(mesh, docs, namespace, "--into", "docs", "--delete")
+    assert code == 0, second
+    assert second["deleted"] == ["docs/c.md", "docs/sub/b.md"], second
+    assert (second["unchanged"], second["uploaded"]) == (1, 1), second
+    assert indexed_paths(mesh, namespace) == dict.fromkeys(["docs/a.md", "docs/d.md", "keep.md"], "indexed")
+
+    # A reader of the whole namespace who may write only docs/sub/ mirrors that folder: the
+    # files it may not delete are reported, and nothing of them is lost.
+    writer = make_principal("sub-writer")
+    mesh.grant(writer.id, namespace, "read")
+    mesh.grant(writer.id, namespace, "write", prefix="docs/sub/")
+    sub = tmp_path / "sub"
+    write_tree(sub, {"sub/e.md": "# E\n\nThe emerald gate.\n"})
+    code, third = ingest_json(mesh, sub, namespace, "--into", "docs", "--delete", token=writer.token)
+    assert code == 3, third
+    assert third["deleted"] == [], third
+    refused = {entry["path"]: entry["reason"] for entry in third["failed"]}
+    assert sorted(refused) == ["docs/a.md", "docs/d.md"], third
+    assert all(reason.startswith("not deleted: permission_denied") for reason in refused.values()), refused
+    assert indexed_paths(mesh, namespace) == dict.fromkeys(
+        ["docs/a.md", "docs/d.md", "docs/sub/e.md", "keep.md"], "indexed"
+    )
+
+
+def test_into_and_delete_refuse_what_they_cannot_mean(mesh: Mesh, tmp_path: Path) -> None:
+    write_tree(tmp_path, {"one.md": "# One\n"})
+    for extra, problem in (
+        (["--into", "docs/../secrets"], "without empty, `.` or `..` parts"),
+        (["--into", "a//b"], "without empty, `.` or `..` parts"),
+    ):
+        done = mesh.run("ingest", str(tmp_path), "--namespace", "ingest-refusals", *extra)
+        assert done.returncode == 1 and problem in done.stderr, (extra, done.returncode, done.stderr)
+    done = mesh.run("ingest", str(tmp_path / "one.md"), "--namespace", "ingest-refusals", "--delete")
+    assert done.returncode == 1 and "--delete needs a folder" in done.stderr, done.stderr
+    listed = mesh.cli("ns", "list")
+    assert "ingest-refusals" not in [entry["name"] for entry in listed["namespaces"]], listed
