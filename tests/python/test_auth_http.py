@@ -195,6 +195,36 @@ def test_non_admin_cannot_administer(mesh: Mesh, make_principal: Callable[..., P
     assert done.returncode != 0, f"a non-admin PAT created an admin principal: {done.stdout[:300]}"
 
 
+def test_anyone_lists_and_revokes_its_own_pats_and_no_one_elses(
+    mesh: Mesh, make_principal: Callable[..., Principal]
+) -> None:
+    alice = make_principal("pat-owner")
+    bob = make_principal("pat-neighbour")
+    spare_token, spare_id = mesh.create_pat(alice.id, "alice-spare")
+
+    # Alice sees her two PATs, never a secret and never Bob's.
+    listed = mesh.cli("pat", "list", token=alice.token)["pats"]
+    assert sorted(p["id"] for p in listed) == sorted([alice.pat_id, spare_id]), listed
+    assert alice.token not in json.dumps(listed) and spare_token not in json.dumps(listed)
+    assert mesh.cli("pat", "list", "--principal", alice.id, token=alice.token)["pats"] == listed
+    refused = mesh.run("pat", "list", "--principal", bob.id, token=alice.token)
+    assert refused.returncode == 1 and "permission_denied" in refused.stderr, refused.stderr
+    assert "leave the principal out to list your own" in refused.stderr, refused.stderr
+
+    # Bob's PAT is "not found" to her, and keeps working.
+    refused = mesh.run("pat", "revoke", bob.pat_id, token=alice.token)
+    assert refused.returncode == 1 and "not_found" in refused.stderr, refused.stderr
+    assert mesh.run("pat", "list", token=bob.token).returncode == 0
+
+    # Her spare one she revokes herself; it fails on its next call, hers still works.
+    assert mesh.cli("pat", "revoke", spare_id, token=alice.token) == {"revoked": True}
+    assert mesh.run("pat", "list", token=spare_token).returncode == 1
+    assert mesh.run("pat", "list", token=alice.token).returncode == 0
+    # Creating and rotating stay an admin's.
+    assert mesh.run("pat", "create", "--principal", alice.id, "--name", "more", token=alice.token).returncode == 1
+    assert mesh.run("pat", "rotate", alice.pat_id, token=alice.token).returncode == 1
+
+
 async def _demo_chunk(mesh: Mesh) -> dict[str, Any]:
     async with mcp_http(mesh.mcp_url, mesh.admin_token) as admin:
         return await search_target(admin, RUNBOOK, namespaces=[DEMO_NAMESPACE])

@@ -13,6 +13,9 @@ pub enum AuthError {
     /// Bad input; the message says what to change.
     #[error("{0}")]
     Invalid(String),
+    /// Allowed to an admin only; the message says what this caller may do instead.
+    #[error("{0}")]
+    Denied(String),
     /// The named thing does not exist.
     #[error("{0} not found")]
     NotFound(String),
@@ -46,7 +49,7 @@ impl ErrorExt for AuthError {
     fn code(&self) -> ErrorCode {
         match self {
             AuthError::InvalidToken => ErrorCode::Unauthenticated,
-            AuthError::NamespaceDenied(_) => ErrorCode::PermissionDenied,
+            AuthError::NamespaceDenied(_) | AuthError::Denied(_) => ErrorCode::PermissionDenied,
             AuthError::Invalid(_) => ErrorCode::InvalidArgument,
             AuthError::NotFound(_) => ErrorCode::NotFound,
             AuthError::AlreadyExists(_) => ErrorCode::AlreadyExists,

@@ -10,6 +10,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use kg_common::access::{normalize_folder_prefix, validate_namespace};
 use kg_common::caller::{
     CONTEXT_TTL_MS, ContextSigner, PublicKey, minted_for_admin_api, now_ms, require_admin,
+    require_admin_api,
 };
 use kg_proto::v1::{
     AccessFilter, AuditEvent, AuthorizeResponse, CallerContext, Deny, Grant, Group,
@@ -684,16 +685,24 @@ impl AuthService {
         self.issue_pat(principal_id, name, expires_at_ms).await
     }
 
-    /// Admin: PATs (never their secrets), of one principal or all.
+    /// PATs (never their secrets): an admin's of one principal or all, anyone else's of its
+    /// own, so a user can see what holds access in its name without asking an admin.
     pub async fn list_pats(&self, caller: &CallerContext, principal_id: &str) -> Result<Vec<Pat>> {
-        require_admin(caller)?;
-        self.store
-            .list_pats(if principal_id.is_empty() {
-                None
-            } else {
-                Some(principal_id)
-            })
-            .await
+        require_admin_api(caller)?;
+        if caller.is_admin {
+            return self
+                .store
+                .list_pats(Some(principal_id).filter(|id| !id.is_empty()))
+                .await;
+        }
+        if !principal_id.is_empty() && principal_id != caller.principal_id {
+            return Err(AuthError::Denied(
+                "only an admin lists another principal's PATs; leave the principal out to \
+                 list your own"
+                    .into(),
+            ));
+        }
+        self.store.list_pats(Some(&caller.principal_id)).await
     }
 
     /// Admin: give a PAT a new secret, keeping its id, principal, name and
@@ -738,9 +747,21 @@ impl AuthService {
         ))
     }
 
-    /// Admin: revoke a PAT; it fails on the very next call.
+    /// Revokes a PAT (an admin any, anyone else its own); it fails on the very next call.
     pub async fn revoke_pat(&self, caller: &CallerContext, pat_id: &str) -> Result<bool> {
-        require_admin(caller)?;
+        require_admin_api(caller)?;
+        if !caller.is_admin {
+            // Anyone may revoke its own PATs (a token it thinks leaked); another's answers as
+            // a missing one, so ids cannot be probed.
+            let own = self
+                .store
+                .get_pat(pat_id)
+                .await?
+                .is_some_and(|pat| pat.principal_id == caller.principal_id);
+            if !own {
+                return Ok(false);
+            }
+        }
         self.store.revoke_pat(pat_id, now_ms()).await
     }
 

@@ -340,6 +340,23 @@ async fn an_mcp_context_replayed_to_an_admin_operation_is_refused() {
             .map(drop),
         ),
         (
+            "auth.ListPats",
+            auth.list_pats(request(ListPatsRequest::default(), &mcp))
+                .await
+                .map(drop),
+        ),
+        (
+            "auth.RevokePat",
+            auth.revoke_pat(request(
+                RevokePatRequest {
+                    pat_id: "any".into(),
+                },
+                &mcp,
+            ))
+            .await
+            .map(drop),
+        ),
+        (
             "auth.ListPrincipals",
             auth.list_principals(request(ListPrincipalsRequest::default(), &mcp))
                 .await
