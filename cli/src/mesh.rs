@@ -139,6 +139,8 @@ pub struct Mesh {
     tasks: JoinSet<(&'static str, anyhow::Result<()>)>,
     _falkordb: Option<EmbeddedFalkor>,
     _nats: Option<EmbeddedNats>,
+    // Last, so it is released after the stores stop.
+    _data_dir_lock: kg_stores::embedded::DirLock,
 }
 
 /// Reads a secret file or creates it with `len` random bytes (mode 0600).
@@ -209,6 +211,8 @@ impl Mesh {
         std::fs::create_dir_all(data_dir)
             .with_context(|| format!("cannot create {}", data_dir.display()))?;
         let data_dir = data_dir.canonicalize()?;
+        // Before anything reads or writes it: a second mesh on these files corrupts them.
+        let data_dir_lock = kg_stores::embedded::DirLock::acquire(&data_dir)?;
 
         let secrets = data_dir.join("secrets");
         let signing_secret = load_or_create_secret(&secrets.join("caller-signing.key"), 32)?;
@@ -523,6 +527,7 @@ impl Mesh {
             tasks,
             _falkordb: falkordb,
             _nats: nats,
+            _data_dir_lock: data_dir_lock,
         })
     }
 

@@ -8,8 +8,10 @@ without one, through its own caller context, and nothing else exercised that pat
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -23,6 +25,8 @@ from kgmesh_support import (
     RUNBOOK,
     Mesh,
     MeshError,
+    _descendants,
+    _still_running,
     call_ok,
     kgmesh_bin,
     mcp_http,
@@ -142,3 +146,65 @@ def test_a_signal_while_seeding_stops_every_store(tmp_path: Path) -> None:
     assert not problems, f"{problems}\n{mesh.log_tail()}"
     assert "interrupted while seeding bulk" in tail(mesh.stderr_log, 200), mesh.log_tail()
     assert not mesh.ready_file.exists(), "the ready file was written although the seed never finished"
+
+
+async def test_a_second_mesh_on_the_same_data_dir_is_refused(quick_start: Mesh) -> None:
+    assert quick_start.proc is not None
+    for command in (["up", "--http-addr", "127.0.0.1:0"], ["stores"]):
+        done = subprocess.run(
+            [str(kgmesh_bin()), *command, "--data-dir", str(quick_start.data_dir)],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode == 1, (command, done.returncode, done.stderr[-2000:])
+        assert f"is in use by another process (pid {quick_start.proc.pid}" in done.stderr, done.stderr[-2000:]
+        assert "pass another --data-dir" in done.stderr, done.stderr[-2000:]
+    # The first mesh never noticed.
+    async with mcp_http(quick_start.mcp_url, quick_start.admin_token) as client:
+        await search_target(client, RUNBOOK, namespaces=["demo"])
+
+
+def test_stores_left_running_by_a_killed_mesh_keep_their_data_dir(tmp_path: Path) -> None:
+    no_embedder = {"KGMESH_EMBEDDING__PROVIDER": "none"}
+    killed = Mesh(work_dir=tmp_path / "killed", binary=kgmesh_bin(), env=no_embedder)
+    killed.start()
+    assert killed.proc is not None
+    servers = _descendants(killed.proc.pid)
+    assert servers, "`kgmesh up` started no child process"
+    # SIGKILL: no handler runs, and FalkorDB and NATS are orphaned with the data dir's files open.
+    killed.proc.kill()
+    killed.proc.wait(timeout=10)
+    up = [str(kgmesh_bin()), "up", "--data-dir", str(killed.data_dir), "--http-addr", "127.0.0.1:0"]
+    env = {**os.environ, **no_embedder}
+    try:
+        done = subprocess.run(up, cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, env=env)
+        assert done.returncode == 1, done.stderr[-2000:]
+        assert f"in use by another process (pid {killed.proc.pid}, or a server it started)" in done.stderr
+    finally:
+        for pid, started in servers.items():
+            if _still_running(pid, started):
+                os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while any(_still_running(pid, started) for pid, started in servers.items()):
+        assert time.monotonic() < deadline, "the orphaned stores did not stop"
+        time.sleep(0.1)
+
+    # Once they are gone, the data dir is free again.
+    ready = tmp_path / "ready.json"
+    with open(tmp_path / "restart.log", "wb") as log:
+        restarted = subprocess.Popen(
+            [*up, "--ready-file", str(ready)], cwd=REPO_ROOT, stdout=log, stderr=log, env=env, start_new_session=True
+        )
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not ready.exists():
+            assert restarted.poll() is None, tail(tmp_path / "restart.log", 40)
+            assert time.monotonic() < deadline, tail(tmp_path / "restart.log", 40)
+            time.sleep(0.2)
+        restarted.send_signal(signal.SIGTERM)
+        assert restarted.wait(timeout=30) == 0, tail(tmp_path / "restart.log", 40)
+    finally:
+        if restarted.poll() is None:
+            os.killpg(restarted.pid, signal.SIGKILL)

@@ -19,6 +19,8 @@ pub struct EmbeddedFalkor {
     /// The port it listens on.
     pub port: u16,
     _child: Supervised,
+    // Released after the child stops (fields drop in order).
+    _lock: super::DirLock,
 }
 
 impl std::fmt::Debug for EmbeddedFalkor {
@@ -38,7 +40,7 @@ impl EmbeddedFalkor {
         let module = bin.join("falkordb.so");
         super::check_binary(&server, SERVER)?;
         super::check_binary(&module, SERVER)?;
-        super::create_data_dir(data_dir, SERVER)?;
+        let lock = super::claim_data_dir(data_dir, SERVER)?;
 
         let spec = super::ServerSpec {
             server: SERVER,
@@ -82,6 +84,7 @@ impl EmbeddedFalkor {
             url: url(port),
             port,
             _child: child,
+            _lock: lock,
         })
     }
 }

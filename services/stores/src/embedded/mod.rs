@@ -7,10 +7,12 @@
 //! stdout, which may carry MCP JSON-RPC frames), and is stopped when its handle drops.
 
 mod falkor;
+mod lock;
 mod nats;
 mod postgres;
 
 pub use falkor::EmbeddedFalkor;
+pub use lock::{DirLock, DirLockError};
 pub use nats::EmbeddedNats;
 pub use postgres::EmbeddedPostgres;
 
@@ -136,13 +138,15 @@ pub(crate) fn log_tail(path: &Path) -> String {
     format!("log {}:\n{}", path.display(), tail.join("\n"))
 }
 
-pub(crate) fn create_data_dir(data_dir: &Path, server: &'static str) -> Result<(), StoreError> {
+/// Creates `data_dir` and locks it for this server ([`DirLock`]).
+pub(crate) fn claim_data_dir(data_dir: &Path, server: &'static str) -> Result<DirLock, StoreError> {
     std::fs::create_dir_all(data_dir).map_err(|err| {
         StoreError::embedded(
             server,
             format!("cannot create {}: {err}", data_dir.display()),
         )
-    })
+    })?;
+    DirLock::acquire(data_dir).map_err(|err| StoreError::embedded(server, err))
 }
 
 pub(crate) fn check_binary(path: &Path, server: &'static str) -> Result<(), StoreError> {

@@ -19,6 +19,8 @@ pub struct EmbeddedNats {
     /// The port it listens on.
     pub port: u16,
     _child: Supervised,
+    // Released after the child stops (fields drop in order).
+    _lock: super::DirLock,
 }
 
 impl std::fmt::Debug for EmbeddedNats {
@@ -35,7 +37,7 @@ impl EmbeddedNats {
     pub async fn start(venv: &Path, data_dir: &Path) -> Result<Self, StoreError> {
         let server = venv.join("bin/nats-server");
         super::check_binary(&server, SERVER)?;
-        super::create_data_dir(data_dir, SERVER)?;
+        let lock = super::claim_data_dir(data_dir, SERVER)?;
 
         let spec = super::ServerSpec {
             server: SERVER,
@@ -61,6 +63,7 @@ impl EmbeddedNats {
             url: url(port),
             port,
             _child: child,
+            _lock: lock,
         })
     }
 }

