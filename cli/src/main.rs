@@ -611,14 +611,22 @@ fn print_banner(info: &MeshInfo, admin_token: Option<&str>) {
     println!(
         "             -d '{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"initialize\",\"params\":{{\"protocolVersion\":\"2025-06-18\",\"capabilities\":{{}},\"clientInfo\":{{\"name\":\"curl\",\"version\":\"1\"}}}}}}'"
     );
-    println!(
-        "  Cursor:  {{\"mcpServers\":{{\"kgmesh\":{{\"url\":\"{}\",\"headers\":{{\"Authorization\":\"Bearer {token}\"}}}}}}}}",
-        info.mcp_url
-    );
-    println!(
-        "  Claude Desktop: {{\"mcpServers\":{{\"kgmesh\":{{\"command\":\"kgmesh\",\"args\":[\"mcp\",\"--stdio\",\"--data-dir\",\"{}\"],\"env\":{{\"KGMESH_TOKEN\":\"{token}\"}}}}}}}}",
-        info.data_dir.display()
-    );
+    // Built as JSON, not spliced into a string: a data dir may hold quotes or backslashes.
+    let cursor = json!({"mcpServers": {"kgmesh": {
+        "url": info.mcp_url,
+        "headers": {"Authorization": format!("Bearer {token}")},
+    }}});
+    // This binary's own path: `make up` runs ./target/debug/kgmesh, which is not on PATH.
+    let command = std::env::current_exe()
+        .map(|path| path.display().to_string())
+        .unwrap_or_else(|_| "kgmesh".to_owned());
+    let claude = json!({"mcpServers": {"kgmesh": {
+        "command": command,
+        "args": ["mcp", "--stdio", "--data-dir", info.data_dir.display().to_string()],
+        "env": {"KGMESH_TOKEN": token},
+    }}});
+    println!("  Cursor:  {cursor}");
+    println!("  Claude Desktop: {claude}");
     println!();
     println!("Stop with Ctrl-C.");
 }

@@ -8,6 +8,7 @@ without one, through its own caller context, and nothing else exercised that pat
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -18,6 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from mcp import Client
+from mcp.client.stdio import StdioServerParameters, stdio_client
 
 from kgmesh_support import (
     READY_TIMEOUT_S,
@@ -107,6 +110,33 @@ async def test_the_seeded_namespace_is_indexed_when_ready(quick_start: Mesh) -> 
             assert set(statuses.values()) == {"indexed"}, statuses
             # Searchable at once: the ready file is written after the seed, not before it.
             await search_target(client, RUNBOOK, namespaces=[namespace])
+
+
+def banner_config(mesh: Mesh, client: str) -> dict:
+    """The MCP client configuration `kgmesh up` printed for `client` ("Cursor", "Claude Desktop")."""
+    prefix = f"  {client}: "
+    lines = [line for line in mesh.stdout_log.read_text(encoding="utf-8").splitlines() if line.startswith(prefix)]
+    assert len(lines) == 1, mesh.log_tail()
+    return json.loads(lines[0][len(prefix) :])["mcpServers"]["kgmesh"]
+
+
+async def test_the_client_configurations_it_prints_connect(quick_start: Mesh, stdio_errlog: Path) -> None:
+    cursor = banner_config(quick_start, "Cursor")
+    assert cursor["url"] == quick_start.mcp_url, cursor
+    assert cursor["headers"] == {"Authorization": f"Bearer {quick_start.admin_token}"}, cursor
+    async with mcp_http(cursor["url"], quick_start.admin_token) as client:
+        listed = await call_ok(client, "kg_namespaces", {})
+        assert "demo" in [entry["name"] for entry in listed["namespaces"]], listed
+
+    # Claude Desktop starts the command itself: the printed one must work as printed, with a
+    # plain PATH (target/debug is not on it) and another working directory.
+    claude = banner_config(quick_start, "Claude Desktop")
+    assert Path(claude["command"]).is_absolute() and Path(claude["command"]).is_file(), claude
+    params = StdioServerParameters(command=claude["command"], args=claude["args"], env=claude["env"], cwd="/")
+    with open(stdio_errlog, "w", encoding="utf-8") as errlog:
+        async with Client(stdio_client(params, errlog=errlog), mode="legacy") as client:
+            listed = await call_ok(client, "kg_namespaces", {})
+            assert "demo" in [entry["name"] for entry in listed["namespaces"]], listed
 
 
 def test_a_bad_seed_fails_before_anything_starts(tmp_path: Path) -> None:
