@@ -188,6 +188,9 @@ def test_every_rendered_deployment_passes_its_own_serve_check(tmp_path: Path, tl
         if service == "gateway":
             assert probed == "http", probe
             assert probe["httpGet"].get("scheme") == ("HTTPS" if https else "HTTP"), probe
+            # Readiness follows auth; liveness only the process.
+            assert probe["httpGet"]["path"] == "/ready", probe
+            assert container["livenessProbe"]["httpGet"]["path"] == "/health", container["livenessProbe"]
         elif tls:
             # A kubelet gRPC probe shows no client certificate: /health on the metrics port.
             assert probe.get("httpGet") == {"path": "/health", "port": "metrics"}, (service, probe)

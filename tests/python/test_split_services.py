@@ -300,6 +300,20 @@ async def test_services_apart_ingest_and_search_and_a_lane_is_replaced_alone(spl
         found = await call_ok(client, "kg_search", {"query": "walrus surcharge", "namespaces": [NAMESPACE]})
         assert found["results"] and found["results"][0]["path"] == "faq.md", found
 
+    # Readiness follows auth alone: without it the gateway can authorize nothing, while a lane
+    # that is down (retrieval, above) still leaves the other tools to serve.
+    ready = f"{split.base_url}/ready"
+    assert http_get(ready) == (200, b'{"ok":true}'), http_get(ready)
+    assert split.stop("auth") == 0, tail(split.processes["auth"].log, 30)
+    assert http_get(ready) == (503, b'{"ok":false,"waitingFor":["auth"]}'), http_get(ready)
+    assert http_get(f"{split.base_url}/health")[0] == 200, "liveness does not depend on auth"
+    split.serve("auth")
+    split.wait_ready("auth")
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while http_get(ready)[0] != 200:
+        assert time.monotonic() < deadline, http_get(ready)
+        time.sleep(0.2)
+
     # The PostgreSQL password is in the config every process read; it reaches no log line.
     password = split.stores_url["database_url"].split(":")[2].split("@")[0]
     assert len(password) >= 8

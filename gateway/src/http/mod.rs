@@ -78,6 +78,7 @@ pub fn router(state: GatewayState) -> Router {
     ));
     Router::new()
         .route("/health", get(health))
+        .route("/ready", get(ready))
         .route("/metrics", get(metrics))
         .route(
             "/.well-known/oauth-protected-resource",
@@ -173,8 +174,33 @@ fn rmcp_origins(allowed: &[String]) -> Vec<String> {
         .collect()
 }
 
+/// Liveness: the process answers.
 async fn health() -> impl IntoResponse {
     axum::Json(json!({"ok": true}))
+}
+
+/// How long readiness waits for auth.
+const READY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Readiness: every request is authorized by auth first, so a gateway that cannot reach it
+/// can serve nothing and should get no traffic. The other backends are not asked: each serves
+/// some tools alone, and a load balancer draining every gateway because one lane is down would
+/// turn a partial outage into a whole one.
+async fn ready(State(state): State<GatewayState>) -> Response {
+    let mut auth = state.backends.auth.clone();
+    let answer = tokio::time::timeout(
+        READY_TIMEOUT,
+        auth.signing_key(kg_proto::v1::SigningKeyRequest {}),
+    )
+    .await;
+    match answer {
+        Ok(Ok(_)) => axum::Json(json!({"ok": true})).into_response(),
+        _ => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            axum::Json(json!({"ok": false, "waitingFor": ["auth"]})),
+        )
+            .into_response(),
+    }
 }
 
 async fn metrics() -> Response {
