@@ -27,6 +27,8 @@ pub struct IngestReport {
     pub indexed: usize,
     /// Files of the namespace deleted because the folder no longer holds them (`--delete`).
     pub deleted: Vec<String>,
+    /// Files of the folder left out by `--exclude`.
+    pub excluded: usize,
     /// Files that failed, with the reason.
     pub failed: Vec<(String, String)>,
 }
@@ -38,8 +40,49 @@ pub struct IngestOptions {
     pub into: Option<String>,
     /// Delete the namespace's files under `into` that the folder does not hold.
     pub delete: bool,
+    /// Globs of paths (relative to the folder) neither uploaded nor deleted.
+    pub exclude: Vec<String>,
     /// How long to wait for indexing.
     pub timeout: Duration,
+}
+
+/// `--exclude` patterns, gitignore-like: one without `/` matches a file name at any depth
+/// (`*.png`), one with `/` the whole path from the folder (`drafts/**`, `/README.md`); `*`
+/// stays within a name, `**` crosses folders.
+#[derive(Debug)]
+pub struct Excludes {
+    names: globset::GlobSet,
+    paths: globset::GlobSet,
+}
+
+impl Excludes {
+    /// Compiles the patterns; a malformed one is refused naming it.
+    pub fn new(patterns: &[String]) -> anyhow::Result<Excludes> {
+        let mut names = globset::GlobSetBuilder::new();
+        let mut paths = globset::GlobSetBuilder::new();
+        for pattern in patterns {
+            let anchored = pattern.trim_start_matches('/');
+            let glob = globset::GlobBuilder::new(anchored)
+                .literal_separator(true)
+                .build()
+                .with_context(|| format!("--exclude `{pattern}` is not a glob"))?;
+            if pattern.contains('/') {
+                paths.add(glob);
+            } else {
+                names.add(glob);
+            }
+        }
+        Ok(Excludes {
+            names: names.build()?,
+            paths: paths.build()?,
+        })
+    }
+
+    /// Whether `relative` (a `/`-separated path inside the folder) is left out.
+    pub fn excludes(&self, relative: &str) -> bool {
+        let name = relative.rsplit('/').next().unwrap_or(relative);
+        self.names.is_match(name) || self.paths.is_match(relative)
+    }
 }
 
 /// `--into` as a path prefix: `team/docs` and `/team/docs/` both give `team/docs/`; empty
@@ -125,16 +168,24 @@ pub async fn ingest(
     options: &IngestOptions,
 ) -> anyhow::Result<IngestReport> {
     let prefix = folder_prefix(options.into.as_deref())?;
+    let excludes = Excludes::new(&options.exclude)?;
     if options.delete && root.is_file() {
         bail!(
             "--delete needs a folder: it removes the files the folder no longer holds, and {} is one file",
             root.display()
         );
     }
-    let Collected { files, skipped } = collect_files(root)?;
+    let Collected {
+        mut files,
+        mut skipped,
+    } = collect_files(root)?;
     if files.is_empty() && skipped.is_empty() {
         bail!("no files found under {}", root.display());
     }
+    let found = files.len() + skipped.len();
+    files.retain(|(_, relative)| !excludes.excludes(relative));
+    skipped.retain(|(relative, _)| !excludes.excludes(relative));
+    let excluded = found - files.len() - skipped.len();
     let files: Vec<(PathBuf, String)> = files
         .into_iter()
         .map(|(local, relative)| (local, format!("{prefix}{relative}")))
@@ -154,6 +205,7 @@ pub async fn ingest(
 
     let mut report = IngestReport {
         failed: skipped,
+        excluded,
         ..IngestReport::default()
     };
     let bar = progress(files.len() as u64, "uploading");
@@ -234,7 +286,7 @@ pub async fn ingest(
     bar.finish_and_clear();
 
     if options.delete {
-        delete_missing(client, namespace, &prefix, &held, &mut report).await?;
+        delete_missing(client, namespace, &prefix, &held, &excludes, &mut report).await?;
     }
 
     let bar = progress(waiting.len() as u64, "indexing");
@@ -295,13 +347,19 @@ async fn delete_missing(
     namespace: &str,
     prefix: &str,
     held: &std::collections::HashSet<String>,
+    excludes: &Excludes,
     report: &mut IngestReport,
 ) -> anyhow::Result<()> {
+    // An excluded path is the folder's to keep out, not the namespace's to lose.
     let stale: Vec<String> = list_all(client, namespace)
         .await?
         .iter()
         .filter_map(|file| file.get("path").and_then(Value::as_str))
-        .filter(|path| path.starts_with(prefix) && !held.contains(*path))
+        .filter(|path| {
+            path.strip_prefix(prefix)
+                .is_some_and(|relative| !excludes.excludes(relative))
+                && !held.contains(*path)
+        })
         .map(str::to_owned)
         .collect();
     let bar = progress(stale.len() as u64, "deleting");
@@ -416,6 +474,25 @@ pub async fn list_all(client: &AdminClient, namespace: &str) -> anyhow::Result<V
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn excludes_match_names_anywhere_and_paths_from_the_folder() {
+        let patterns = ["*.png", "drafts/**", "/top.md"].map(String::from);
+        let excludes = Excludes::new(&patterns).unwrap();
+        for left_out in [
+            "logo.png",
+            "img/a/logo.png",
+            "drafts/x.md",
+            "drafts/a/b.md",
+            "top.md",
+        ] {
+            assert!(excludes.excludes(left_out), "{left_out}");
+        }
+        for kept in ["logo.png.md", "a/drafts/x.md", "sub/top.md", "drafts.md"] {
+            assert!(!excludes.excludes(kept), "{kept}");
+        }
+        assert!(Excludes::new(&["a[".to_owned()]).is_err());
+    }
 
     #[test]
     fn into_becomes_one_folder_prefix() {

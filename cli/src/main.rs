@@ -229,6 +229,10 @@ struct IngestArgs {
     /// the folder no longer holds, so the namespace mirrors the folder.
     #[arg(long)]
     delete: bool,
+    /// Leave out files matching this glob (repeatable): `*.png` matches a name at any depth,
+    /// `drafts/**` a path from the folder; --delete keeps what they match, too.
+    #[arg(long, value_name = "GLOB")]
+    exclude: Vec<String>,
     /// Give up waiting for indexing after this many seconds.
     #[arg(long, default_value_t = 600)]
     timeout_secs: u64,
@@ -637,6 +641,7 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<ExitCode> {
     let options = kgmesh::ingest::IngestOptions {
         into: args.into,
         delete: args.delete,
+        exclude: args.exclude,
         timeout: Duration::from_secs(args.timeout_secs),
     };
     let report = kgmesh::ingest::ingest(&client, &args.path, &args.namespace, &options).await?;
@@ -646,6 +651,7 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<ExitCode> {
         "unchanged": report.unchanged,
         "indexed": report.indexed,
         "deleted": report.deleted,
+        "excluded": report.excluded,
         "failed": report.failed.iter().map(|(p, r)| json!({"path": p, "reason": r})).collect::<Vec<_>>(),
         "seconds": started.elapsed().as_secs_f64(),
     });
@@ -653,12 +659,13 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<ExitCode> {
         println!("{}", serde_json::to_string(&summary)?);
     } else {
         println!(
-            "{}: {} uploaded, {} unchanged, {} indexed, {} deleted, {} failed in {:.1}s",
+            "{}: {} uploaded, {} unchanged, {} indexed, {} deleted, {} excluded, {} failed in {:.1}s",
             args.namespace,
             report.uploaded,
             report.unchanged,
             report.indexed,
             report.deleted.len(),
+            report.excluded,
             report.failed.len(),
             started.elapsed().as_secs_f64()
         );

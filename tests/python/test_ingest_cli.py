@@ -171,3 +171,38 @@ def test_into_and_delete_refuse_what_they_cannot_mean(mesh: Mesh, tmp_path: Path
     assert done.returncode == 1 and "--delete needs a folder" in done.stderr, done.stderr
     listed = mesh.cli("ns", "list")
     assert "ingest-refusals" not in [entry["name"] for entry in listed["namespaces"]], listed
+
+
+def test_excluded_files_are_neither_uploaded_nor_deleted(mesh: Mesh, tmp_path: Path) -> None:
+    namespace = "ingest-exclude"
+    docs = tmp_path / "docs"
+    write_tree(
+        docs,
+        {
+            "guide.md": "# Guide\n\nThe saffron ferry.\n",
+            "drafts/idea.md": "# Idea\n\nThe umber kite.\n",
+        },
+    )
+    (docs / "img").mkdir()
+    (docs / "img" / "logo.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(64))
+    # Without --exclude the image fails (kgmesh does not index PNG) and fails the run.
+    code, first = ingest_json(mesh, docs, namespace)
+    assert code == 3 and [entry["path"] for entry in first["failed"]] == ["img/logo.png"], first
+
+    # Excluded, the image is not sent and the run is clean.
+    code, second = ingest_json(mesh, docs, namespace, "--exclude", "*.png")
+    assert code == 0 and second["excluded"] == 1 and second["failed"] == [], second
+
+    # The draft leaves the folder but is excluded: --delete keeps it; the image's failed
+    # version from the first run is excluded too, so it stays as well.
+    (docs / "drafts" / "idea.md").unlink()
+    code, third = ingest_json(mesh, docs, namespace, "--delete", "--exclude", "*.png", "--exclude", "drafts/**")
+    assert code == 0 and third["deleted"] == [] and third["excluded"] == 1, third
+    assert sorted(indexed_paths(mesh, namespace)) == ["drafts/idea.md", "guide.md", "img/logo.png"]
+
+    # Without the draft pattern, --delete takes it.
+    code, fourth = ingest_json(mesh, docs, namespace, "--delete", "--exclude", "*.png")
+    assert code == 0 and fourth["deleted"] == ["drafts/idea.md"], fourth
+
+    done = mesh.run("ingest", str(docs), "--namespace", namespace, "--exclude", "a[")
+    assert done.returncode == 1 and "--exclude `a[` is not a glob" in done.stderr, done.stderr
