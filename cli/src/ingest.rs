@@ -159,14 +159,21 @@ fn progress(len: u64, what: &str) -> ProgressBar {
     bar
 }
 
-/// Uploads `root` into `namespace` (created if missing), deletes what it no longer holds when
-/// asked, and waits for indexing.
-pub async fn ingest(
-    client: &AdminClient,
-    root: &Path,
-    namespace: &str,
-    options: &IngestOptions,
-) -> anyhow::Result<IngestReport> {
+/// What a folder holds for one ingest, with `--into` and `--exclude` applied.
+struct Prepared {
+    prefix: String,
+    excludes: Excludes,
+    /// Local file and namespace path of each file to upload.
+    files: Vec<(PathBuf, String)>,
+    /// Namespace paths that cannot be uploaded, with why.
+    skipped: Vec<(String, String)>,
+    excluded: usize,
+    /// Every namespace path the folder holds, uploadable or not: a file refused this time
+    /// keeps what an earlier ingest stored.
+    held: std::collections::HashSet<String>,
+}
+
+fn prepare(root: &Path, options: &IngestOptions) -> anyhow::Result<Prepared> {
     let prefix = folder_prefix(options.into.as_deref())?;
     let excludes = Excludes::new(&options.exclude)?;
     if options.delete && root.is_file() {
@@ -194,13 +201,131 @@ pub async fn ingest(
         .into_iter()
         .map(|(relative, reason)| (format!("{prefix}{relative}"), reason))
         .collect();
-    // Every path the folder holds, uploaded or not: a file refused this time keeps what an
-    // earlier ingest stored.
-    let held: std::collections::HashSet<String> = files
+    let held = files
         .iter()
         .map(|(_, path)| path.clone())
         .chain(skipped.iter().map(|(path, _)| path.clone()))
         .collect();
+    Ok(Prepared {
+        prefix,
+        excludes,
+        files,
+        skipped,
+        excluded,
+        held,
+    })
+}
+
+/// What an ingest would do (`--dry-run`); nothing is uploaded, created or deleted.
+#[derive(Debug, Default)]
+pub struct IngestPlan {
+    /// Whether the namespace exists and this token reads it (else every file is new).
+    pub namespace_exists: bool,
+    /// Files new to the namespace or with other content.
+    pub upload: Vec<String>,
+    /// Files the namespace holds with the same content.
+    pub unchanged: usize,
+    /// Files `--delete` would delete.
+    pub delete: Vec<String>,
+    /// Files left out by `--exclude`.
+    pub excluded: usize,
+    /// Files that could not go in, with the reason.
+    pub failed: Vec<(String, String)>,
+}
+
+/// Compares the folder with the namespace: content by SHA-256, as the registry stores it.
+pub async fn plan(
+    client: &AdminClient,
+    root: &Path,
+    namespace: &str,
+    options: &IngestOptions,
+) -> anyhow::Result<IngestPlan> {
+    use sha2::{Digest as _, Sha256};
+    let prepared = prepare(root, options)?;
+    let namespace_exists = namespace_visible(client, namespace).await?;
+    let listing = if namespace_exists {
+        list_all(client, namespace).await?
+    } else {
+        Vec::new()
+    };
+    let stored: HashMap<&str, &str> = listing
+        .iter()
+        .filter_map(|file| {
+            Some((
+                file.get("path")?.as_str()?,
+                file.get("contentSha256")?.as_str()?,
+            ))
+        })
+        .collect();
+    let mut plan = IngestPlan {
+        namespace_exists,
+        excluded: prepared.excluded,
+        failed: prepared.skipped,
+        ..IngestPlan::default()
+    };
+    for (local, path) in prepared.files {
+        match tokio::fs::read(&local).await {
+            Ok(bytes) => {
+                let sha = hex::encode(Sha256::digest(&bytes));
+                if stored.get(path.as_str()) == Some(&sha.as_str()) {
+                    plan.unchanged += 1;
+                } else {
+                    plan.upload.push(path);
+                }
+            }
+            Err(err) => plan.failed.push((path, format!("cannot read it: {err}"))),
+        }
+    }
+    if options.delete {
+        plan.delete = stale_paths(
+            &listing,
+            &prepared.prefix,
+            &prepared.held,
+            &prepared.excludes,
+        );
+    }
+    plan.upload.sort();
+    plan.delete.sort();
+    plan.failed.sort();
+    Ok(plan)
+}
+
+/// The namespace's files under `prefix` the folder does not hold, excluded paths kept (an
+/// excluded path is the folder's to keep out, not the namespace's to lose).
+fn stale_paths(
+    listing: &[Value],
+    prefix: &str,
+    held: &std::collections::HashSet<String>,
+    excludes: &Excludes,
+) -> Vec<String> {
+    listing
+        .iter()
+        .filter_map(|file| file.get("path").and_then(Value::as_str))
+        .filter(|path| {
+            path.strip_prefix(prefix)
+                .is_some_and(|relative| !excludes.excludes(relative))
+                && !held.contains(*path)
+        })
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Uploads `root` into `namespace` (created if missing), deletes what it no longer holds when
+/// asked, and waits for indexing.
+pub async fn ingest(
+    client: &AdminClient,
+    root: &Path,
+    namespace: &str,
+    options: &IngestOptions,
+) -> anyhow::Result<IngestReport> {
+    let Prepared {
+        prefix,
+        excludes,
+        files,
+        skipped,
+        excluded,
+        held,
+    } = prepare(root, options)?;
     ensure_namespace(client, namespace).await?;
 
     let mut report = IngestReport {
@@ -350,18 +475,7 @@ async fn delete_missing(
     excludes: &Excludes,
     report: &mut IngestReport,
 ) -> anyhow::Result<()> {
-    // An excluded path is the folder's to keep out, not the namespace's to lose.
-    let stale: Vec<String> = list_all(client, namespace)
-        .await?
-        .iter()
-        .filter_map(|file| file.get("path").and_then(Value::as_str))
-        .filter(|path| {
-            path.strip_prefix(prefix)
-                .is_some_and(|relative| !excludes.excludes(relative))
-                && !held.contains(*path)
-        })
-        .map(str::to_owned)
-        .collect();
+    let stale = stale_paths(&list_all(client, namespace).await?, prefix, held, excludes);
     let bar = progress(stale.len() as u64, "deleting");
     for path in stale {
         let mut segments = vec!["namespaces", namespace, "files"];
@@ -408,17 +522,21 @@ fn poll_pause(listing: Duration) -> Duration {
         .clamp(Duration::from_millis(200), Duration::from_secs(5))
 }
 
-async fn ensure_namespace(client: &AdminClient, namespace: &str) -> anyhow::Result<()> {
-    // An admin sees every namespace, anyone else those it may read.
+/// Whether `namespace` exists and this token may read it (an admin sees every namespace,
+/// anyone else those it may read).
+async fn namespace_visible(client: &AdminClient, namespace: &str) -> anyhow::Result<bool> {
     let visible = client.get(&["namespaces"], &[]).await?;
-    let exists = visible
+    Ok(visible
         .get("namespaces")
         .and_then(Value::as_array)
         .is_some_and(|list| {
             list.iter()
                 .any(|n| n.get("name").and_then(Value::as_str) == Some(namespace))
-        });
-    if exists {
+        }))
+}
+
+async fn ensure_namespace(client: &AdminClient, namespace: &str) -> anyhow::Result<()> {
+    if namespace_visible(client, namespace).await? {
         return Ok(());
     }
     match client

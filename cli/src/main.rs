@@ -233,6 +233,9 @@ struct IngestArgs {
     /// `drafts/**` a path from the folder; --delete keeps what they match, too.
     #[arg(long, value_name = "GLOB")]
     exclude: Vec<String>,
+    /// Print what would be uploaded (new or changed content) and deleted, changing nothing.
+    #[arg(long)]
+    dry_run: bool,
     /// Give up waiting for indexing after this many seconds.
     #[arg(long, default_value_t = 600)]
     timeout_secs: u64,
@@ -644,6 +647,15 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<ExitCode> {
         exclude: args.exclude,
         timeout: Duration::from_secs(args.timeout_secs),
     };
+    if args.dry_run {
+        let plan = kgmesh::ingest::plan(&client, &args.path, &args.namespace, &options).await?;
+        print_plan(&args.namespace, &plan, args.remote.json)?;
+        return Ok(if plan.failed.is_empty() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(3)
+        });
+    }
     let report = kgmesh::ingest::ingest(&client, &args.path, &args.namespace, &options).await?;
     let summary = json!({
         "namespace": args.namespace,
@@ -681,6 +693,55 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::from(3)
     })
+}
+
+fn print_plan(
+    namespace: &str,
+    plan: &kgmesh::ingest::IngestPlan,
+    as_json: bool,
+) -> anyhow::Result<()> {
+    let failed: Vec<serde_json::Value> = plan
+        .failed
+        .iter()
+        .map(|(path, reason)| json!({"path": path, "reason": reason}))
+        .collect();
+    if as_json {
+        let summary = json!({
+            "namespace": namespace,
+            "dryRun": true,
+            "namespaceExists": plan.namespace_exists,
+            "upload": plan.upload,
+            "unchanged": plan.unchanged,
+            "delete": plan.delete,
+            "excluded": plan.excluded,
+            "failed": failed,
+        });
+        println!("{}", serde_json::to_string(&summary)?);
+        return Ok(());
+    }
+    println!(
+        "{namespace} (dry run, nothing changed): {} to upload, {} unchanged, {} to delete, {} excluded, {} failed{}",
+        plan.upload.len(),
+        plan.unchanged,
+        plan.delete.len(),
+        plan.excluded,
+        plan.failed.len(),
+        if plan.namespace_exists {
+            ""
+        } else {
+            "; the namespace does not exist yet or this token cannot read it"
+        }
+    );
+    for path in &plan.upload {
+        println!("  upload: {path}");
+    }
+    for path in &plan.delete {
+        println!("  delete: {path}");
+    }
+    for (path, reason) in &plan.failed {
+        println!("  failed: {path}: {reason}");
+    }
+    Ok(())
 }
 
 async fn mcp(args: McpArgs) -> anyhow::Result<ExitCode> {

@@ -207,3 +207,25 @@ def test_excluded_files_are_neither_uploaded_nor_deleted(mesh: Mesh, tmp_path: P
 
     done = mesh.run("ingest", str(docs), "--namespace", namespace, "--exclude", "a[")
     assert done.returncode == 1 and "--exclude `a[` is not a glob" in done.stderr, done.stderr
+
+
+def test_a_dry_run_says_what_would_change_and_changes_nothing(mesh: Mesh, tmp_path: Path) -> None:
+    namespace = "ingest-dry-run"
+    docs = tmp_path / "docs"
+    write_tree(docs, {"a.md": "# A\n\nThe azure kettle.\n", "b.md": "# B\n\nThe beryl lantern.\n", "k.md": "# K\n"})
+    mesh.ingest(docs, namespace)
+    before = mesh.cli("file", "list", "--namespace", namespace)["files"]
+
+    write_tree(docs, {"a.md": "# A\n\nThe azure kettle, mended.\n", "c.md": "# C\n\nThe citrine gate.\n"})
+    (docs / "b.md").unlink()
+    code, plan = ingest_json(mesh, docs, namespace, "--dry-run", "--delete")
+    assert code == 0, plan
+    assert plan["dryRun"] is True and plan["namespaceExists"] is True, plan
+    assert (plan["upload"], plan["unchanged"], plan["delete"]) == (["a.md", "c.md"], 1, ["b.md"]), plan
+    assert mesh.cli("file", "list", "--namespace", namespace)["files"] == before, "a dry run changed the namespace"
+
+    # A namespace that does not exist yet: every file is new, and the namespace is not made.
+    code, plan = ingest_json(mesh, docs, "ingest-dry-run-new", "--dry-run")
+    assert code == 0 and plan["namespaceExists"] is False and plan["upload"] == ["a.md", "c.md", "k.md"], plan
+    listed = mesh.cli("ns", "list")
+    assert "ingest-dry-run-new" not in [entry["name"] for entry in listed["namespaces"]], listed
