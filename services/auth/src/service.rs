@@ -750,19 +750,10 @@ impl AuthService {
     /// Revokes a PAT (an admin any, anyone else its own); it fails on the very next call.
     pub async fn revoke_pat(&self, caller: &CallerContext, pat_id: &str) -> Result<bool> {
         require_admin_api(caller)?;
-        if !caller.is_admin {
-            // Anyone may revoke its own PATs (a token it thinks leaked); another's answers as
-            // a missing one, so ids cannot be probed.
-            let own = self
-                .store
-                .get_pat(pat_id)
-                .await?
-                .is_some_and(|pat| pat.principal_id == caller.principal_id);
-            if !own {
-                return Ok(false);
-            }
-        }
-        self.store.revoke_pat(pat_id, now_ms()).await
+        // Anyone may revoke its own PATs (a token it thinks leaked); another's answers as a
+        // missing one, so ids cannot be probed.
+        let owner = (!caller.is_admin).then_some(caller.principal_id.as_str());
+        self.store.revoke_pat(pat_id, owner, now_ms()).await
     }
 
     /// Records one tool call of `caller`. Any verified caller may record, but

@@ -783,14 +783,35 @@ impl AuthStore {
         Ok(done.rows_affected() > 0)
     }
 
-    pub(crate) async fn revoke_pat(&self, id: &str, now_ms: i64) -> Result<bool> {
-        let done = sqlx::query(
-            "UPDATE kg_pats SET revoked_at_ms = $1 WHERE id = $2 AND revoked_at_ms IS NULL",
-        )
-        .bind(now_ms)
-        .bind(id)
-        .execute(self.sql.pool())
-        .await?;
+    /// Revokes a live PAT, only one `owner` holds when named (the check is the statement's
+    /// own, not a read before it); false when there is no such live PAT.
+    pub(crate) async fn revoke_pat(
+        &self,
+        id: &str,
+        owner: Option<&str>,
+        now_ms: i64,
+    ) -> Result<bool> {
+        let done = match owner {
+            None => {
+                sqlx::query(
+                    "UPDATE kg_pats SET revoked_at_ms = $1 WHERE id = $2 AND revoked_at_ms IS NULL",
+                )
+                .bind(now_ms)
+                .bind(id)
+                .execute(self.sql.pool())
+                .await?
+            }
+            Some(owner) => {
+                sqlx::query(
+                    "UPDATE kg_pats SET revoked_at_ms = $1 WHERE id = $2 AND principal_id = $3 AND revoked_at_ms IS NULL",
+                )
+                .bind(now_ms)
+                .bind(id)
+                .bind(owner)
+                .execute(self.sql.pool())
+                .await?
+            }
+        };
         Ok(done.rows_affected() > 0)
     }
 
