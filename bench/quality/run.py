@@ -19,7 +19,9 @@
    - chunk level (answers): a chunk is a hit when it comes from the gold path and contains the gold
      phrase once whitespace is normalised; hit@8 and MRR@8.
    A lane the server reports as unavailable is printed as such, not scored as zero.
-5. `--fulltext-backend falkordb,qdrant_sparse` repeats steps 2-3 once per full-text backend
+5. `--tbox FILE` publishes that TBox on the namespace before the ingest (without one the index has
+   no entities, and graph_expand no mentions to walk).
+6. `--fulltext-backend falkordb,qdrant_sparse` repeats steps 2-3 once per full-text backend
    (`[retrieval] fulltext_backend`, set through KGMESH_RETRIEVAL__FULLTEXT_BACKEND on a fresh mesh)
    and labels each run with its backend, so both stand next to BM25 in one table.
 
@@ -431,6 +433,11 @@ def main() -> int:
         "(run -> query id -> [[{lane, rank, score}, ...] per hit]), e.g. to replay score-aware fusion",
     )
     parser.add_argument(
+        "--tbox", type=Path,
+        help="a TBox (YAML, as `kgmesh tbox draft --file` takes) published on the namespace before the "
+        "ingest, so entities are extracted and graph_expand has something to walk",
+    )
+    parser.add_argument(
         "--fulltext-backend",
         default="",
         help="full-text backends to compare, comma-separated (falkordb, qdrant_sparse); "
@@ -462,6 +469,9 @@ def main() -> int:
                 mesh.stop()
                 mesh = None
                 continue
+            if args.tbox is not None:
+                mesh.publish_tbox(NAMESPACE, args.tbox.resolve())
+                print(f"tbox: {args.tbox} published", flush=True)
             started = time.perf_counter()
             mesh.ingest(dataset.corpus_dir, NAMESPACE)
             print(f"ingest{label}: {time.perf_counter() - started:.1f} s", flush=True)

@@ -125,17 +125,6 @@ def crate_tbox(corpus: Path) -> str:
     return "\n".join(lines)
 
 
-def publish_tbox(mesh: Mesh, tbox: Path) -> None:
-    for step in (["draft", "--file", str(tbox)], ["review"], ["publish"]):
-        command = [
-            str(mesh.binary), "tbox", step[0], "--namespace", NAMESPACE, *step[1:],
-            "--data-dir", str(mesh.data_dir), "--token", mesh.admin_token,
-        ]
-        done = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False, stdin=subprocess.DEVNULL)
-        if done.returncode != 0:
-            raise MeshError(f"`kgmesh tbox {step[0]}` exited {done.returncode}: {done.stderr[-2000:]}")
-
-
 def build_corpus(args: argparse.Namespace, bench_bin: Path) -> tuple[Path, dict]:
     """The corpus for these inputs, built once under target/bench-search/corpora/<inputs key>."""
     lock = args.lock.resolve()
@@ -367,7 +356,7 @@ def main() -> int:
                 if tbox_text is not None:
                     tbox_file = home / "tbox.yaml"
                     tbox_file.write_text(tbox_text, encoding="utf-8")
-                    publish_tbox(mesh, tbox_file)
+                    mesh.publish_tbox(NAMESPACE, tbox_file)
                     print(f"tbox: {tbox_text.count('- name:')} crate names published", flush=True)
                 started_marker.write_text(json.dumps({"corpus": manifest["sha256"], "seconds_before": 0.0}))
             else:

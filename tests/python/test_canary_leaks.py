@@ -23,7 +23,6 @@ import json
 import os
 import random
 import secrets
-import subprocess
 import time
 from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -375,14 +374,7 @@ def publish_tbox(mesh: Mesh, namespace: str, folder: Path) -> None:
     }  # fmt: skip
     path = folder / "tbox.json"
     path.write_text(json.dumps(tbox), encoding="utf-8")
-    for step in (["draft", "--file", str(path)], ["review"], ["publish"]):
-        command = [str(mesh.binary), "tbox", step[0], "--namespace", namespace, *step[1:]]
-        command += ["--data-dir", str(mesh.data_dir), "--token", mesh.admin_token]
-        done = subprocess.run(
-            command, capture_output=True, text=True, timeout=60, check=False, stdin=subprocess.DEVNULL
-        )
-        if done.returncode != 0:
-            raise MeshError(f"`kgmesh tbox {step[0]}` for {namespace} exited {done.returncode}: {done.stderr[-2000:]}")
+    mesh.publish_tbox(namespace, path)
 
 
 def create_versions(mesh: Mesh, corpus: Corpus, book: KeyBook, folder: Path) -> dict[str, str]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import re
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -110,20 +109,11 @@ def _write_corpus(root: Path) -> None:
         target.write_text(text, encoding="utf-8")
 
 
-def _tbox(mesh: Mesh, *args: str) -> None:
-    command = [str(mesh.binary), "tbox", *args, "--data-dir", str(mesh.data_dir), "--token", mesh.admin_token]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=60, check=False, stdin=subprocess.DEVNULL)
-    if done.returncode != 0:
-        raise MeshError(f"`kgmesh tbox {' '.join(args)}` exited {done.returncode}: {done.stderr[-2000:]}")
-
-
 def _publish_and_ingest(mesh: Mesh, tbox: Path, root: Path, namespaces: list[str]) -> None:
     """Per namespace: the TBox drafted, reviewed and published, then the corpus ingested."""
     try:
         for ns in namespaces:
-            _tbox(mesh, "draft", "--namespace", ns, "--file", str(tbox))
-            _tbox(mesh, "review", "--namespace", ns)
-            _tbox(mesh, "publish", "--namespace", ns)
+            mesh.publish_tbox(ns, tbox)
             mesh.ingest(root, ns)
     except MeshError as err:
         pytest.fail(str(err), pytrace=False)
@@ -919,9 +909,7 @@ async def test_no_query_plans_a_scan_of_the_namespace(
     reader = make_principal("plans-reader")
     port = _falkordb_port(mesh)
     with GraphMonitor(port) as monitor:
-        _tbox(mesh, "draft", "--namespace", namespace, "--file", str(tbox))
-        _tbox(mesh, "review", "--namespace", namespace)
-        _tbox(mesh, "publish", "--namespace", namespace)
+        mesh.publish_tbox(namespace, tbox)
         mesh.ingest(root, namespace)
         for prefix in ("contracts/", "people/"):
             mesh.grant(reader.id, namespace, "read", prefix=prefix)
