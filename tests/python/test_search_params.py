@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from kgmesh_support import (
@@ -279,6 +280,44 @@ async def test_entity_search_returns_types_degree_role_and_evidence(mesh: Mesh, 
             await expect_rejected(
                 client, "kg_entity_search", {"text": "Acme", "namespaces": [corpus], **bad}, {"invalid_argument"}
             )
+
+
+async def _entity_names(client: Any, namespace: str) -> set[str]:
+    found = await call_ok(client, "kg_entity_search", {"text": "Acme Zephyr Dana Scully", "namespaces": [namespace]})
+    return {hit["name"] for hit in found["hits"]}
+
+
+async def _wait_for_entity_names(client: Any, namespace: str, want: set[str]) -> None:
+    deadline = time.monotonic() + 60
+    while (names := await _entity_names(client, namespace)) != want:
+        assert time.monotonic() < deadline, f"entities {names} after the publish, expected {want}"
+        await anyio.sleep(0.25)
+
+
+async def test_a_tbox_published_after_the_ingest_reaches_the_files(mesh: Mesh, tmp_path: Path) -> None:
+    """The order an adopter takes (ingest, read the candidates, then publish a TBox) gets the
+    files their entities without a re-upload, and a later publish that drops a name removes it."""
+    namespace = "sparams-late"
+    root = tmp_path / "corpus"
+    _write_corpus(root)
+    mesh.ingest(root, namespace)
+    tbox = tmp_path / "tbox.yaml"
+
+    async with mcp_http(mesh.mcp_url, mesh.admin_token) as client:
+        assert await _entity_names(client, namespace) == set()
+        tbox.write_text(TBOX, encoding="utf-8")
+        mesh.publish_tbox(namespace, tbox)
+        await _wait_for_entity_names(client, namespace, {"Acme", "Zephyr", "Dana Scully"})
+        contract = next(
+            f for f in (await call_ok(client, "kg_files", {"namespace": namespace}))["files"]
+            if f["path"] == "contracts/acme-zephyr.md"
+        )
+        listed = await call_ok(client, "kg_file_entities", {"namespace": namespace, "fileId": contract["fileId"]})
+        assert {e["name"] for e in listed["entities"]} >= {"Acme", "Zephyr"}, listed
+
+        tbox.write_text(TBOX.replace("      - name: Zephyr\n", ""), encoding="utf-8")
+        mesh.publish_tbox(namespace, tbox)
+        await _wait_for_entity_names(client, namespace, {"Acme", "Dana Scully"})
 
 
 async def test_entity_search_reads_more_evidence_than_one_packages_call_holds(mesh: Mesh, many: str) -> None:
@@ -785,6 +824,8 @@ WHOLE_LABEL_QUERIES: dict[str, str] = {
     "definition; cached per caller scope for a minute (bm25::STATS_TTL)",
     "OPTIONAL MATCH (n:Entity) WITH fulltext, n LIMIT 1": "does the namespace have any entity: the scan "
     "stops at the first",
+    "MATCH (f:FileRef) WHERE f.versionId IS NOT NULL": "which files are stale: every file's stamps, once "
+    "per TBox publish and once per indexer start",
 }
 # Index creation has no plan to check.
 SCHEMA_CHANGE = re.compile(r"(CREATE|DROP) (FULLTEXT |VECTOR )?INDEX|CALL db\.idx\.fulltext\.(create|drop)", re.I)
@@ -911,6 +952,12 @@ async def test_no_query_plans_a_scan_of_the_namespace(
     with GraphMonitor(port) as monitor:
         mesh.publish_tbox(namespace, tbox)
         mesh.ingest(root, namespace)
+        # Published again over indexed files, without one name: the indexer reads every file's
+        # stamps and extracts them all again.
+        tbox.write_text(TBOX.replace("      - name: Zephyr\n", ""), encoding="utf-8")
+        mesh.publish_tbox(namespace, tbox)
+        async with mcp_http(mesh.mcp_url, mesh.admin_token) as client:
+            await _wait_for_entity_names(client, namespace, {"Acme", "Dana Scully"})
         for prefix in ("contracts/", "people/"):
             mesh.grant(reader.id, namespace, "read", prefix=prefix)
         for token in (mesh.admin_token, reader.token):

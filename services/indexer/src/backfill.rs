@@ -1,13 +1,16 @@
-//! Vectors for files indexed before embeddings were on (or with another model).
+//! Re-indexing what was indexed under older settings: files without vectors from the current
+//! embedder, and files whose entities were extracted under an older TBox (or none).
 //!
-//! The FileRef records which version was embedded by which model (`vectorStamp`), so the
-//! worker embeds a version exactly when its stamp is missing or stale. On start with
-//! embeddings on, [`backfill_vectors`] reads the `KG_FILES` stream (it keeps every change
-//! event), takes each file's latest upsert, and re-queues those whose current graph version
-//! lacks the stamp. The worker then writes their vectors through its ordinary, ordered,
-//! idempotent path. A re-queued event is marked `requeued`: it only re-indexes the version the
-//! graph still holds, with the graph's flags, so a file deleted, replaced or hidden between
-//! the scan and the event's turn stays as its newest change left it.
+//! The FileRef records which version was embedded by which model (`vectorStamp`) and which
+//! TBox its entities come from (`entityStamp`), so the worker re-indexes a version exactly when
+//! a stamp is missing or stale. [`requeue_stale`] reads the `KG_FILES` stream (it keeps every
+//! change event), takes each file's latest upsert, and re-queues those whose current graph
+//! version has a stale stamp. It runs when the worker starts, and for one namespace each time
+//! a TBox is published there ([`watch_tboxes`]). The worker then re-indexes them through its
+//! ordinary, ordered, idempotent path: a version already embedded is not embedded again, and an
+//! unchanged graph is not rewritten. A re-queued event is marked `requeued`: it only re-indexes
+//! the version the graph still holds, with the graph's flags, so a file deleted, replaced or
+//! hidden between the scan and the event's turn stays as its newest change left it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -19,6 +22,7 @@ use kg_proto::v1::{AccessFilter, FileChangeOp, FileChanged, Permission};
 use kg_stores::StoreError;
 use kg_stores::events;
 use kg_stores::graph::{GraphStore, Params};
+use kg_stores::tbox::TboxBucket;
 use prost::Message as _;
 use serde_json::{Value, json};
 
@@ -176,34 +180,46 @@ async fn latest_upserts(
     Ok(latest)
 }
 
-/// Re-queues the latest upsert of every file whose current graph version has no vectors from
-/// `vectors`' embedder (all namespaces, or one). Returns how many were re-queued. Idempotent:
-/// re-queued events share a message id per version and model, and the worker skips what is
-/// already written.
-pub async fn backfill_vectors(
+/// How many files [`requeue_stale`] re-queued, by what was stale (a file may count in both).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Requeued {
+    /// Files without vectors from the configured embedder.
+    pub vectors: usize,
+    /// Files whose entities come from another TBox than the namespace's published one.
+    pub entities: usize,
+}
+
+/// Re-queues the latest upsert of every file whose current graph version lacks vectors from
+/// `vectors`' embedder (when embeddings are on) or entities from its namespace's published
+/// TBox; all namespaces, or one. Idempotent: a re-queued event's message id names the
+/// version and what it is re-queued for, and the worker skips what is already written.
+pub async fn requeue_stale(
     graph: &GraphStore,
     js: &jetstream::Context,
-    vectors: &Vectors,
+    vectors: Option<&Vectors>,
+    tboxes: &TboxBucket,
     namespace: Option<&str>,
-) -> Result<usize, StoreError> {
+) -> Result<Requeued, StoreError> {
     let latest = latest_upserts(js, namespace).await?;
-    let mut queued = 0usize;
+    let mut queued = Requeued::default();
     for (ns, files) in latest {
         let rows = match graph
             .query(
                 &ns,
-                "MATCH (f:FileRef) WHERE f.versionId IS NOT NULL RETURN f.fileId, f.versionId, f.vectorStamp",
+                "MATCH (f:FileRef) WHERE f.versionId IS NOT NULL \
+                 RETURN f.fileId, f.versionId, f.vectorStamp, f.entityStamp",
                 &Params::new(),
             )
             .await
         {
             Ok(rows) => rows.rows,
-            // A namespace whose graph is gone has nothing to backfill.
+            // A namespace whose graph is gone has nothing to re-index.
             Err(err) => {
-                tracing::warn!(namespace = %ns, error = %err.detail(), "vector backfill skipped a namespace");
+                tracing::warn!(namespace = %ns, error = %err.detail(), "re-indexing skipped a namespace");
                 continue;
             }
         };
+        let tbox = crate::entities::tbox_stamp(tboxes.get_cached(&ns).await?.as_deref());
         let subject = events::files_changed_subject(&ns)?;
         for row in rows {
             let text = |i: usize| row.get(i).and_then(Value::as_str);
@@ -213,21 +229,45 @@ pub async fn backfill_vectors(
             let Some(event) = files.get(file_id) else {
                 continue;
             };
-            let stamp = vector_stamp(vectors, version_id);
-            if event.version_id != version_id || text(2) == Some(stamp.as_str()) {
+            if event.version_id != version_id {
                 continue;
             }
-            // Written before stamps existed (the index's dimension is this embedder's):
-            // stamp it instead of embedding it again.
-            if text(2).is_none() && has_file_point(vectors, &ns, file_id).await {
-                mark_written(graph, event, Some(&stamp)).await?;
+            let mut reasons = Vec::new();
+            if let Some(vectors) = vectors {
+                let stamp = vector_stamp(vectors, version_id);
+                if text(2) != Some(stamp.as_str()) {
+                    // Written before stamps existed (the index's dimension is this embedder's):
+                    // stamp it instead of embedding it again.
+                    if text(2).is_none() && has_file_point(vectors, &ns, file_id).await {
+                        mark_written(graph, event, Some(&stamp)).await?;
+                    } else {
+                        reasons.push(format!(
+                            "backfill:{}:{}",
+                            vectors.embedder.model_id(),
+                            vectors.embedder.dims()
+                        ));
+                        queued.vectors += 1;
+                    }
+                }
+            }
+            // `<versionId>|<tbox stamp>|...`, see `entity_writer`.
+            let entities_current = text(3).is_some_and(|stamp| {
+                stamp
+                    .strip_prefix(version_id)
+                    .and_then(|rest| rest.strip_prefix('|'))
+                    .is_some_and(|rest| {
+                        rest.strip_prefix(tbox.as_str())
+                            .is_some_and(|tail| tail.starts_with('|'))
+                    })
+            });
+            if !entities_current {
+                reasons.push(format!("entities:{tbox}"));
+                queued.entities += 1;
+            }
+            if reasons.is_empty() {
                 continue;
             }
-            let msg_id = format!(
-                "{version_id}:backfill:{}:{}",
-                vectors.embedder.model_id(),
-                vectors.embedder.dims()
-            );
+            let msg_id = format!("{version_id}:{}", reasons.join(":"));
             // Marked, so the worker indexes the version the graph holds when it runs, with the
             // graph's flags: the file may have been deleted or hidden since this scan.
             let requeued = FileChanged {
@@ -235,8 +275,90 @@ pub async fn backfill_vectors(
                 ..event.clone()
             };
             events::publish(js, &subject, &msg_id, requeued.encode_to_vec()).await?;
-            queued += 1;
         }
     }
     Ok(queued)
+}
+
+/// Re-queues what is stale, then follows the published TBoxes until `shutdown`. Once the watch
+/// is open, every namespace is checked (what was indexed before embeddings were on, or before
+/// a publish no indexer saw); then each publish re-queues its namespace's files indexed under
+/// another TBox, so entities follow the TBox without a re-upload. A lost watch is opened again
+/// after a pause, and every namespace is checked again, for the publishes it may have missed.
+pub async fn watch_tboxes(
+    graph: GraphStore,
+    js: jetstream::Context,
+    vectors: Option<Vectors>,
+    tboxes: TboxBucket,
+    shutdown: tokio_util::sync::CancellationToken,
+) {
+    // The first check runs once the watch is open, so a publish during it is not missed.
+    let mut missed_some = true;
+    loop {
+        let mut published = match tboxes.watch().await {
+            Ok(stream) => stream,
+            Err(err) => {
+                tracing::warn!(error = %err.detail(), "watching published TBoxes failed; trying again");
+                missed_some = true;
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = tokio::time::sleep(WATCH_RETRY) => continue,
+                }
+            }
+        };
+        if std::mem::take(&mut missed_some) {
+            log_requeued(
+                requeue_stale(&graph, &js, vectors.as_ref(), &tboxes, None).await,
+                None,
+            );
+        }
+        loop {
+            let next = tokio::select! {
+                () = shutdown.cancelled() => return,
+                next = published.next() => next,
+            };
+            match next {
+                Some(Ok(tbox)) => {
+                    let ns = tbox.namespace.as_str();
+                    log_requeued(
+                        requeue_stale(&graph, &js, vectors.as_ref(), &tboxes, Some(ns)).await,
+                        Some(ns),
+                    );
+                }
+                Some(Err(err)) => {
+                    tracing::warn!(error = %err.detail(), "a published TBox could not be read");
+                }
+                None => break,
+            }
+        }
+        missed_some = true;
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(WATCH_RETRY) => {}
+        }
+    }
+}
+
+/// Pause before watching the TBoxes again after the watch failed or ended.
+const WATCH_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
+
+pub(crate) fn log_requeued(result: Result<Requeued, StoreError>, namespace: Option<&str>) {
+    let namespace = namespace.unwrap_or("*");
+    match result {
+        Ok(Requeued {
+            vectors: 0,
+            entities: 0,
+        }) => {}
+        Ok(queued) => tracing::info!(
+            namespace,
+            vectors = queued.vectors,
+            entities = queued.entities,
+            "files re-queued: vectors from another embedder or entities from another TBox"
+        ),
+        Err(err) => tracing::warn!(
+            namespace,
+            error = %err.detail(),
+            "re-queueing stale files failed; they keep their vectors and entities until the next start or publish"
+        ),
+    }
 }

@@ -138,21 +138,15 @@ async fn run_worker(
             }
         });
     }
-    // Files indexed before embeddings were on get their vectors through the normal path.
-    if let Some(vectors) = worker.config.vectors.clone() {
-        let (graph, js) = (worker.graph.clone(), jetstream.clone());
-        tokio::spawn(async move {
-            match crate::backfill::backfill_vectors(&graph, &js, &vectors, None).await {
-                Ok(0) => {}
-                Ok(queued) => {
-                    tracing::info!(queued, "vector backfill: files re-queued for embedding")
-                }
-                Err(err) => {
-                    tracing::warn!(error = %err.detail(), "vector backfill failed; files keep their current vectors")
-                }
-            }
-        });
-    }
+    // Files indexed before embeddings were on, or under an older TBox, are re-indexed through
+    // the normal path, and so are a namespace's files each time a TBox is published there.
+    tokio::spawn(crate::backfill::watch_tboxes(
+        worker.graph.clone(),
+        jetstream.clone(),
+        worker.config.vectors.clone(),
+        worker.tboxes.clone(),
+        shutdown.clone(),
+    ));
     // Branch uploads: metadata and links only, on their own durable consumer.
     let branch = crate::branch::run(
         worker.blobs.clone(),
@@ -352,6 +346,14 @@ impl Worker {
             return Ok(());
         }
         let (enabled, hidden) = self.upsert_flags(event, sequence, state.as_ref()).await?;
+        // Re-queued after a TBox publish: this replica may not have seen the publish yet, and
+        // the re-queue is made once, so read the TBox now rather than from the cache.
+        if event.requeued {
+            self.tboxes
+                .refresh(&event.namespace)
+                .await
+                .map_err(|e| Failure::Retry(e.detail()))?;
+        }
         let bytes = match self.blobs.get(&event.blob_key).await {
             Ok(bytes) => bytes,
             Err(StoreError::NotFound { .. }) => {

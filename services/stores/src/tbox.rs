@@ -2,7 +2,8 @@
 //!
 //! Key = namespace, value = a prost-encoded `kg.v1.Tbox`. The ontology service puts a TBox
 //! when it is published; the indexer reads it for every file it indexes, through
-//! [`TboxBucket::get_cached`], which asks NATS at most once per namespace per cache TTL.
+//! [`TboxBucket::get_cached`], which asks NATS at most once per namespace per cache TTL, and
+//! follows [`TboxBucket::watch`] to re-extract the files indexed under an older TBox.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -10,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::jetstream::{self, kv};
 use bytes::Bytes;
+use futures::stream::{BoxStream, StreamExt as _};
 use kg_proto::v1::Tbox;
 use prost::Message as _;
 
@@ -167,6 +169,54 @@ impl TboxBucket {
         let tbox = self.get(namespace).await?.map(Arc::new);
         self.remember(namespace, tbox.clone());
         Ok(tbox)
+    }
+
+    /// Reads the namespace's TBox from NATS now and keeps it in the read cache, for work that
+    /// must not run on a TBox read before the latest publish.
+    pub async fn refresh(&self, namespace: &str) -> Result<(), StoreError> {
+        let tbox = self.get(namespace).await?.map(Arc::new);
+        self.remember(namespace, tbox);
+        Ok(())
+    }
+
+    /// TBoxes as they are published from now on, one item per put. Each is also put in this
+    /// handle's read cache before it is yielded, so what runs after sees it even within the
+    /// cache TTL. A removed key is forgotten and not yielded. The stream ends when NATS drops
+    /// the watch; the caller watches again (and may have missed puts meanwhile).
+    pub async fn watch(
+        &self,
+    ) -> Result<BoxStream<'static, Result<Arc<Tbox>, StoreError>>, StoreError> {
+        let watch = self
+            .kv
+            .watch_all()
+            .await
+            .map_err(|err| StoreError::unavailable(StoreKind::Events, err))?;
+        let handle = self.clone();
+        Ok(watch
+            .filter_map(move |entry| {
+                let handle = handle.clone();
+                async move {
+                    let entry = match entry {
+                        Ok(entry) => entry,
+                        Err(err) => {
+                            return Some(Err(StoreError::unavailable(StoreKind::Events, err)));
+                        }
+                    };
+                    if entry.operation != kv::Operation::Put {
+                        handle.remember(&entry.key, None);
+                        return None;
+                    }
+                    Some(match Tbox::decode(entry.value) {
+                        Ok(tbox) => {
+                            let tbox = Arc::new(tbox);
+                            handle.remember(&tbox.namespace, Some(tbox.clone()));
+                            Ok(tbox)
+                        }
+                        Err(err) => Err(StoreError::internal(StoreKind::Events, err)),
+                    })
+                }
+            })
+            .boxed())
     }
 
     fn remember(&self, namespace: &str, tbox: Option<Arc<Tbox>>) {

@@ -245,7 +245,7 @@ impl Extractor {
     /// No TBox: only the heuristic pass runs (candidates help write the first ontology).
     pub fn empty() -> Extractor {
         Extractor {
-            stamp: "none".to_owned(),
+            stamp: tbox_stamp(None),
             types: Vec::new(),
             declared: Vec::new(),
             gazetteer: None,
@@ -362,7 +362,7 @@ impl Extractor {
             tracing::warn!(namespace = %tbox.namespace, version = tbox.version, "{warning}");
         }
         Extractor {
-            stamp: format!("{}@{}", tbox.version, tbox.published_at_ms),
+            stamp: tbox_stamp(Some(tbox)),
             types,
             declared,
             gazetteer,
@@ -486,6 +486,15 @@ fn cache() -> &'static Mutex<HashMap<String, Arc<Extractor>>> {
     CACHE.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
+/// What identifies a published TBox in the entity stamps of the files extracted with it:
+/// `version@publishedAtMs`, or `none` without one.
+pub fn tbox_stamp(tbox: Option<&Tbox>) -> String {
+    tbox.map_or_else(
+        || "none".to_owned(),
+        |tbox| format!("{}@{}", tbox.version, tbox.published_at_ms),
+    )
+}
+
 /// The extractor for `tbox` (or [`Extractor::empty`] for `None`), compiled once per TBox
 /// version and namespace.
 pub fn extractor_for(tbox: Option<&Tbox>) -> Arc<Extractor> {
@@ -493,7 +502,7 @@ pub fn extractor_for(tbox: Option<&Tbox>) -> Arc<Extractor> {
         static EMPTY: OnceLock<Arc<Extractor>> = OnceLock::new();
         return EMPTY.get_or_init(|| Arc::new(Extractor::empty())).clone();
     };
-    let stamp = format!("{}@{}", tbox.version, tbox.published_at_ms);
+    let stamp = tbox_stamp(Some(tbox));
     if let Ok(cache) = cache().lock()
         && let Some(found) = cache.get(&tbox.namespace)
         && found.stamp == stamp

@@ -1,7 +1,9 @@
-//! Turning embeddings on over a namespace indexed without them: on start the worker re-queues
-//! the current versions that lack vectors, writes them once, and a second start embeds
-//! nothing. A re-queued (older) upsert never replaces a newer version. Real NATS, FalkorDB
-//! and qdrant-edge; a counting wrapper around the test embedder.
+//! Re-indexing under new settings. Turning embeddings on over a namespace indexed without them:
+//! on start the worker re-queues the current versions that lack vectors, writes them once, and
+//! a second start embeds nothing. A re-queued (older) upsert never replaces a newer version.
+//! Publishing a TBox re-extracts the entities of files indexed before it, at once or at the
+//! next start, without embedding again. Real NATS, FalkorDB and qdrant-edge; a counting
+//! wrapper around the test embedder.
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -206,11 +208,12 @@ async fn enabling_embeddings_backfills_current_versions_once() {
     assert!(embedded >= 2, "{embedded}");
 
     // Nothing left to backfill; the old f1-v1 upsert re-queued by hand changes nothing.
+    let tboxes = kg_stores::tbox::TboxBucket::open(&js).await.unwrap();
     assert_eq!(
-        kg_indexer::backfill::backfill_vectors(&graph, &js, &vectors, Some(NS))
+        kg_indexer::backfill::requeue_stale(&graph, &js, Some(&vectors), &tboxes, Some(NS))
             .await
             .unwrap(),
-        0
+        kg_indexer::backfill::Requeued::default()
     );
     upload(
         &js,
@@ -380,5 +383,135 @@ async fn a_requeued_upsert_indexes_only_what_the_graph_holds_now() {
         count("docs/veiled.md", true).await,
         0,
         "the hidden file was embedded as shown"
+    );
+}
+
+/// A TBox with one `Organization` type whose instances are `names`.
+fn organizations(version: i64, names: &[&str]) -> kg_proto::v1::Tbox {
+    kg_proto::v1::Tbox {
+        namespace: NS.into(),
+        version,
+        entity_types: vec![kg_proto::v1::EntityType {
+            type_id: "Organization".into(),
+            label: "Organization".into(),
+            side: "published".into(),
+            instances: names
+                .iter()
+                .map(|name| kg_proto::v1::EntityInstance {
+                    name: (*name).into(),
+                    aliases: Vec::new(),
+                })
+                .collect(),
+            ..Default::default()
+        }],
+        relation_types: Vec::new(),
+        published_at_ms: 1_700_000_000_000 + version,
+    }
+}
+
+/// The names of the entities some chunk mentions, sorted.
+async fn mentioned(graph: &GraphStore) -> Vec<String> {
+    let rows = graph
+        .query(
+            NS,
+            "MATCH (:Chunk)-[:MENTIONS]->(e:Entity) RETURN DISTINCT e.name ORDER BY e.name",
+            &Params::new(),
+        )
+        .await
+        .map(|r| r.rows)
+        .unwrap_or_default();
+    rows.iter()
+        .filter_map(|r| r.first().and_then(Value::as_str).map(str::to_owned))
+        .collect()
+}
+
+/// Files indexed before a TBox was published get its entities without a re-upload: a publish
+/// re-indexes the namespace's files while the indexer runs, and a publish it did not see is
+/// caught up at its next start. Neither embeds anything again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_published_tbox_reaches_the_files_indexed_before_it() {
+    let stores = crate::stores::start().await;
+    let (graph, js, blobs) = (
+        stores.graph.clone(),
+        stores.js.clone(),
+        stores.blobs.clone(),
+    );
+    let deals = "# Deals\n\nAcme acquired Globex last spring.\n";
+    upload(&js, &blobs, "deals", "deals-v1", deals, 1_000, "d").await;
+    upload(
+        &js,
+        &blobs,
+        "notes",
+        "notes-v1",
+        "# Notes\n\nNothing here.\n",
+        1_000,
+        "n",
+    )
+    .await;
+    let embedder = Arc::new(Counting {
+        inner: HashingEmbedder::new(16),
+        texts: AtomicUsize::new(0),
+    });
+    let index = EdgeIndex::open(stores.dir.path().join("vectors"), 16)
+        .await
+        .unwrap();
+    let vectors = Vectors::new(index.into(), embedder.clone()).unwrap();
+    let config = IndexerConfig {
+        vectors: Some(vectors),
+        ..IndexerConfig::default()
+    };
+    let (stop, indexer) = spawn_indexer(config.clone(), &graph, &blobs, &js);
+    wait_for("both files embedded", async || {
+        let refs = file_refs(&graph).await;
+        refs.len() == 2 && refs.iter().all(|r| !r[2].is_null())
+    })
+    .await;
+    assert!(mentioned(&graph).await.is_empty());
+    let embedded = embedder.texts.load(Ordering::SeqCst);
+
+    let tboxes = kg_stores::tbox::TboxBucket::open(&js).await.unwrap();
+    tboxes.put(&organizations(1, &["Acme"])).await.unwrap();
+    wait_for("Acme mentioned after the first publish", async || {
+        mentioned(&graph).await == ["Acme"]
+    })
+    .await;
+    tboxes.put(&organizations(2, &["Globex"])).await.unwrap();
+    wait_for("Globex instead after the second", async || {
+        mentioned(&graph).await == ["Globex"]
+    })
+    .await;
+    let stamp = graph
+        .query(
+            NS,
+            "MATCH (f:FileRef {fileId: 'deals'}) RETURN f.entityStamp",
+            &Params::new(),
+        )
+        .await
+        .unwrap()
+        .rows;
+    assert_eq!(
+        stamp[0][0],
+        json!("deals-v1|2@1700000000002|docs/deals.md"),
+        "the entities are stamped with the TBox they come from"
+    );
+    stop.cancel();
+    indexer.await.unwrap().unwrap();
+
+    // Published while no indexer ran: the next start catches up.
+    tboxes
+        .put(&organizations(3, &["Acme", "Globex"]))
+        .await
+        .unwrap();
+    let (stop, indexer) = spawn_indexer(config, &graph, &blobs, &js);
+    wait_for("both mentioned after a start", async || {
+        mentioned(&graph).await == ["Acme", "Globex"]
+    })
+    .await;
+    stop.cancel();
+    indexer.await.unwrap().unwrap();
+    assert_eq!(
+        embedder.texts.load(Ordering::SeqCst),
+        embedded,
+        "re-extracting entities embedded text again"
     );
 }
