@@ -148,6 +148,13 @@ impl AdminClient {
             .await
     }
 
+    /// PUT a JSON body.
+    pub async fn put(&self, segments: &[&str], body: Value) -> anyhow::Result<Value> {
+        let url = self.url(segments)?;
+        self.send(Method::PUT, url, Some(RequestBody::Json(body)))
+            .await
+    }
+
     /// PATCH a JSON body.
     pub async fn patch(&self, segments: &[&str], body: Value) -> anyhow::Result<Value> {
         let url = self.url(segments)?;

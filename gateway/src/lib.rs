@@ -14,6 +14,7 @@ mod http;
 mod mcp;
 mod metrics;
 mod state;
+pub mod tbox_json;
 mod tls;
 
 use axum::serve::{ListenerExt as _, TapIo};

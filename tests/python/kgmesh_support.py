@@ -402,16 +402,9 @@ class Mesh:
         return done
 
     def publish_tbox(self, namespace: str, tbox: Path) -> None:
-        """Drafts, reviews and publishes `tbox` (YAML) as the namespace's TBox (`kgmesh tbox` takes
-        `--data-dir`, not `--url`)."""
+        """Drafts, reviews and publishes `tbox` (YAML) as the namespace's TBox, over the admin REST."""
         for step in (["draft", "--file", str(tbox)], ["review"], ["publish"]):
-            command = [
-                str(self.binary), "tbox", step[0], "--namespace", namespace, *step[1:],
-                "--data-dir", str(self.data_dir), "--token", self.admin_token,
-            ]
-            done = subprocess.run(
-                command, capture_output=True, text=True, timeout=CLI_TIMEOUT_S, check=False, stdin=subprocess.DEVNULL
-            )
+            done = self.run("tbox", step[0], "--namespace", namespace, *step[1:])
             if done.returncode != 0:
                 raise MeshError(f"`kgmesh tbox {step[0]}` exited {done.returncode}: {done.stderr[-2000:]}")
 

@@ -225,6 +225,61 @@ def test_anyone_lists_and_revokes_its_own_pats_and_no_one_elses(
     assert mesh.run("pat", "rotate", alice.pat_id, token=alice.token).returncode == 1
 
 
+def test_a_tbox_is_drafted_reviewed_and_published_over_the_admin_rest(
+    mesh: Mesh, make_principal: Callable[..., Principal], tmp_path: Path
+) -> None:
+    namespace = f"tbox-rest-{secrets.token_hex(3)}"
+    mesh.cli("ns", "create", namespace)
+    base = f"{mesh.base_url}/api/v1/namespaces/{namespace}/tbox"
+    admin = {"Authorization": f"Bearer {mesh.admin_token}"}
+    draft = {
+        "entityTypes": [{"typeId": "org", "label": "Organization", "instances": [{"name": "Acme"}]}],
+        "relationTypes": [{"relationTypeId": "owns", "label": "owns", "sourceTypeId": "org", "targetTypeId": "org",
+                           "patterns": ["{source} owns {target}"]}],
+    }  # fmt: skip
+    with httpx2.Client(timeout=30) as http:
+        assert http.get(base, headers=admin).status_code == 404, "nothing is published yet"
+        put = http.put(f"{base}/draft", headers=admin, json=draft)
+        assert put.status_code == 200, put.text
+        shown = http.get(f"{base}/draft", headers=admin).json()
+        assert shown["entityTypes"][0]["instances"] == [{"name": "Acme", "aliases": []}], shown
+        assert shown["relationTypes"][0]["patterns"] == ["{source} owns {target}"], "a reviewer sees the templates"
+        assert shown["reviewedBy"] == "" and shown["nextVersion"] == 1, shown
+
+        unreviewed = http.post(f"{base}/publish", headers=admin)
+        assert unreviewed.status_code == 409 and "review it" in unreviewed.json()["message"], unreviewed.text
+        typo = http.put(f"{base}/draft", headers=admin, json={"entityTypes": [], "relationTypess": []})
+        assert typo.status_code == 400 and "relationTypess" in typo.json()["message"], typo.text
+        bad_ns = http.get(f"{mesh.base_url}/api/v1/namespaces/Not_A_Namespace/tbox/draft", headers=admin)
+        assert bad_ns.status_code == 400, bad_ns.text
+        user = make_principal("tbox-reader")
+        mesh.grant(user.id, namespace, "read")
+        as_user = {"Authorization": f"Bearer {user.token}"}
+        assert http.put(f"{base}/draft", headers=as_user, json=draft).status_code == 403
+        assert http.post(f"{base}/draft/review", headers=as_user).status_code == 403
+        assert http.get(base, headers=as_user).status_code == 404, "a reader may ask; nothing is published"
+
+        reviewed = http.post(f"{base}/draft/review", headers=admin).json()
+        assert reviewed["reviewedBy"].startswith("usr_") and reviewed["reviewedAtMs"] > 0, reviewed
+        published = http.post(f"{base}/publish", headers=admin)
+        assert published.status_code == 200 and published.json()["version"] == 1, published.text
+        # A reader sees what is published (as kg_ontology shows it), never a draft.
+        seen = http.get(base, headers=as_user).json()
+        assert (seen["version"], seen["entityTypes"][0]["typeId"]) == (1, "org"), seen
+        assert http.get(f"{base}/draft", headers=as_user).status_code == 403
+
+    # The CLI takes the same path from a file, with --url like every admin command.
+    tbox = tmp_path / "tbox.yaml"
+    tbox.write_text("entity_types:\n  - type_id: org\n    label: Organization\n", encoding="utf-8")
+    assert mesh.cli("tbox", "draft", "--namespace", namespace, "--file", str(tbox))["nextVersion"] == 2
+    mesh.cli("tbox", "review", "--namespace", namespace)
+    assert mesh.cli("tbox", "publish", "--namespace", namespace)["version"] == 2
+    assert mesh.cli("tbox", "published", "--namespace", namespace)["entityTypes"][0]["instances"] == []
+    tbox.write_text("entity_types:\n  - type_idd: org\n", encoding="utf-8")
+    refused = mesh.run("tbox", "draft", "--namespace", namespace, "--file", str(tbox))
+    assert refused.returncode != 0 and "type_idd" in refused.stderr, refused.stderr
+
+
 async def _demo_chunk(mesh: Mesh) -> dict[str, Any]:
     async with mcp_http(mesh.mcp_url, mesh.admin_token) as admin:
         return await search_target(admin, RUNBOOK, namespaces=[DEMO_NAMESPACE])

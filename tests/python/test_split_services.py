@@ -278,6 +278,19 @@ async def test_services_apart_ingest_and_search_and_a_lane_is_replaced_alone(spl
         assert "walrus surcharge" in hits[0]["text"]
         assert hits[0]["citation"], "graph (another process) filled in the chunk package"
 
+    # A TBox published over the admin REST (gateway -> ontology) after the ingest reaches the
+    # file: the indexer, another process, follows the publish and extracts it again.
+    tbox = split.work / "tbox.yaml"
+    tbox.write_text("entity_types:\n  - type_id: fee\n    label: Fee\n    instances:\n      - name: walrus surcharge\n")
+    for step in (["draft", "--file", str(tbox)], ["review"], ["publish"]):
+        done = split.cli("tbox", step[0], "--namespace", NAMESPACE, *step[1:], token=token)
+        assert done.returncode == 0, f"tbox {step[0]}: {done.stderr}\n{split.logs()}"
+    async with mcp_http(f"{split.base_url}/mcp", token) as client:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not (await call_ok(client, "kg_entity_search", {"text": "walrus", "namespaces": [NAMESPACE]}))["hits"]:
+            assert time.monotonic() < deadline, f"no entity after the publish\n{split.logs()}"
+            await anyio.sleep(0.25)
+
     # Each service process has its own /metrics; retrieval's counted the search it served.
     status, body = http_get(f"http://127.0.0.1:{split.metrics_ports['retrieval']}/metrics")
     assert status == 200, body[:300]

@@ -1,8 +1,9 @@
 //! `kgmesh ontology validate|compile|schema` (a project directory against its
 //! live warehouse; `compile` also makes a running mesh reload it, which sends
-//! `notifications/tools/list_changed` to MCP sessions) and `kgmesh tbox
-//! draft|show|review|publish` (a namespace's TBox lifecycle). Mesh calls go
-//! over gRPC to the local mesh found in the data dir, as the token's principal.
+//! `notifications/tools/list_changed` to MCP sessions; over gRPC to the local mesh found in
+//! the data dir, as the token's principal) and `kgmesh tbox
+//! draft|show|review|publish|published` (a namespace's TBox lifecycle, over the gateway's admin
+//! REST, so from anywhere the gateway is reachable).
 
 use std::path::PathBuf;
 
@@ -10,13 +11,10 @@ use anyhow::{Context as _, bail};
 use clap::{Args, Subcommand};
 use kg_proto::v1::auth_client::AuthClient;
 use kg_proto::v1::ontology_client::OntologyClient;
-use kg_proto::v1::{
-    AuthorizeRequest, EntityInstance, EntityType, GetTboxDraftRequest, PublishTboxRequest,
-    PutTboxDraftRequest, RelationType, ReloadProjectRequest, ReviewTboxDraftRequest,
-    SignedCallerContext,
-};
+use kg_proto::v1::{AuthorizeRequest, ReloadProjectRequest, SignedCallerContext};
 use kgmesh::MeshInfo;
-use serde::Deserialize;
+
+use super::Remote;
 use serde_json::{Value, json};
 use tonic::transport::Channel;
 
@@ -60,7 +58,8 @@ pub(crate) enum OntologyCommand {
 
 #[derive(Subcommand)]
 pub(crate) enum TboxCommand {
-    /// Put a draft from a YAML or JSON file ({entity_types: [...], relation_types: [...]}).
+    /// Put a draft from a YAML or JSON file ({entity_types: [...], relation_types: [...]});
+    /// it replaces any draft and clears its review.
     Draft {
         #[arg(long, short)]
         namespace: String,
@@ -68,28 +67,36 @@ pub(crate) enum TboxCommand {
         #[arg(long)]
         file: PathBuf,
         #[command(flatten)]
-        mesh: MeshArgs,
+        remote: Remote,
     },
-    /// Show the current draft.
+    /// Show the current draft, and who reviewed it.
     Show {
         #[arg(long, short)]
         namespace: String,
         #[command(flatten)]
-        mesh: MeshArgs,
+        remote: Remote,
     },
     /// Mark the draft reviewed by the token's principal.
     Review {
         #[arg(long, short)]
         namespace: String,
         #[command(flatten)]
-        mesh: MeshArgs,
+        remote: Remote,
     },
-    /// Publish the reviewed draft as the next version (the indexer reads it).
+    /// Publish the reviewed draft as the next version; the indexer re-extracts the entities of
+    /// the namespace's files with it.
     Publish {
         #[arg(long, short)]
         namespace: String,
         #[command(flatten)]
-        mesh: MeshArgs,
+        remote: Remote,
+    },
+    /// Show the published TBox.
+    Published {
+        #[arg(long, short)]
+        namespace: String,
+        #[command(flatten)]
+        remote: Remote,
     },
 }
 
@@ -207,145 +214,60 @@ async fn ontology_client(
     ))
 }
 
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct TboxFile {
-    #[serde(default)]
-    entity_types: Vec<EntityTypeFile>,
-    #[serde(default)]
-    relation_types: Vec<RelationTypeFile>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct EntityTypeFile {
-    type_id: String,
-    label: String,
-    #[serde(default)]
-    aliases: Vec<String>,
-    #[serde(default)]
-    patterns: Vec<String>,
-    #[serde(default)]
-    side: String,
-    #[serde(default)]
-    instances: Vec<EntityInstanceFile>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct EntityInstanceFile {
-    name: String,
-    #[serde(default)]
-    aliases: Vec<String>,
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RelationTypeFile {
-    relation_type_id: String,
-    label: String,
-    #[serde(default)]
-    source_type_id: String,
-    #[serde(default)]
-    target_type_id: String,
-    #[serde(default)]
-    patterns: Vec<String>,
-}
-
-fn draft_json(d: &kg_proto::v1::TboxDraft) -> Value {
-    json!({
-        "namespace": d.namespace,
-        "entityTypes": d.entity_types.iter().map(|t| json!({"typeId": t.type_id, "label": t.label, "aliases": t.aliases, "patterns": t.patterns, "side": t.side, "instances": t.instances.iter().map(|i| json!({"name": i.name, "aliases": i.aliases})).collect::<Vec<_>>()})).collect::<Vec<_>>(),
-        "relationTypes": d.relation_types.iter().map(|r| json!({"relationTypeId": r.relation_type_id, "label": r.label, "sourceTypeId": r.source_type_id, "targetTypeId": r.target_type_id})).collect::<Vec<_>>(),
-        "updatedBy": d.updated_by, "updatedAtMs": d.updated_at_ms,
-        "reviewedBy": d.reviewed_by, "reviewedAtMs": d.reviewed_at_ms, "nextVersion": d.next_version,
-    })
-}
-
 /// Runs `kgmesh tbox …`.
 pub(crate) async fn tbox(command: TboxCommand) -> anyhow::Result<()> {
-    let status = |s: tonic::Status| anyhow::anyhow!("{}", s.message());
-    match command {
+    let (remote, value) = match command {
         TboxCommand::Draft {
             namespace,
             file,
-            mesh,
+            remote,
         } => {
             let text = std::fs::read_to_string(&file)
                 .with_context(|| format!("cannot read {}", file.display()))?;
-            let parsed: TboxFile = serde_yaml_ng::from_str(&text)
+            let parsed: kg_gateway::tbox_json::TboxBody = serde_yaml_ng::from_str(&text)
                 .with_context(|| format!("{} is not a TBox file", file.display()))?;
-            let (mut client, signed) = ontology_client(&mesh).await?;
-            let request = PutTboxDraftRequest {
-                namespace,
-                entity_types: parsed
-                    .entity_types
-                    .into_iter()
-                    .map(|t| EntityType {
-                        type_id: t.type_id,
-                        label: t.label,
-                        aliases: t.aliases,
-                        patterns: t.patterns,
-                        side: t.side,
-                        instances: t
-                            .instances
-                            .into_iter()
-                            .map(|i| EntityInstance {
-                                name: i.name,
-                                aliases: i.aliases,
-                            })
-                            .collect(),
-                    })
-                    .collect(),
-                relation_types: parsed
-                    .relation_types
-                    .into_iter()
-                    .map(|r| RelationType {
-                        relation_type_id: r.relation_type_id,
-                        label: r.label,
-                        source_type_id: r.source_type_id,
-                        target_type_id: r.target_type_id,
-                        patterns: r.patterns,
-                    })
-                    .collect(),
-            };
-            let d = client
-                .put_tbox_draft(with_caller(request, &signed))
-                .await
-                .map_err(status)?
-                .into_inner();
-            print(&draft_json(&d))
+            let value = remote
+                .client()?
+                .put(
+                    &["namespaces", &namespace, "tbox", "draft"],
+                    serde_json::to_value(parsed)?,
+                )
+                .await?;
+            (remote, value)
         }
-        TboxCommand::Show { namespace, mesh } => {
-            let (mut client, signed) = ontology_client(&mesh).await?;
-            let d = client
-                .get_tbox_draft(with_caller(GetTboxDraftRequest { namespace }, &signed))
-                .await
-                .map_err(status)?
-                .into_inner();
-            print(&draft_json(&d))
+        TboxCommand::Show { namespace, remote } => {
+            let value = remote
+                .client()?
+                .get(&["namespaces", &namespace, "tbox", "draft"], &[])
+                .await?;
+            (remote, value)
         }
-        TboxCommand::Review { namespace, mesh } => {
-            let (mut client, signed) = ontology_client(&mesh).await?;
-            let d = client
-                .review_tbox_draft(with_caller(ReviewTboxDraftRequest { namespace }, &signed))
-                .await
-                .map_err(status)?
-                .into_inner();
-            print(&draft_json(&d))
+        TboxCommand::Review { namespace, remote } => {
+            let value = remote
+                .client()?
+                .post(
+                    &["namespaces", &namespace, "tbox", "draft", "review"],
+                    json!({}),
+                )
+                .await?;
+            (remote, value)
         }
-        TboxCommand::Publish { namespace, mesh } => {
-            let (mut client, signed) = ontology_client(&mesh).await?;
-            let t = client
-                .publish_tbox(with_caller(PublishTboxRequest { namespace }, &signed))
-                .await
-                .map_err(status)?
-                .into_inner();
-            print(
-                &json!({"namespace": t.namespace, "version": t.version, "entityTypes": t.entity_types.len(), "relationTypes": t.relation_types.len(), "publishedAtMs": t.published_at_ms}),
-            )
+        TboxCommand::Publish { namespace, remote } => {
+            let value = remote
+                .client()?
+                .post(&["namespaces", &namespace, "tbox", "publish"], json!({}))
+                .await?;
+            (remote, value)
         }
-    }
+        TboxCommand::Published { namespace, remote } => {
+            let value = remote
+                .client()?
+                .get(&["namespaces", &namespace, "tbox"], &[])
+                .await?;
+            (remote, value)
+        }
+    };
+    remote.print(&value)
 }
 
 /// Serves `dir`'s generated tools from this process (`kgmesh mcp --stdio

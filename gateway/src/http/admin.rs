@@ -90,7 +90,7 @@ fn backend(service: &'static str) -> impl Fn(tonic::Status) -> ApiError {
     move |status| ApiError(ClientError::from_status(service, &status))
 }
 
-fn json_body<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
+pub(crate) fn json_body<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
     body.map(|Json(v)| v).map_err(|rejection| {
         let code = if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ErrorCode::PayloadTooLarge

@@ -7,6 +7,7 @@ mod dto;
 pub(crate) mod guard;
 mod knowledge_graph;
 mod session_calls;
+mod tbox;
 mod versions;
 
 use std::sync::Arc;
@@ -68,6 +69,7 @@ pub fn router(state: GatewayState) -> Router {
     let admin = admin_api(admin::routes(state.clone()));
     let approvals = admin_api(approvals::routes(&state));
     let versions = admin_api(versions::routes(state.clone()));
+    let tbox = admin_api(tbox::routes(&state));
     let graph = knowledge_graph::routes(state.clone()).route_layer(from_fn_with_state(
         BearerGuard {
             state: state.clone(),
@@ -94,6 +96,7 @@ pub fn router(state: GatewayState) -> Router {
         .merge(versions)
         .merge(graph)
         .merge(approvals)
+        .merge(tbox)
         .fallback(not_found)
         .layer(tower_http::trace::TraceLayer::new_for_http())
 }
