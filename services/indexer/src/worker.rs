@@ -140,13 +140,19 @@ async fn run_worker(
     }
     // Files indexed before embeddings were on, or under an older TBox, are re-indexed through
     // the normal path, and so are a namespace's files each time a TBox is published there.
-    tokio::spawn(crate::backfill::watch_tboxes(
+    // Part of this future, not spawned: a worker that is dropped (killed) leaves no watcher
+    // holding its stores.
+    let tbox_watch = crate::backfill::watch_tboxes(
         worker.graph.clone(),
         jetstream.clone(),
         worker.config.vectors.clone(),
         worker.tboxes.clone(),
         shutdown.clone(),
-    ));
+    );
+    let tbox_watch = async move {
+        tbox_watch.await;
+        Ok(())
+    };
     // Branch uploads: metadata and links only, on their own durable consumer.
     let branch = crate::branch::run(
         worker.blobs.clone(),
@@ -187,7 +193,7 @@ async fn run_worker(
         shutdown,
         worker,
     );
-    tokio::try_join!(main, branch, removals, flag_changes)?;
+    tokio::try_join!(main, branch, removals, flag_changes, tbox_watch)?;
     Ok(())
 }
 
