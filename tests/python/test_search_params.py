@@ -294,7 +294,9 @@ async def _wait_for_entity_names(client: Any, namespace: str, want: set[str]) ->
         await anyio.sleep(0.25)
 
 
-async def test_a_tbox_published_after_the_ingest_reaches_the_files(mesh: Mesh, tmp_path: Path) -> None:
+async def test_a_tbox_published_after_the_ingest_reaches_the_files(
+    mesh: Mesh, make_principal: Callable[..., Principal], tmp_path: Path
+) -> None:
     """The order an adopter takes (ingest, read the candidates, then publish a TBox) gets the
     files their entities without a re-upload, and a later publish that drops a name removes it."""
     namespace = "sparams-late"
@@ -302,6 +304,20 @@ async def test_a_tbox_published_after_the_ingest_reaches_the_files(mesh: Mesh, t
     _write_corpus(root)
     mesh.ingest(root, namespace)
     tbox = tmp_path / "tbox.yaml"
+
+    # The names the heuristics saw, counted over the caller's readable files only.
+    listed = mesh.cli("tbox", "candidates", "--namespace", namespace)
+    dana = next((c for c in listed["candidates"] if c["name"] == "Dana Scully"), None)
+    assert dana == {"name": "Dana Scully", "kind": "proper_name", "files": 1, "count": 1,
+                    "samplePaths": ["people/staff.md"]}, listed  # fmt: skip
+    assert listed["total"] == len(listed["candidates"]) and listed["truncated"] is False, listed
+    contracts_reader = make_principal("candidates-contracts")
+    mesh.grant(contracts_reader.id, namespace, "read", prefix="contracts/")
+    theirs = mesh.cli("tbox", "candidates", "--namespace", namespace, token=contracts_reader.token)
+    assert all(c["samplePaths"] == ["contracts/acme-zephyr.md"] for c in theirs["candidates"]), theirs
+    for bad, says in ((["--kind", "person"], "proper_name, acronym, identifier"), (["--limit", "1001"], "1000")):
+        refused = mesh.run("tbox", "candidates", "--namespace", namespace, *bad)
+        assert refused.returncode == 1 and "invalid_argument" in refused.stderr and says in refused.stderr, refused
 
     async with mcp_http(mesh.mcp_url, mesh.admin_token) as client:
         assert await _entity_names(client, namespace) == set()
@@ -312,8 +328,11 @@ async def test_a_tbox_published_after_the_ingest_reaches_the_files(mesh: Mesh, t
             f for f in (await call_ok(client, "kg_files", {"namespace": namespace}))["files"]
             if f["path"] == "contracts/acme-zephyr.md"
         )
-        listed = await call_ok(client, "kg_file_entities", {"namespace": namespace, "fileId": contract["fileId"]})
-        assert {e["name"] for e in listed["entities"]} >= {"Acme", "Zephyr"}, listed
+        entities = await call_ok(client, "kg_file_entities", {"namespace": namespace, "fileId": contract["fileId"]})
+        assert {e["name"] for e in entities["entities"]} >= {"Acme", "Zephyr"}, entities
+        # A name the TBox declares is no candidate any more.
+        after = mesh.cli("tbox", "candidates", "--namespace", namespace)["candidates"]
+        assert "Dana Scully" not in {c["name"] for c in after}, after
 
         tbox.write_text(TBOX.replace("      - name: Zephyr\n", ""), encoding="utf-8")
         mesh.publish_tbox(namespace, tbox)
@@ -826,6 +845,8 @@ WHOLE_LABEL_QUERIES: dict[str, str] = {
     "stops at the first",
     "MATCH (f:FileRef) WHERE f.versionId IS NOT NULL": "which files are stale: every file's stamps, once "
     "per TBox publish and once per indexer start",
+    "MATCH (f:FileRef)-[p:PROPOSES]->(ce:CandidateEntity)": "`kgmesh tbox candidates` counts every readable "
+    "file's candidates; an admin API call, not a tool",
 }
 # Index creation has no plan to check.
 SCHEMA_CHANGE = re.compile(r"(CREATE|DROP) (FULLTEXT |VECTOR )?INDEX|CALL db\.idx\.fulltext\.(create|drop)", re.I)
@@ -958,6 +979,8 @@ async def test_no_query_plans_a_scan_of_the_namespace(
         mesh.publish_tbox(namespace, tbox)
         async with mcp_http(mesh.mcp_url, mesh.admin_token) as client:
             await _wait_for_entity_names(client, namespace, {"Acme", "Dana Scully"})
+        for kind in ("", "acronym"):
+            mesh.cli("tbox", "candidates", "--namespace", namespace, *(["--kind", kind] if kind else []))
         for prefix in ("contracts/", "people/"):
             mesh.grant(reader.id, namespace, "read", prefix=prefix)
         for token in (mesh.admin_token, reader.token):

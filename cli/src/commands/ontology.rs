@@ -98,6 +98,20 @@ pub(crate) enum TboxCommand {
         #[command(flatten)]
         remote: Remote,
     },
+    /// Names the indexer saw in the namespace's files that no TBox matcher found (proper
+    /// names, acronyms, identifiers), most widespread first: what to draft the TBox from.
+    Candidates {
+        #[arg(long, short)]
+        namespace: String,
+        /// Only this kind: proper_name, acronym or identifier.
+        #[arg(long)]
+        kind: Option<String>,
+        /// Most candidates to list (default 100, at most 1000).
+        #[arg(long)]
+        limit: Option<u32>,
+        #[command(flatten)]
+        remote: Remote,
+    },
 }
 
 fn print(value: &Value) -> anyhow::Result<()> {
@@ -256,6 +270,22 @@ pub(crate) async fn tbox(command: TboxCommand) -> anyhow::Result<()> {
             let value = remote
                 .client()?
                 .post(&["namespaces", &namespace, "tbox", "publish"], json!({}))
+                .await?;
+            (remote, value)
+        }
+        TboxCommand::Candidates {
+            namespace,
+            kind,
+            limit,
+            remote,
+        } => {
+            let query = [
+                ("kind", kind.unwrap_or_default()),
+                ("limit", limit.map(|n| n.to_string()).unwrap_or_default()),
+            ];
+            let value = remote
+                .client()?
+                .get(&["namespaces", &namespace, "tbox", "candidates"], &query)
                 .await?;
             (remote, value)
         }

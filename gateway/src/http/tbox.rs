@@ -5,25 +5,28 @@
 //! - `GET /api/v1/namespaces/{ns}/tbox`: the published TBox;
 //! - `GET` / `PUT /api/v1/namespaces/{ns}/tbox/draft`: the draft, or a new one (clears any review);
 //! - `POST /api/v1/namespaces/{ns}/tbox/draft/review`: marks the draft reviewed by the caller;
-//! - `POST /api/v1/namespaces/{ns}/tbox/publish`: publishes the reviewed draft as the next version.
+//! - `POST /api/v1/namespaces/{ns}/tbox/publish`: publishes the reviewed draft as the next version;
+//! - `GET /api/v1/namespaces/{ns}/tbox/candidates?limit=&kind=`: names the entity heuristics saw
+//!   in the caller's readable files that no TBox matcher found, to draft from (graph service).
 //!
 //! The ontology service checks the caller's signed context (admin for the draft, review and
 //! publish; read access for the published TBox) and the TBox itself.
 
 use axum::Json;
 use axum::Router;
-use axum::extract::rejection::JsonRejection;
-use axum::extract::{Extension, Path, State};
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{Extension, Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use kg_common::ErrorCode;
 use kg_common::access::validate_namespace;
+use kg_proto::v1::graph_client::GraphClient;
 use kg_proto::v1::ontology_client::OntologyClient;
 use kg_proto::v1::{
-    GetPublishedTboxRequest, GetTboxDraftRequest, PublishTboxRequest, PutTboxDraftRequest,
-    ReviewTboxDraftRequest, Tbox, TboxDraft,
+    CandidatesRequest, EntityCandidate, GetPublishedTboxRequest, GetTboxDraftRequest,
+    PublishTboxRequest, PutTboxDraftRequest, ReviewTboxDraftRequest, Tbox, TboxDraft,
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tonic::transport::Channel;
 
 use super::admin::{ApiError, json_body};
@@ -31,10 +34,11 @@ use crate::error::ClientError;
 use crate::state::{Caller, GatewayState};
 use crate::tbox_json::{EntityTypeJson, RelationTypeJson, TboxBody};
 
-/// A client of the ontology service, when the gateway has one.
+/// A client of the ontology service, when the gateway has one, and of the graph service.
 #[derive(Clone)]
 pub(crate) struct TboxState {
     client: Option<OntologyClient<Channel>>,
+    graph: GraphClient<Channel>,
 }
 
 /// The TBox routes; the bearer middleware is added by the caller.
@@ -60,7 +64,11 @@ pub(crate) fn routes(state: &GatewayState) -> Router {
         )
         .route("/api/v1/namespaces/{ns}/tbox/draft/review", post(review))
         .route("/api/v1/namespaces/{ns}/tbox/publish", post(publish))
-        .with_state(TboxState { client })
+        .route("/api/v1/namespaces/{ns}/tbox/candidates", get(candidates))
+        .with_state(TboxState {
+            client,
+            graph: state.backends.graph.clone(),
+        })
 }
 
 type ApiResult = Result<Response, ApiError>;
@@ -218,4 +226,61 @@ async fn publish(
         .map_err(backend)?
         .into_inner();
     Ok(Json(PublishedJson::from(tbox)).into_response())
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CandidatesQuery {
+    limit: Option<u32>,
+    kind: Option<String>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct CandidateJson {
+    name: String,
+    kind: String,
+    files: u64,
+    count: u64,
+    sample_paths: Vec<String>,
+}
+
+impl From<EntityCandidate> for CandidateJson {
+    fn from(c: EntityCandidate) -> Self {
+        Self {
+            name: c.name,
+            kind: c.kind,
+            files: c.files,
+            count: c.count,
+            sample_paths: c.sample_paths,
+        }
+    }
+}
+
+async fn candidates(
+    State(state): State<TboxState>,
+    Extension(caller): Extension<Caller>,
+    Path(ns): Path<String>,
+    q: Result<Query<CandidatesQuery>, QueryRejection>,
+) -> ApiResult {
+    let Query(q) = q.map_err(|r| ApiError::from(ClientError::invalid(r.body_text())))?;
+    let found = state
+        .graph
+        .clone()
+        .candidates(caller.request(CandidatesRequest {
+            namespace: namespace(ns)?,
+            limit: q.limit.unwrap_or(0),
+            kind: q.kind.unwrap_or_default(),
+        }))
+        .await
+        .map_err(|status| ApiError::from(ClientError::from_status("graph", &status)))?
+        .into_inner();
+    let list: Vec<CandidateJson> = found.candidates.into_iter().map(Into::into).collect();
+    Ok(Json(serde_json::json!({
+        "namespace": found.namespace,
+        "candidates": list,
+        "total": found.total,
+        "truncated": found.truncated,
+    }))
+    .into_response())
 }

@@ -3,9 +3,10 @@
 use kg_common::caller::require_caller;
 use kg_proto::v1::graph_server::Graph;
 use kg_proto::v1::{
-    CypherRequest, CypherResponse, FileEntitiesRequest, FileEntitiesResponse, FileTriplesRequest,
-    FileTriplesResponse, HopRequest, OntologyRequest, OntologyResponse, OpenRequest,
-    OutlineRequest, OutlineResponse, PackagesRequest, PackagesResponse,
+    CandidatesRequest, CandidatesResponse, CypherRequest, CypherResponse, FileEntitiesRequest,
+    FileEntitiesResponse, FileTriplesRequest, FileTriplesResponse, HopRequest, OntologyRequest,
+    OntologyResponse, OpenRequest, OutlineRequest, OutlineResponse, PackagesRequest,
+    PackagesResponse,
 };
 use tonic::{Request, Response, Status};
 
@@ -81,6 +82,16 @@ impl Graph for GraphService {
         let caller = require_caller(&request)?;
         Ok(Response::new(
             self.ontology_for(&caller, request.into_inner()).await?,
+        ))
+    }
+
+    async fn candidates(
+        &self,
+        request: Request<CandidatesRequest>,
+    ) -> Result<Response<CandidatesResponse>, Status> {
+        let caller = require_caller(&request)?;
+        Ok(Response::new(
+            self.candidates_for(&caller, request.into_inner()).await?,
         ))
     }
 

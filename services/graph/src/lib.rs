@@ -1,11 +1,13 @@
 //! kg-graph: the graph service. It serves `kg.v1.Graph` over one namespace graph at a time:
 //! chunk packages (Packages), Open by chunk/outline/entity key or file id, Outline, and
 //! kg_cypher (Cypher: one read-only statement, parsed, access-rewritten and printed back).
-//! It also serves Hop (typed navigation), FileEntities, FileTriples and Ontology (the published TBox).
+//! It also serves Hop (typed navigation), FileEntities, FileTriples, Ontology (the published TBox)
+//! and Candidates (names the entity heuristics saw, for drafting a TBox; admin API only).
 //! It reads FalkorDB (the indexer writes it) and the `KG_TBOX` bucket, applies the
 //! caller's access predicate inside every Cypher `WHERE`, and never calls another service.
 //! Entry point: [`serve`]; in-process callers use [`GraphService`]'s `*_for` methods.
 
+mod candidates;
 mod caps;
 mod config;
 pub mod cypher;

@@ -257,6 +257,7 @@ async fn an_mcp_context_replayed_to_an_admin_operation_is_refused() {
     let mut ontology = kg_proto::v1::ontology_client::OntologyClient::new(channel(
         mesh.info.ontology.as_ref().unwrap(),
     ));
+    let mut graph = GraphClient::new(channel(&grpc.graph));
     let admin_token = mesh.admin_token.clone().unwrap();
     let minting = auth.clone();
     let mint = move |tool: &'static str| {
@@ -373,6 +374,19 @@ async fn an_mcp_context_replayed_to_an_admin_operation_is_refused() {
             "approval.ListProposals",
             approval
                 .list_proposals(request(ListProposalsRequest::default(), &mcp))
+                .await
+                .map(drop),
+        ),
+        (
+            "graph.Candidates",
+            graph
+                .candidates(request(
+                    CandidatesRequest {
+                        namespace: "replay".into(),
+                        ..Default::default()
+                    },
+                    &mcp,
+                ))
                 .await
                 .map(drop),
         ),
