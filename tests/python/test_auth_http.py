@@ -259,7 +259,17 @@ def test_a_tbox_is_drafted_reviewed_and_published_over_the_admin_rest(
         assert http.post(f"{base}/draft/review", headers=as_user).status_code == 403
         assert http.get(base, headers=as_user).status_code == 404, "a reader may ask; nothing is published"
 
-        reviewed = http.post(f"{base}/draft/review", headers=admin).json()
+        # A review names the draft it read: one put since, and it is refused.
+        read_digest = shown["digest"]
+        initech = [{"typeId": "org", "label": "Organization", "instances": [{"name": "Initech"}]}]
+        changed = {**draft, "entityTypes": initech}
+        assert http.put(f"{base}/draft", headers=admin, json=changed).status_code == 200
+        stale = http.post(f"{base}/draft/review", headers=admin, json={"digest": read_digest})
+        assert stale.status_code == 409 and "changed since you read it" in stale.json()["message"], stale.text
+        assert http.get(f"{base}/draft", headers=admin).json()["reviewedBy"] == ""
+        assert http.put(f"{base}/draft", headers=admin, json=draft).status_code == 200
+        assert http.get(f"{base}/draft", headers=admin).json()["digest"] == read_digest, "the digest is of the content"
+        reviewed = http.post(f"{base}/draft/review", headers=admin, json={"digest": read_digest}).json()
         assert reviewed["reviewedBy"].startswith("usr_") and reviewed["reviewedAtMs"] > 0, reviewed
         published = http.post(f"{base}/publish", headers=admin)
         assert published.status_code == 200 and published.json()["version"] == 1, published.text
@@ -271,8 +281,11 @@ def test_a_tbox_is_drafted_reviewed_and_published_over_the_admin_rest(
     # The CLI takes the same path from a file, with --url like every admin command.
     tbox = tmp_path / "tbox.yaml"
     tbox.write_text("entity_types:\n  - type_id: org\n    label: Organization\n", encoding="utf-8")
-    assert mesh.cli("tbox", "draft", "--namespace", namespace, "--file", str(tbox))["nextVersion"] == 2
-    mesh.cli("tbox", "review", "--namespace", namespace)
+    drafted = mesh.cli("tbox", "draft", "--namespace", namespace, "--file", str(tbox))
+    assert drafted["nextVersion"] == 2
+    stale = mesh.run("tbox", "review", "--namespace", namespace, "--digest", read_digest)
+    assert stale.returncode == 1 and "changed since you read it" in stale.stderr, stale.stderr
+    mesh.cli("tbox", "review", "--namespace", namespace, "--digest", drafted["digest"])
     assert mesh.cli("tbox", "publish", "--namespace", namespace)["version"] == 2
     assert mesh.cli("tbox", "published", "--namespace", namespace)["entityTypes"][0]["instances"] == []
     tbox.write_text("entity_types:\n  - type_idd: org\n", encoding="utf-8")

@@ -80,6 +80,10 @@ pub(crate) enum TboxCommand {
     Review {
         #[arg(long, short)]
         namespace: String,
+        /// The `digest` that `tbox show` printed: the review is refused if the draft changed
+        /// since you read it.
+        #[arg(long)]
+        digest: Option<String>,
         #[command(flatten)]
         remote: Remote,
     },
@@ -256,12 +260,16 @@ pub(crate) async fn tbox(command: TboxCommand) -> anyhow::Result<()> {
                 .await?;
             (remote, value)
         }
-        TboxCommand::Review { namespace, remote } => {
+        TboxCommand::Review {
+            namespace,
+            digest,
+            remote,
+        } => {
             let value = remote
                 .client()?
                 .post(
                     &["namespaces", &namespace, "tbox", "draft", "review"],
-                    json!({}),
+                    json!({ "digest": digest.unwrap_or_default() }),
                 )
                 .await?;
             (remote, value)

@@ -14,6 +14,7 @@
 
 use axum::Json;
 use axum::Router;
+use axum::body::Bytes;
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{Extension, Path, Query, State};
 use axum::response::{IntoResponse, Response};
@@ -105,6 +106,8 @@ struct DraftJson {
     reviewed_by: String,
     reviewed_at_ms: Option<i64>,
     next_version: i64,
+    /// What a review names to apply to exactly this draft (`POST .../review {"digest"}`).
+    digest: String,
 }
 
 impl From<TboxDraft> for DraftJson {
@@ -118,6 +121,7 @@ impl From<TboxDraft> for DraftJson {
             reviewed_by: d.reviewed_by,
             reviewed_at_ms: d.reviewed_at_ms,
             next_version: d.next_version,
+            digest: d.digest,
         }
     }
 }
@@ -196,15 +200,37 @@ async fn put_draft(
     Ok(Json(DraftJson::from(draft)).into_response())
 }
 
+/// The optional body of `POST .../tbox/draft/review`.
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ReviewBody {
+    /// The draft's `digest` as the reviewer read it: the review is refused (409) if the draft
+    /// changed since.
+    #[serde(default)]
+    digest: String,
+}
+
 async fn review(
     State(state): State<TboxState>,
     Extension(caller): Extension<Caller>,
     Path(ns): Path<String>,
+    body: Bytes,
 ) -> ApiResult {
+    // No body, or an empty one, reviews whatever the draft is now.
+    let body: ReviewBody = if body.iter().all(u8::is_ascii_whitespace) {
+        ReviewBody::default()
+    } else {
+        serde_json::from_slice(&body).map_err(|err| {
+            ApiError::from(ClientError::invalid(format!(
+                "the review body is not {{\"digest\": \"<hex>\"}}: {err}"
+            )))
+        })?
+    };
     let draft = state
         .client()?
         .review_tbox_draft(caller.request(ReviewTboxDraftRequest {
             namespace: namespace(ns)?,
+            expected_digest: body.digest,
         }))
         .await
         .map_err(backend)?

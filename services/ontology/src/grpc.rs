@@ -179,9 +179,14 @@ impl Ontology for OntologyService {
     ) -> Result<Response<TboxDraft>, Status> {
         let caller = require_caller(&request)?;
         require_admin(&caller).map_err(|e| kg_common::error::to_status(&e))?;
+        let r = request.into_inner();
         Ok(Response::new(
             tbox_store(self)?
-                .review(&request.into_inner().namespace, &caller.principal_id)
+                .review(
+                    &r.namespace,
+                    &caller.principal_id,
+                    Some(r.expected_digest.as_str()).filter(|d| !d.is_empty()),
+                )
                 .await?,
         ))
     }

@@ -25,6 +25,12 @@ fn encode(tbox: &Tbox) -> String {
     base64::engine::general_purpose::STANDARD.encode(tbox.encode_to_vec())
 }
 
+/// SHA-256 (hex) of a stored draft body: what a reviewer names to review exactly that draft.
+fn digest(body: &str) -> String {
+    use sha2::Digest as _;
+    hex::encode(sha2::Sha256::digest(body.as_bytes()))
+}
+
 fn decode(text: &str) -> Result<Tbox> {
     let bytes = base64::engine::general_purpose::STANDARD
         .decode(text)
@@ -186,8 +192,10 @@ impl TboxStore {
         .fetch_optional(self.sql.pool())
         .await?
         .ok_or_else(|| OntologyError::NotFound(format!("namespace `{namespace}` has no TBox draft; put one first")))?;
-        let tbox = decode(&row.try_get::<String, _>(0)?)?;
+        let body = row.try_get::<String, _>(0)?;
+        let tbox = decode(&body)?;
         Ok(TboxDraft {
+            digest: digest(&body),
             namespace: namespace.to_owned(),
             entity_types: tbox.entity_types,
             relation_types: tbox.relation_types,
@@ -199,20 +207,63 @@ impl TboxStore {
         })
     }
 
-    /// Marks the draft reviewed by `by`.
-    pub async fn review(&self, namespace: &str, by: &str) -> Result<TboxDraft> {
-        let done = sqlx::query(
-            "UPDATE kg_tbox_drafts SET reviewed_by = $1, reviewed_at_ms = $2 WHERE namespace = $3",
-        )
-        .bind(by.to_owned())
-        .bind(now_ms())
-        .bind(namespace.to_owned())
-        .execute(self.sql.pool())
-        .await?;
+    /// Marks the draft reviewed by `by`. With `expected_digest` (the [`TboxDraft::digest`] the
+    /// reviewer read), only if the draft is still that one: the body is compared in the UPDATE
+    /// itself, so a put between the read and the review is never marked reviewed.
+    pub async fn review(
+        &self,
+        namespace: &str,
+        by: &str,
+        expected_digest: Option<&str>,
+    ) -> Result<TboxDraft> {
+        let missing =
+            || OntologyError::NotFound(format!("namespace `{namespace}` has no TBox draft"));
+        let changed = || {
+            OntologyError::Conflict(format!(
+                "the TBox draft of `{namespace}` changed since you read it; show it again \
+                 (kgmesh tbox show) and review what it says now"
+            ))
+        };
+        let done = match expected_digest {
+            None => {
+                sqlx::query(
+                    "UPDATE kg_tbox_drafts SET reviewed_by = $1, reviewed_at_ms = $2 WHERE namespace = $3",
+                )
+                .bind(by.to_owned())
+                .bind(now_ms())
+                .bind(namespace.to_owned())
+                .execute(self.sql.pool())
+                .await?
+            }
+            Some(expected) => {
+                let body: String =
+                    sqlx::query("SELECT body FROM kg_tbox_drafts WHERE namespace = $1")
+                        .bind(namespace.to_owned())
+                        .fetch_optional(self.sql.pool())
+                        .await?
+                        .ok_or_else(missing)?
+                        .try_get(0)?;
+                if digest(&body) != expected.trim().to_ascii_lowercase() {
+                    return Err(changed());
+                }
+                let done = sqlx::query(
+                    "UPDATE kg_tbox_drafts SET reviewed_by = $1, reviewed_at_ms = $2 \
+                     WHERE namespace = $3 AND body = $4",
+                )
+                .bind(by.to_owned())
+                .bind(now_ms())
+                .bind(namespace.to_owned())
+                .bind(body)
+                .execute(self.sql.pool())
+                .await?;
+                if done.rows_affected() == 0 {
+                    return Err(changed());
+                }
+                done
+            }
+        };
         if done.rows_affected() == 0 {
-            return Err(OntologyError::NotFound(format!(
-                "namespace `{namespace}` has no TBox draft"
-            )));
+            return Err(missing());
         }
         self.draft(namespace).await
     }

@@ -73,7 +73,7 @@ async fn a_tbox_the_bus_cannot_carry_is_refused_and_a_failed_publish_records_not
     for put in futures::future::join_all(puts).await {
         put.unwrap();
     }
-    store.review("plants", "usr_reviewer").await.unwrap();
+    store.review("plants", "usr_reviewer", None).await.unwrap();
     store.put_draft(&tbox(2), "usr_admin").await.unwrap();
     let draft = store.draft("plants").await.unwrap();
     assert!(
@@ -82,16 +82,48 @@ async fn a_tbox_the_bus_cannot_carry_is_refused_and_a_failed_publish_records_not
     );
     assert_eq!(draft.entity_types[0].instances.len(), 2);
 
+    // A review naming the digest it read applies to that draft only.
+    let read = store.draft("plants").await.unwrap();
+    store.put_draft(&tbox(3), "usr_other_admin").await.unwrap();
+    let stale = store
+        .review("plants", "usr_reviewer", Some(&read.digest))
+        .await
+        .unwrap_err();
+    assert_eq!(stale.code(), ErrorCode::FailedPrecondition, "{stale}");
+    assert!(
+        stale.to_string().contains("changed since you read it"),
+        "{stale}"
+    );
+    let current = store.draft("plants").await.unwrap();
+    assert!(
+        current.reviewed_by.is_empty(),
+        "the changed draft was marked reviewed"
+    );
+    assert_ne!(current.digest, read.digest);
+    let reviewed = store
+        .review(
+            "plants",
+            "usr_reviewer",
+            Some(&current.digest.to_uppercase()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(reviewed.reviewed_by, "usr_reviewer");
+    assert_eq!(
+        reviewed.digest, current.digest,
+        "a review does not change the digest"
+    );
+
     // A TBox of a few thousand instances publishes, and the bus holds it.
     store.put_draft(&tbox(5_000), "usr_admin").await.unwrap();
-    store.review("plants", "usr_reviewer").await.unwrap();
+    store.review("plants", "usr_reviewer", None).await.unwrap();
     let first = store.publish("plants", "usr_admin").await.unwrap();
     assert_eq!(first.version, 1);
     assert_eq!(bucket.get("plants").await.unwrap().unwrap().version, 1);
 
     // With the bus gone, publishing fails as unavailable and records no version 2.
     store.put_draft(&tbox(10), "usr_admin").await.unwrap();
-    store.review("plants", "usr_reviewer").await.unwrap();
+    store.review("plants", "usr_reviewer", None).await.unwrap();
     drop(nats);
     let err = store.publish("plants", "usr_admin").await.unwrap_err();
     assert!(
