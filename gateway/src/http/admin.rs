@@ -107,7 +107,7 @@ fn query<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
         .map_err(|rejection| ApiError(ClientError::invalid(rejection.body_text())))
 }
 
-fn valid_namespace(ns: &str) -> Result<(), ApiError> {
+pub(crate) fn valid_namespace(ns: &str) -> Result<(), ApiError> {
     validate_namespace(ns).map_err(|err| ApiError(ClientError::invalid(err.to_string())))
 }
 

@@ -20,7 +20,6 @@ use axum::extract::{Extension, Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use kg_common::ErrorCode;
-use kg_common::access::validate_namespace;
 use kg_proto::v1::graph_client::GraphClient;
 use kg_proto::v1::ontology_client::OntologyClient;
 use kg_proto::v1::{
@@ -30,7 +29,7 @@ use kg_proto::v1::{
 use serde::{Deserialize, Serialize};
 use tonic::transport::Channel;
 
-use super::admin::{ApiError, json_body};
+use super::admin::{ApiError, json_body, valid_namespace};
 use crate::error::ClientError;
 use crate::state::{Caller, GatewayState};
 use crate::tbox_json::{EntityTypeJson, RelationTypeJson, TboxBody};
@@ -89,8 +88,9 @@ fn backend(status: tonic::Status) -> ApiError {
     ApiError::from(ClientError::from_status("ontology", &status))
 }
 
+/// The path's namespace, once it passed the namespace rules.
 fn namespace(ns: String) -> Result<String, ApiError> {
-    validate_namespace(&ns).map_err(|err| ApiError::from(ClientError::invalid(err.to_string())))?;
+    valid_namespace(&ns)?;
     Ok(ns)
 }
 

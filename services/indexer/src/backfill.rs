@@ -250,16 +250,8 @@ pub async fn requeue_stale(
                     }
                 }
             }
-            // `<versionId>|<tbox stamp>|...`, see `entity_writer`.
-            let entities_current = text(3).is_some_and(|stamp| {
-                stamp
-                    .strip_prefix(version_id)
-                    .and_then(|rest| rest.strip_prefix('|'))
-                    .is_some_and(|rest| {
-                        rest.strip_prefix(tbox.as_str())
-                            .is_some_and(|tail| tail.starts_with('|'))
-                    })
-            });
+            let entities_current = text(3)
+                .is_some_and(|stamp| crate::entity_writer::stamp_is_for(stamp, version_id, &tbox));
             if !entities_current {
                 reasons.push(format!("entities:{tbox}"));
                 queued.entities += 1;

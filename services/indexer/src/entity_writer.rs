@@ -58,6 +58,16 @@ fn stamp(file: &FileRecord, extractor: &Extractor, llm: Option<&LlmExtractor>) -
     stamp
 }
 
+/// Whether an `entityStamp` (see [`stamp`]) was written for `version_id` under the TBox whose
+/// [`crate::entities::tbox_stamp`] is `tbox`, whatever the path or LLM part after them.
+pub(crate) fn stamp_is_for(entity_stamp: &str, version_id: &str, tbox: &str) -> bool {
+    entity_stamp
+        .strip_prefix(version_id)
+        .and_then(|rest| rest.strip_prefix('|'))
+        .and_then(|rest| rest.strip_prefix(tbox))
+        .is_some_and(|tail| tail.starts_with('|'))
+}
+
 /// What [`index_entities_with`] did, and what the LLM pass cost when it ran.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EntityIndexReport {
@@ -673,4 +683,26 @@ async fn delete_orphans(graph: &GraphStore, ns: &str, keys: &[String]) -> Result
             .await?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stamp_is_for;
+
+    #[test]
+    fn a_stamp_is_current_only_for_its_version_and_tbox() {
+        let stamp = "v1|12@1700|docs/a.md";
+        assert!(stamp_is_for(stamp, "v1", "12@1700"));
+        assert!(stamp_is_for(
+            "v1|12@1700|docs/a.md|llm:model",
+            "v1",
+            "12@1700"
+        ));
+        // Another version, another TBox, or a TBox whose stamp only starts the same way.
+        assert!(!stamp_is_for(stamp, "v2", "12@1700"));
+        assert!(!stamp_is_for(stamp, "v1", "1@1700"));
+        assert!(!stamp_is_for(stamp, "v1", "12@170"));
+        assert!(!stamp_is_for("v1|none|docs/a.md", "v1", "12@1700"));
+        assert!(!stamp_is_for("v12|12@1700|docs/a.md", "v1", "12@1700"));
+    }
 }
