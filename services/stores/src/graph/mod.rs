@@ -5,6 +5,7 @@
 //! never outlives a graph that another process deleted and recreated; queries that return
 //! whole nodes pay one extra round trip for it.
 
+mod assign;
 mod fulltext;
 mod params;
 
@@ -18,6 +19,7 @@ use serde_json::{Map, Number, Value};
 
 use crate::error::{StoreError, StoreKind};
 
+pub use assign::assign_properties;
 pub use fulltext::{
     MAX_TERM_CHARS, MAX_TERMS, exact_term, fulltext_query, fulltext_terms, stemmed_term,
 };
