@@ -23,6 +23,8 @@ pub struct IngestReport {
     pub uploaded: usize,
     /// Files whose content was already current.
     pub unchanged: usize,
+    /// Files whose content was current but whose indexing had failed: queued again.
+    pub retried: usize,
     /// Files indexed.
     pub indexed: usize,
     /// Files of the namespace deleted because the folder no longer holds them (`--delete`).
@@ -225,6 +227,9 @@ pub struct IngestPlan {
     pub upload: Vec<String>,
     /// Files the namespace holds with the same content.
     pub unchanged: usize,
+    /// Files the namespace holds with the same content whose indexing failed: the upload
+    /// queues them again.
+    pub retry: Vec<String>,
     /// Files `--delete` would delete.
     pub delete: Vec<String>,
     /// Files left out by `--exclude`.
@@ -248,12 +253,14 @@ pub async fn plan(
     } else {
         Vec::new()
     };
-    let stored: HashMap<&str, &str> = listing
+    // path -> (content SHA-256, indexing failed)
+    let stored: HashMap<&str, (&str, bool)> = listing
         .iter()
         .filter_map(|file| {
+            let failed = file.get("status").and_then(Value::as_str) == Some("failed");
             Some((
                 file.get("path")?.as_str()?,
-                file.get("contentSha256")?.as_str()?,
+                (file.get("contentSha256")?.as_str()?, failed),
             ))
         })
         .collect();
@@ -267,10 +274,10 @@ pub async fn plan(
         match tokio::fs::read(&local).await {
             Ok(bytes) => {
                 let sha = hex::encode(Sha256::digest(&bytes));
-                if stored.get(path.as_str()) == Some(&sha.as_str()) {
-                    plan.unchanged += 1;
-                } else {
-                    plan.upload.push(path);
+                match stored.get(path.as_str()) {
+                    Some(&(stored_sha, false)) if stored_sha == sha => plan.unchanged += 1,
+                    Some(&(stored_sha, true)) if stored_sha == sha => plan.retry.push(path),
+                    _ => plan.upload.push(path),
                 }
             }
             Err(err) => plan.failed.push((path, format!("cannot read it: {err}"))),
@@ -285,6 +292,7 @@ pub async fn plan(
         );
     }
     plan.upload.sort();
+    plan.retry.sort();
     plan.delete.sort();
     plan.failed.sort();
     Ok(plan)
@@ -389,8 +397,14 @@ pub async fn ingest(
             .get("status")
             .and_then(Value::as_str)
             .unwrap_or_default();
+        let requeued = answer
+            .get("requeued")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
         if changed {
             report.uploaded += 1;
+        } else if requeued {
+            report.retried += 1;
         } else {
             report.unchanged += 1;
         }
@@ -414,23 +428,54 @@ pub async fn ingest(
         delete_missing(client, namespace, &prefix, &held, &excludes, &mut report).await?;
     }
 
+    let outcome = wait_indexed(client, namespace, waiting, options.timeout).await?;
+    report.indexed += outcome.indexed;
+    report.failed.extend(outcome.failed);
+    report.failed.sort();
+    report.deleted.sort();
+    Ok(report)
+}
+
+/// What [`wait_indexed`] saw become of the versions it waited for.
+#[derive(Debug, Default)]
+pub struct Indexed {
+    /// Versions indexed.
+    pub indexed: usize,
+    /// Versions whose indexing failed, with the reason, by path.
+    pub failed: Vec<(String, String)>,
+}
+
+/// Waits until each file in `waiting` (path -> version id) is indexed or failed at that
+/// version, polling the namespace's listing; fails after `timeout` naming what is left. A
+/// file deleted or replaced by another upload meanwhile is no longer waited for (nor counted).
+pub async fn wait_indexed(
+    client: &AdminClient,
+    namespace: &str,
+    mut waiting: HashMap<String, String>,
+    timeout: Duration,
+) -> anyhow::Result<Indexed> {
+    let mut outcome = Indexed::default();
     let bar = progress(waiting.len() as u64, "indexing");
-    let deadline = Instant::now() + options.timeout;
+    let deadline = Instant::now() + timeout;
     while !waiting.is_empty() {
         let listed = Instant::now();
         let files = list_all(client, namespace).await?;
         let pause = poll_pause(listed.elapsed());
+        let mut listed_paths = std::collections::HashSet::new();
         for file in files {
             let path = file.get("path").and_then(Value::as_str).unwrap_or_default();
             let Some(version) = waiting.get(path) else {
                 continue;
             };
+            listed_paths.insert(path.to_owned());
             if file.get("versionId").and_then(Value::as_str) != Some(version.as_str()) {
+                waiting.remove(path);
+                bar.inc(1);
                 continue;
             }
             match file.get("status").and_then(Value::as_str) {
-                Some("indexed") => report.indexed += 1,
-                Some("failed") => report.failed.push((
+                Some("indexed") => outcome.indexed += 1,
+                Some("failed") => outcome.failed.push((
                     path.to_owned(),
                     file.get("statusReason")
                         .and_then(Value::as_str)
@@ -442,6 +487,7 @@ pub async fn ingest(
             waiting.remove(path);
             bar.inc(1);
         }
+        waiting.retain(|path, _| listed_paths.contains(path));
         if waiting.is_empty() {
             break;
         }
@@ -452,16 +498,14 @@ pub async fn ingest(
             bail!(
                 "{} file(s) still not indexed after {:?} (first: {}); check the indexer's log",
                 pending.len(),
-                options.timeout,
+                timeout,
                 pending.first().map(|s| s.as_str()).unwrap_or_default()
             );
         }
         tokio::time::sleep(pause).await;
     }
     bar.finish_and_clear();
-    report.failed.sort();
-    report.deleted.sort();
-    Ok(report)
+    Ok(outcome)
 }
 
 /// Deletes the namespace's files under `prefix` that are not in `held`. Only files this

@@ -308,7 +308,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Grant { command } => commands::access::grant(command).await.map(success),
         Command::Deny { command } => commands::access::deny(command).await.map(success),
         Command::Pat { command } => commands::pats::pat(command).await.map(success),
-        Command::File { command } => commands::files::file(command).await.map(success),
+        Command::File { command } => commands::files::file(command).await,
         Command::Branch { command } => commands::versions::branch(command).await.map(success),
         Command::Release { command } => commands::versions::release(command).await.map(success),
         Command::Env { command } => commands::versions::env(command).await.map(success),
@@ -661,6 +661,7 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<ExitCode> {
         "namespace": args.namespace,
         "uploaded": report.uploaded,
         "unchanged": report.unchanged,
+        "retried": report.retried,
         "indexed": report.indexed,
         "deleted": report.deleted,
         "excluded": report.excluded,
@@ -671,10 +672,11 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<ExitCode> {
         println!("{}", serde_json::to_string(&summary)?);
     } else {
         println!(
-            "{}: {} uploaded, {} unchanged, {} indexed, {} deleted, {} excluded, {} failed in {:.1}s",
+            "{}: {} uploaded, {} unchanged, {} retried, {} indexed, {} deleted, {} excluded, {} failed in {:.1}s",
             args.namespace,
             report.uploaded,
             report.unchanged,
+            report.retried,
             report.indexed,
             report.deleted.len(),
             report.excluded,
@@ -712,6 +714,7 @@ fn print_plan(
             "namespaceExists": plan.namespace_exists,
             "upload": plan.upload,
             "unchanged": plan.unchanged,
+            "retry": plan.retry,
             "delete": plan.delete,
             "excluded": plan.excluded,
             "failed": failed,
@@ -720,9 +723,10 @@ fn print_plan(
         return Ok(());
     }
     println!(
-        "{namespace} (dry run, nothing changed): {} to upload, {} unchanged, {} to delete, {} excluded, {} failed{}",
+        "{namespace} (dry run, nothing changed): {} to upload, {} unchanged, {} to retry, {} to delete, {} excluded, {} failed{}",
         plan.upload.len(),
         plan.unchanged,
+        plan.retry.len(),
         plan.delete.len(),
         plan.excluded,
         plan.failed.len(),
@@ -734,6 +738,9 @@ fn print_plan(
     );
     for path in &plan.upload {
         println!("  upload: {path}");
+    }
+    for path in &plan.retry {
+        println!("  retry: {path}");
     }
     for path in &plan.delete {
         println!("  delete: {path}");

@@ -12,6 +12,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import time
 import urllib.error
@@ -934,3 +935,64 @@ def shop_project(parent: Path, ontology: str | None = None) -> Path:
     with sqlite3.connect(project / "shop.db") as db:
         db.executescript((SHOP_DIR / "seed.sqlite.sql").read_text())
     return project
+
+
+# ---------------------------------------------------------------------------------------------
+# Raw access to the mesh's FalkorDB, to damage a graph the way an outage or an old indexer would
+# ---------------------------------------------------------------------------------------------
+
+
+def falkordb_port(mesh: Mesh) -> int:
+    """The port of the redis-server `up` started in <data_dir>/falkordb. Redis rewrites its
+    command line to `redis-server HOST:PORT` and runs in its --dir, so its cwd names it."""
+    wanted = (mesh.data_dir / "falkordb").resolve()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            cwd = (proc / "cwd").resolve()
+        except OSError:
+            continue
+        title = " ".join(a for a in argv if a)
+        if "redis-server" in title and cwd == wanted:
+            return int(title.rsplit(":", 1)[1].split()[0])
+    raise AssertionError(f"no FalkorDB of the mesh runs in {wanted}")
+
+
+def _read_reply(stream: Any) -> Any:
+    line = stream.readline()
+    assert line.endswith(b"\r\n"), f"short RESP reply {line!r}"
+    kind, body = line[:1], line[1:-2]
+    if kind == b"+":
+        return body.decode()
+    if kind == b"-":
+        return RuntimeError(body.decode())
+    if kind == b":":
+        return int(body)
+    if kind == b"$":
+        size = int(body)
+        if size < 0:
+            return None
+        data = stream.read(size + 2)
+        return data[:-2].decode(errors="replace")
+    if kind == b"*":
+        size = int(body)
+        return None if size < 0 else [_read_reply(stream) for _ in range(size)]
+    raise AssertionError(f"unknown RESP reply {line!r}")
+
+
+def redis(port: int, *args: str) -> Any:
+    """One command over RESP; an error reply comes back as a RuntimeError value."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        payload = f"*{len(args)}\r\n".encode()
+        for arg in args:
+            raw = arg.encode()
+            payload += b"$%d\r\n%s\r\n" % (len(raw), raw)
+        sock.sendall(payload)
+        with sock.makefile("rb") as stream:
+            return _read_reply(stream)
+
+
+def graph_key(namespace: str) -> str:
+    return f"kg_ns_{namespace}"

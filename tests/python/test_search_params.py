@@ -32,7 +32,10 @@ from kgmesh_support import (
     call_ok,
     call_tool,
     expect_rejected,
+    falkordb_port,
+    graph_key,
     mcp_http,
+    redis,
 )
 
 pytestmark = pytest.mark.anyio
@@ -156,67 +159,6 @@ def corpus(mesh: Mesh, tmp_path_factory: pytest.TempPathFactory) -> str:
     _write_corpus(root)
     _publish_and_ingest(mesh, tbox, root, [NS, NS_TWIN, NS_FRAGILE])
     return NS
-
-
-# ---------------------------------------------------------------------------------------------
-# Raw access to the mesh's FalkorDB, to damage a graph the way an outage or an old indexer would
-# ---------------------------------------------------------------------------------------------
-
-
-def _falkordb_port(mesh: Mesh) -> int:
-    """The port of the redis-server `up` started in <data_dir>/falkordb. Redis rewrites its
-    command line to `redis-server HOST:PORT` and runs in its --dir, so its cwd names it."""
-    wanted = (mesh.data_dir / "falkordb").resolve()
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            argv = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
-            cwd = (proc / "cwd").resolve()
-        except OSError:
-            continue
-        title = " ".join(a for a in argv if a)
-        if "redis-server" in title and cwd == wanted:
-            return int(title.rsplit(":", 1)[1].split()[0])
-    raise AssertionError(f"no FalkorDB of the mesh runs in {wanted}")
-
-
-def _read_reply(stream: Any) -> Any:
-    line = stream.readline()
-    assert line.endswith(b"\r\n"), f"short RESP reply {line!r}"
-    kind, body = line[:1], line[1:-2]
-    if kind == b"+":
-        return body.decode()
-    if kind == b"-":
-        return RuntimeError(body.decode())
-    if kind == b":":
-        return int(body)
-    if kind == b"$":
-        size = int(body)
-        if size < 0:
-            return None
-        data = stream.read(size + 2)
-        return data[:-2].decode(errors="replace")
-    if kind == b"*":
-        size = int(body)
-        return None if size < 0 else [_read_reply(stream) for _ in range(size)]
-    raise AssertionError(f"unknown RESP reply {line!r}")
-
-
-def redis(port: int, *args: str) -> Any:
-    """One command over RESP; an error reply comes back as a RuntimeError value."""
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
-        payload = f"*{len(args)}\r\n".encode()
-        for arg in args:
-            raw = arg.encode()
-            payload += b"$%d\r\n%s\r\n" % (len(raw), raw)
-        sock.sendall(payload)
-        with sock.makefile("rb") as stream:
-            return _read_reply(stream)
-
-
-def graph_key(namespace: str) -> str:
-    return f"kg_ns_{namespace}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -744,7 +686,7 @@ async def test_token_budget_truncates_then_omits_in_order(mesh: Mesh, corpus: st
 
 
 async def test_missing_offsets_and_a_broken_namespace_soft_fails(mesh: Mesh, corpus: str) -> None:
-    port = _falkordb_port(mesh)
+    port = falkordb_port(mesh)
     key = graph_key(NS_FRAGILE)
     backup = f"{key}_backup_{port}"
     # Chunks of the turbine notes lose their offsets, as an indexer from before offsets wrote them.
@@ -969,7 +911,7 @@ async def test_no_query_plans_a_scan_of_the_namespace(
     root = tmp_path / "corpus"
     _write_corpus(root)
     reader = make_principal("plans-reader")
-    port = _falkordb_port(mesh)
+    port = falkordb_port(mesh)
     with GraphMonitor(port) as monitor:
         mesh.publish_tbox(namespace, tbox)
         mesh.ingest(root, namespace)

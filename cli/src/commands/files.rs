@@ -1,4 +1,8 @@
-//! `kgmesh file`: list a namespace's files, flip `enabled`/`hidden`, delete.
+//! `kgmesh file`: list a namespace's files, flip `enabled`/`hidden`, delete, reindex.
+
+use std::collections::HashMap;
+use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::bail;
 use clap::{ArgAction, ArgGroup, Subcommand};
@@ -48,6 +52,26 @@ pub(crate) enum FileCommand {
         #[command(flatten)]
         remote: Remote,
     },
+    /// Index files again from their stored content, rewriting graph, vectors and entities
+    /// (after a store was lost or restored, an upgrade, or failures). Needs admin on the folder.
+    Reindex {
+        #[arg(long)]
+        namespace: String,
+        /// Only files under this folder, e.g. `handbook/`.
+        #[arg(long, default_value = "")]
+        prefix: String,
+        /// Only files whose indexing failed.
+        #[arg(long)]
+        failed: bool,
+        /// Wait until every queued file is indexed or failed; exit code 3 if any failed.
+        #[arg(long)]
+        wait: bool,
+        /// With --wait, give up after this many seconds.
+        #[arg(long, default_value_t = 3600)]
+        timeout_secs: u64,
+        #[command(flatten)]
+        remote: Remote,
+    },
 }
 
 /// `namespaces/<ns>/files/<path segments...>`: each segment of the path is its
@@ -58,44 +82,14 @@ fn file_segments<'a>(namespace: &'a str, path: &'a str) -> Vec<&'a str> {
     segments
 }
 
-pub(crate) async fn file(command: FileCommand) -> anyhow::Result<()> {
+pub(crate) async fn file(command: FileCommand) -> anyhow::Result<ExitCode> {
     match command {
         FileCommand::List {
             namespace,
             prefix,
             include_hidden,
             remote,
-        } => {
-            let client = remote.client()?;
-            let mut files: Vec<Value> = Vec::new();
-            let mut cursor = String::new();
-            for _ in 0..MAX_PAGES {
-                let page = client
-                    .get(
-                        &["namespaces", &namespace, "files"],
-                        &[
-                            ("folderPrefix", prefix.clone()),
-                            ("cursor", cursor.clone()),
-                            ("includeHidden", include_hidden.to_string()),
-                        ],
-                    )
-                    .await?;
-                if let Some(list) = page.get("files").and_then(Value::as_array) {
-                    files.extend(list.iter().cloned());
-                }
-                let total = page.get("total").cloned().unwrap_or(Value::Null);
-                match page.get("nextCursor").and_then(Value::as_str) {
-                    Some(next) if !next.is_empty() && next != cursor => {
-                        next.clone_into(&mut cursor)
-                    }
-                    Some(next) if !next.is_empty() => {
-                        bail!("the server returned the same cursor twice; stopping")
-                    }
-                    _ => return remote.print(&json!({"files": files, "total": total})),
-                }
-            }
-            bail!("more than {MAX_PAGES} pages of files; narrow the listing with --prefix")
-        }
+        } => list(&namespace, &prefix, include_hidden, &remote).await?,
         FileCommand::Set {
             namespace,
             path,
@@ -114,7 +108,7 @@ pub(crate) async fn file(command: FileCommand) -> anyhow::Result<()> {
                 .client()?
                 .patch(&file_segments(&namespace, &path), Value::Object(body))
                 .await?;
-            remote.print(&v)
+            remote.print(&v)?;
         }
         FileCommand::Delete {
             namespace,
@@ -125,9 +119,122 @@ pub(crate) async fn file(command: FileCommand) -> anyhow::Result<()> {
                 .client()?
                 .delete(&file_segments(&namespace, &path))
                 .await?;
-            remote.print(&v)
+            remote.print(&v)?;
+        }
+        FileCommand::Reindex {
+            namespace,
+            prefix,
+            failed,
+            wait,
+            timeout_secs,
+            remote,
+        } => {
+            let wait = wait.then(|| Duration::from_secs(timeout_secs));
+            return reindex(&namespace, &prefix, failed, wait, &remote).await;
         }
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Prints every file under `prefix`, following the pages.
+async fn list(
+    namespace: &str,
+    prefix: &str,
+    include_hidden: bool,
+    remote: &Remote,
+) -> anyhow::Result<()> {
+    let client = remote.client()?;
+    let mut files: Vec<Value> = Vec::new();
+    let mut cursor = String::new();
+    for _ in 0..MAX_PAGES {
+        let page = client
+            .get(
+                &["namespaces", namespace, "files"],
+                &[
+                    ("folderPrefix", prefix.to_owned()),
+                    ("cursor", cursor.clone()),
+                    ("includeHidden", include_hidden.to_string()),
+                ],
+            )
+            .await?;
+        if let Some(list) = page.get("files").and_then(Value::as_array) {
+            files.extend(list.iter().cloned());
+        }
+        let total = page.get("total").cloned().unwrap_or(Value::Null);
+        match page.get("nextCursor").and_then(Value::as_str) {
+            Some(next) if !next.is_empty() && next != cursor => next.clone_into(&mut cursor),
+            Some(next) if !next.is_empty() => {
+                bail!("the server returned the same cursor twice; stopping")
+            }
+            _ => return remote.print(&json!({"files": files, "total": total})),
+        }
+    }
+    bail!("more than {MAX_PAGES} pages of files; narrow the listing with --prefix")
+}
+
+/// Queues the files, then (with `wait`) waits for each queued version's outcome.
+async fn reindex(
+    namespace: &str,
+    prefix: &str,
+    failed_only: bool,
+    wait: Option<Duration>,
+    remote: &Remote,
+) -> anyhow::Result<ExitCode> {
+    let client = remote.client()?;
+    let mut queued = 0;
+    // path -> version id of each file queued, to wait for
+    let mut waiting: HashMap<String, String> = HashMap::new();
+    let mut cursor = String::new();
+    for _ in 0..MAX_PAGES {
+        let page = client
+            .post(
+                &["namespaces", namespace, "reindex"],
+                json!({"folderPrefix": prefix, "failedOnly": failed_only, "cursor": cursor}),
+            )
+            .await?;
+        queued += page.get("queued").and_then(Value::as_i64).unwrap_or(0);
+        for file in page
+            .get("files")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            if let (Some(path), Some(version)) = (
+                file.get("path").and_then(Value::as_str),
+                file.get("versionId").and_then(Value::as_str),
+            ) {
+                waiting.insert(path.to_owned(), version.to_owned());
+            }
+        }
+        match page.get("nextCursor").and_then(Value::as_str) {
+            Some(next) if !next.is_empty() && next != cursor => next.clone_into(&mut cursor),
+            Some(next) if !next.is_empty() => {
+                bail!("the server returned the same cursor twice; stopping")
+            }
+            _ => break,
+        }
+    }
+    let Some(timeout) = wait else {
+        remote.print(&json!({"namespace": namespace, "queued": queued}))?;
+        return Ok(ExitCode::SUCCESS);
+    };
+    let outcome = kgmesh::ingest::wait_indexed(&client, namespace, waiting, timeout).await?;
+    let failed: Vec<Value> = outcome
+        .failed
+        .iter()
+        .map(|(path, reason)| json!({"path": path, "reason": reason}))
+        .collect();
+    remote.print(&json!({
+        "namespace": namespace,
+        "queued": queued,
+        "indexed": outcome.indexed,
+        "failed": failed,
+    }))?;
+    Ok(if outcome.failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(3)
+    })
 }
 
 #[cfg(test)]

@@ -17,8 +17,8 @@ use kg_proto::v1::{
     DeleteDenyRequest, DeleteFileRequest, DeleteGrantRequest, FileInfo, GetFileRequest,
     GroupMemberRequest, ListAuditRequest, ListDeniesRequest, ListFilesRequest, ListGrantsRequest,
     ListGroupsRequest, ListNamespacesRequest, ListPatsRequest, ListPrincipalsRequest,
-    PutDenyRequest, PutGrantRequest, RevokePatRequest, RotatePatRequest, SetFileFlagsRequest,
-    UploadRequest, get_file_request,
+    PutDenyRequest, PutGrantRequest, ReindexRequest, RevokePatRequest, RotatePatRequest,
+    SetFileFlagsRequest, UploadRequest, get_file_request,
 };
 use serde::Deserialize;
 use serde_json::json;
@@ -58,6 +58,7 @@ pub(crate) fn routes(state: GatewayState) -> Router {
         .route("/api/v1/pats/{id}/rotate", post(rotate_pat))
         .route("/api/v1/audit", get(list_audit))
         .route("/api/v1/namespaces/{ns}/files", get(list_files))
+        .route("/api/v1/namespaces/{ns}/reindex", post(reindex))
         .route(
             "/api/v1/namespaces/{ns}/files/{*path}",
             get(get_file)
@@ -735,6 +736,7 @@ async fn upload(
     Ok(ok(json!({
         "file": to_value(response.file.map(FileJson::from)),
         "changed": response.changed,
+        "requeued": response.requeued,
     })))
 }
 
@@ -850,6 +852,70 @@ async fn set_file_flags(
         .map_err(backend("files"))?
         .into_inner();
     Ok(ok(json!({ "file": to_value(FileJson::from(file)) })))
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct ReindexBody {
+    /// "" (the whole namespace) or a folder.
+    #[serde(default, alias = "folder_prefix")]
+    folder_prefix: String,
+    /// Only files whose indexing failed.
+    #[serde(default, alias = "failed_only")]
+    failed_only: bool,
+    /// Files queued by this call at most (default 1000, at most 5000).
+    #[serde(default)]
+    limit: u32,
+    /// The `nextCursor` of the call before.
+    #[serde(default)]
+    cursor: String,
+}
+
+/// Queues files to be indexed again from their stored content, a page per call:
+/// `{"queued": n, "files": [...], "nextCursor": ...}`. An empty body starts on the whole
+/// namespace.
+async fn reindex(
+    State(state): State<GatewayState>,
+    Extension(caller): Extension<Caller>,
+    Path(ns): Path<String>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult {
+    valid_namespace(&ns)?;
+    let body = body.map_err(|rejection| ApiError(ClientError::invalid(rejection.body_text())))?;
+    // Read whatever the content type: a body sent as a form (`curl -d`) must not be dropped
+    // in silence, which would reindex more than asked.
+    let body: ReindexBody = if body.iter().all(u8::is_ascii_whitespace) {
+        ReindexBody::default()
+    } else {
+        serde_json::from_slice(&body).map_err(|err| {
+            ApiError(ClientError::invalid(format!(
+                "the body must be JSON such as {{\"folderPrefix\": \"handbook/\", \"failedOnly\": true}}, or empty: {err}"
+            )))
+        })?
+    };
+    let folder_prefix = normalize_folder_prefix(&body.folder_prefix)
+        .map_err(|err| ApiError(ClientError::invalid(err.to_string())))?;
+    let response = state
+        .backends
+        .files
+        .clone()
+        .reindex(caller.request(ReindexRequest {
+            namespace: ns,
+            folder_prefix,
+            failed_only: body.failed_only,
+            limit: body.limit,
+            cursor: body.cursor,
+        }))
+        .await
+        .map_err(backend("files"))?
+        .into_inner();
+    let next_cursor = Some(response.next_cursor).filter(|c| !c.is_empty());
+    let files: Vec<FileJson> = response.files.into_iter().map(Into::into).collect();
+    Ok(ok(json!({
+        "queued": response.queued,
+        "files": files,
+        "nextCursor": next_cursor,
+    })))
 }
 
 async fn delete_file(

@@ -74,6 +74,24 @@ pub enum FilesError {
     /// The event could not be queued for indexing.
     #[error("the file was stored but could not be queued for indexing; upload it again")]
     QueueUnavailable,
+    /// A reindex stopped when an event could not be queued; the files before it are queued.
+    #[error(
+        "queued {queued} files of this page to be indexed again, then the event bus refused the next one; send the same request again (files already queued are indexed once more, which changes nothing)"
+    )]
+    ReindexInterrupted {
+        /// Files queued before the failure.
+        queued: usize,
+    },
+    /// A reindex needs admin permission on the folder it names.
+    #[error(
+        "re-indexing `{folder}` in namespace `{namespace}` needs admin permission on that folder or above it"
+    )]
+    ReindexDenied {
+        /// The namespace.
+        namespace: String,
+        /// The folder asked for ("" shown as "/").
+        folder: String,
+    },
     /// Caller context problems.
     #[error(transparent)]
     Caller(#[from] kg_common::caller::CallerError),
@@ -121,7 +139,9 @@ impl ErrorExt for FilesError {
         match self {
             FilesError::Invalid(_) => ErrorCode::InvalidArgument,
             FilesError::NotFound(_) | FilesError::TargetNotFound(_) => ErrorCode::NotFound,
-            FilesError::WriteDenied(_) | FilesError::AdminDenied(_) => ErrorCode::PermissionDenied,
+            FilesError::WriteDenied(_)
+            | FilesError::AdminDenied(_)
+            | FilesError::ReindexDenied { .. } => ErrorCode::PermissionDenied,
             FilesError::Exists(_) => ErrorCode::AlreadyExists,
             FilesError::GraphTooLarge { .. } => ErrorCode::PayloadTooLarge,
             FilesError::TooLarge { .. } | FilesError::QueryTooLarge { .. } => {
@@ -132,7 +152,9 @@ impl ErrorExt for FilesError {
             FilesError::Timeout(_) => ErrorCode::Timeout,
             FilesError::Busy(_) => ErrorCode::Busy,
             FilesError::Engine(_) | FilesError::Io(_) => ErrorCode::Internal,
-            FilesError::QueueUnavailable => ErrorCode::Unavailable,
+            FilesError::QueueUnavailable | FilesError::ReindexInterrupted { .. } => {
+                ErrorCode::Unavailable
+            }
             FilesError::Caller(e) => e.code(),
             FilesError::Name(e) => e.code(),
             FilesError::Store(e) => e.code(),

@@ -109,6 +109,16 @@ impl Files for FilesService {
             deleted: self.delete_file(&caller, &r.namespace, &r.file_id).await?,
         }))
     }
+    async fn reindex(
+        &self,
+        request: Request<ReindexRequest>,
+    ) -> Result<Response<ReindexResponse>, Status> {
+        let caller = require_writer(&request)?;
+        Ok(Response::new(
+            self.reindex(&caller, request.get_ref()).await?,
+        ))
+    }
+
     async fn create_branch(
         &self,
         request: Request<CreateBranchRequest>,

@@ -7,7 +7,7 @@ use kg_common::access::{normalize_folder_prefix, normalize_path, validate_namesp
 use kg_common::caller::{access_for, now_ms};
 use kg_proto::v1::{
     AccessFilter, CallerContext, FileChangeOp, FileChanged, FileIndexed, FileInfo, FileStatus,
-    ListFilesResponse, Permission, UploadResponse,
+    ListFilesResponse, Permission, ReindexRequest, ReindexResponse, UploadResponse,
 };
 use kg_stores::blobs::BlobStore;
 use kg_stores::events;
@@ -16,12 +16,15 @@ use sha2::{Digest as _, Sha256};
 use crate::error::{FilesError, Result, retry_lost_race};
 use crate::limits::QueryLimits;
 use crate::query::sql::SqlEngine;
-use crate::store::{FileSelector, FilesStore};
+use crate::store::{FileSelector, FilesStore, ReindexScope};
 use crate::versions::VersionStore;
 
 /// Default and largest page of `ListFiles`.
 const DEFAULT_PAGE: u32 = 100;
 const MAX_PAGE: u32 = 1000;
+/// Default and largest page of `Reindex`: a call stays well inside a gateway's deadline.
+const DEFAULT_REINDEX_PAGE: u32 = 1000;
+const MAX_REINDEX_PAGE: u32 = 5000;
 
 /// The files service's state.
 #[derive(Clone)]
@@ -213,9 +216,13 @@ impl FilesService {
             && current.content_sha256 == content_sha256
             && current.status() != FileStatus::Deleted
         {
+            if current.status() == FileStatus::Failed {
+                return self.retry_failed(current, content).await;
+            }
             return Ok(UploadResponse {
                 file: Some(current.clone()),
                 changed: false,
+                requeued: false,
             });
         }
         let blob_key = self.blobs.put(content).await?;
@@ -252,6 +259,145 @@ impl FilesService {
         Ok(UploadResponse {
             file: Some(file),
             changed: true,
+            requeued: false,
+        })
+    }
+
+    /// The same content again over a version whose indexing failed: the upload is the retry
+    /// the failure's reason asks for, so the version is queued to be indexed again. Its blob
+    /// is stored again first, in case a lost blob was the failure.
+    async fn retry_failed(&self, current: &FileInfo, content: &[u8]) -> Result<UploadResponse> {
+        let blob_key = self.blobs.put(content).await?;
+        let Some(file) = self.requeue(current, &blob_key, now_ms()).await? else {
+            // Replaced or deleted since it was read: the caller's next upload sees the change.
+            return Err(FilesError::Busy(
+                "the file changed while this upload ran; upload it again".to_owned(),
+            ));
+        };
+        Ok(UploadResponse {
+            file: Some(file),
+            changed: false,
+            requeued: true,
+        })
+    }
+
+    /// Marks `current`'s version pending and publishes it to be rebuilt (see
+    /// `FileChanged.rebuild_at_ms`); the file as it now stands, or `None` when that version is
+    /// no longer the file's. When the publish fails, the status found is put back.
+    async fn requeue(
+        &self,
+        current: &FileInfo,
+        blob_key: &str,
+        rebuild_at_ms: i64,
+    ) -> Result<Option<FileInfo>> {
+        let Some(flags) = self
+            .store
+            .mark_pending(&current.file_id, &current.version_id)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let file = FileInfo {
+            enabled: flags.enabled,
+            hidden: flags.hidden,
+            status: FileStatus::Pending as i32,
+            status_reason: String::new(),
+            ..current.clone()
+        };
+        let event = FileChanged {
+            rebuild_at_ms,
+            ..change_event(&file, blob_key, FileChangeOp::Upsert, flags.version)
+        };
+        // The id names the request, so the stream keeps it beside the version's first upsert.
+        let msg_id = format!("{}:rebuild:{rebuild_at_ms}", file.version_id);
+        if let Err(err) = events::publish_file_change(&self.jetstream, &event, &msg_id).await {
+            tracing::error!(error = %err.detail(), file_id = %file.file_id, "could not queue a file to be indexed again");
+            self.store.restore_status(current).await?;
+            return Err(FilesError::QueueUnavailable);
+        }
+        Ok(Some(file))
+    }
+
+    /// Queues the current version of the files under `folder_prefix` the caller manages
+    /// (with `failed_only`, of those whose indexing failed) to be indexed again, `limit` at
+    /// most after `cursor`, in path order: a bounded call whatever the namespace's size.
+    /// Each is marked pending, then its event is published; a failed publish puts its status
+    /// back and stops the call.
+    pub async fn reindex(
+        &self,
+        caller: &CallerContext,
+        request: &ReindexRequest,
+    ) -> Result<ReindexResponse> {
+        let namespace = request.namespace.as_str();
+        validate_namespace(namespace)?;
+        let folder_prefix = normalize_folder_prefix(&request.folder_prefix)?;
+        let limit = match request.limit {
+            0 => DEFAULT_REINDEX_PAGE,
+            n if n > MAX_REINDEX_PAGE => {
+                return Err(FilesError::Invalid(format!(
+                    "limit {n} is over the maximum of {MAX_REINDEX_PAGE}"
+                )));
+            }
+            n => n,
+        };
+        let after = decode_cursor(&request.cursor)?;
+        let access = access_for(caller, namespace)?;
+        let admin_here = access.permission >= Permission::Admin as i32
+            && access
+                .admin_prefixes
+                .iter()
+                .any(|admin| folder_prefix.starts_with(admin.as_str()));
+        if !admin_here {
+            return Err(FilesError::ReindexDenied {
+                namespace: namespace.to_owned(),
+                folder: if folder_prefix.is_empty() {
+                    "/".to_owned()
+                } else {
+                    folder_prefix
+                },
+            });
+        }
+        let scope = ReindexScope {
+            failed_only: request.failed_only,
+            include_hidden: !access.visible_only,
+        };
+        let page = self
+            .store
+            .reindex_page(
+                namespace,
+                &folder_prefix,
+                &after,
+                limit,
+                scope,
+                &read_filter(access),
+            )
+            .await?;
+        let rebuild_at_ms = now_ms();
+        let mut queued: Vec<FileInfo> = Vec::with_capacity(page.len());
+        for found in &page {
+            match self
+                .requeue(&found.file, &found.blob_key, rebuild_at_ms)
+                .await
+            {
+                Ok(Some(file)) => queued.push(file),
+                Ok(None) => {}
+                Err(FilesError::QueueUnavailable) => {
+                    return Err(FilesError::ReindexInterrupted {
+                        queued: queued.len(),
+                    });
+                }
+                Err(err) => return Err(err),
+            }
+        }
+        let next_cursor = match page.last() {
+            Some(last) if page.len() == limit as usize => encode_cursor(&last.file.path),
+            _ => String::new(),
+        };
+        tracing::info!(namespace, folder = %folder_prefix, failed_only = request.failed_only, queued = queued.len(), "files queued to be indexed again");
+        Ok(ReindexResponse {
+            queued: i64::try_from(queued.len()).unwrap_or(i64::MAX),
+            next_cursor,
+            files: queued,
         })
     }
 
@@ -264,22 +410,7 @@ impl FilesService {
         op: FileChangeOp,
         flags_version: i64,
     ) -> Result<()> {
-        let event = FileChanged {
-            namespace: file.namespace.clone(),
-            file_id: file.file_id.clone(),
-            version_id: file.version_id.clone(),
-            path: file.path.clone(),
-            mime: file.mime.clone(),
-            blob_key: blob_key.to_owned(),
-            content_sha256: file.content_sha256.clone(),
-            size: file.size,
-            op: op as i32,
-            enabled: file.enabled,
-            hidden: file.hidden,
-            changed_at_ms: file.updated_at_ms,
-            requeued: false,
-            flags_version,
-        };
+        let event = change_event(file, blob_key, op, flags_version);
         let op_name = match op {
             FileChangeOp::Upsert => "upsert",
             FileChangeOp::Delete => "delete",
@@ -481,6 +612,32 @@ impl FilesService {
                 now_ms(),
             )
             .await
+    }
+}
+
+/// The change event of `file`'s current version.
+fn change_event(
+    file: &FileInfo,
+    blob_key: &str,
+    op: FileChangeOp,
+    flags_version: i64,
+) -> FileChanged {
+    FileChanged {
+        namespace: file.namespace.clone(),
+        file_id: file.file_id.clone(),
+        version_id: file.version_id.clone(),
+        path: file.path.clone(),
+        mime: file.mime.clone(),
+        blob_key: blob_key.to_owned(),
+        content_sha256: file.content_sha256.clone(),
+        size: file.size,
+        op: op as i32,
+        enabled: file.enabled,
+        hidden: file.hidden,
+        changed_at_ms: file.updated_at_ms,
+        requeued: false,
+        flags_version,
+        rebuild_at_ms: 0,
     }
 }
 

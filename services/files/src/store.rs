@@ -131,6 +131,15 @@ pub(crate) enum FileSelector<'a> {
     Id(&'a str),
 }
 
+/// Which files a reindex takes, beyond its folder.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ReindexScope {
+    /// Only files whose indexing failed.
+    pub failed_only: bool,
+    /// Hidden files too (for callers who see them).
+    pub include_hidden: bool,
+}
+
 /// One page of a listing.
 pub(crate) struct Page {
     pub files: Vec<FileInfo>,
@@ -233,9 +242,31 @@ impl FilesStore {
         filter: &AccessFilter,
     ) -> Result<Vec<Readable>> {
         let predicate = sql_predicate(filter, COLUMNS, 3);
+        self.readable_page(
+            namespace,
+            folder_prefix,
+            "status <> 'deleted' AND hidden = 0",
+            &predicate,
+            after_path,
+            limit,
+        )
+        .await
+    }
+
+    /// Up to `limit` files under `folder_prefix` after `after_path` meeting `conditions` and
+    /// `predicate` (whose parameters start at `$3`), in path order, with their blobs.
+    async fn readable_page(
+        &self,
+        namespace: &str,
+        folder_prefix: &str,
+        conditions: &str,
+        predicate: &SqlPredicate,
+        after_path: &str,
+        limit: u32,
+    ) -> Result<Vec<Readable>> {
         let after_param = 3 + predicate.params.len();
         let sql = format!(
-            "SELECT {FILE_COLUMNS}, {BLOB_KEY_COLUMN} FROM kg_files WHERE namespace = $1 AND substr(path, 1, length($2)) = $2 AND status <> 'deleted' AND hidden = 0 AND {} AND path > ${after_param} ORDER BY path LIMIT {limit}",
+            "SELECT {FILE_COLUMNS}, {BLOB_KEY_COLUMN} FROM kg_files WHERE namespace = $1 AND substr(path, 1, length($2)) = $2 AND {conditions} AND {} AND path > ${after_param} ORDER BY path LIMIT {limit}",
             predicate.text
         );
         let mut query = sqlx::query(AssertSqlSafe(sql))
@@ -355,6 +386,75 @@ impl FilesStore {
             files: rows.iter().map(file_from).collect::<Result<_>>()?,
             total,
         })
+    }
+
+    /// Up to `limit` files under `folder_prefix` after `after_path`, in path order, that
+    /// `filter` lets the caller manage ([`manage_predicate`]), with the blob of their current
+    /// version: what a reindex queues. `failed_only` keeps the files whose indexing failed.
+    pub(crate) async fn reindex_page(
+        &self,
+        namespace: &str,
+        folder_prefix: &str,
+        after_path: &str,
+        limit: u32,
+        scope: ReindexScope,
+        filter: &AccessFilter,
+    ) -> Result<Vec<Readable>> {
+        let predicate = manage_predicate(filter, COLUMNS, 3);
+        let status = if scope.failed_only {
+            "status = 'failed'"
+        } else {
+            "status <> 'deleted'"
+        };
+        let hidden = if scope.include_hidden {
+            ""
+        } else {
+            " AND hidden = 0"
+        };
+        self.readable_page(
+            namespace,
+            folder_prefix,
+            &format!("{status}{hidden}"),
+            &predicate,
+            after_path,
+            limit,
+        )
+        .await
+    }
+
+    /// Marks `version_id` of the file pending again (queued to be indexed), if it is still the
+    /// file's current version; the row's flags then, or `None` when it no longer is.
+    pub(crate) async fn mark_pending(
+        &self,
+        file_id: &str,
+        version_id: &str,
+    ) -> Result<Option<FlagsSnapshot>> {
+        let row = sqlx::query(
+            "UPDATE kg_files SET status = 'pending', status_reason = '' \
+             WHERE file_id = $1 AND version_id = $2 AND status <> 'deleted' \
+             RETURNING enabled, hidden, flags_version",
+        )
+        .bind(file_id)
+        .bind(version_id)
+        .fetch_optional(self.sql.pool())
+        .await?;
+        row.as_ref().map(flags_from).transpose()
+    }
+
+    /// Puts back the status a reindex found (its event could not be queued), unless the
+    /// version changed since.
+    pub(crate) async fn restore_status(&self, found: &FileInfo) -> Result<()> {
+        sqlx::query(
+            "UPDATE kg_files SET status = $1, status_reason = $2 \
+             WHERE file_id = $3 AND version_id = $4 AND status = 'pending'",
+        )
+        .bind(status_str(found.status()))
+        .bind(&found.status_reason)
+        .bind(&found.file_id)
+        .bind(&found.version_id)
+        .execute(self.sql.pool())
+        .await?;
+        Ok(())
     }
 
     /// Inserts a new file row or points an existing one at a new version. Returns the row's

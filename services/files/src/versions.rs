@@ -605,6 +605,7 @@ impl FilesService {
             changed_at_ms: now_ms(),
             requeued: false,
             flags_version: 0,
+            rebuild_at_ms: 0,
         };
         let subject = format!("kg.files.v1.{namespace}.branch");
         let msg_id = format!("{}:{}:branch", file.branch_id, file.version_id);

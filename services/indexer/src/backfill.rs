@@ -21,7 +21,7 @@ use futures::StreamExt as _;
 use kg_proto::v1::{AccessFilter, FileChangeOp, FileChanged, Permission};
 use kg_stores::StoreError;
 use kg_stores::events;
-use kg_stores::graph::{GraphStore, Params};
+use kg_stores::graph::{GraphStore, Params, assign_properties};
 use kg_stores::tbox::TboxBucket;
 use prost::Message as _;
 use serde_json::{Value, json};
@@ -100,6 +100,33 @@ pub(crate) async fn mark_written(
          SET f.changedAtMs = $changedAt"
     };
     graph.query(&event.namespace, cypher, &params).await?;
+    Ok(())
+}
+
+/// Marks `event`'s version unwritten in every store's record of it (the FileRef's version,
+/// chunk count and stamps), if the graph holds it: the indexing that follows writes it all
+/// again, and until it completes the file reads as not indexed.
+pub(crate) async fn mark_unwritten(
+    graph: &GraphStore,
+    event: &FileChanged,
+) -> Result<(), StoreError> {
+    let mut params = Params::new();
+    params.insert("fileId".into(), json!(event.file_id));
+    params.insert("versionId".into(), json!(event.version_id));
+    let clear = assign_properties(
+        "f",
+        &["versionId", "chunkCount", "vectorStamp", "entityStamp"].map(|name| (name, Value::Null)),
+        &mut params,
+    );
+    graph
+        .query(
+            &event.namespace,
+            &format!(
+                "MATCH (f:FileRef {{fileId: $fileId}}) WHERE f.versionId = $versionId {clear}"
+            ),
+            &params,
+        )
+        .await?;
     Ok(())
 }
 

@@ -88,6 +88,15 @@ fn synced() -> &'static Mutex<HashSet<String>> {
     SYNCED.get_or_init(|| Mutex::new(HashSet::new()))
 }
 
+/// Forgets which TBoxes were synchronised into `namespace`'s graph on `graph`'s server: the
+/// next entity write synchronises again (a rebuild, after which the graph may have been lost).
+pub(crate) fn forget_namespace(graph: &GraphStore, namespace: &str) {
+    let prefix = format!("{}\u{0}{namespace}\u{0}", graph.server_identity());
+    if let Ok(mut synced) = synced().lock() {
+        synced.retain(|key| !key.starts_with(&prefix));
+    }
+}
+
 /// Creates the entity indexes and writes the TBox's EntityType nodes and declared entities,
 /// once per process, namespace and TBox version. A type or declared instance that left the
 /// TBox is removed (an undeclared entity stays while some chunk mentions it).

@@ -14,7 +14,7 @@ use kg_common::access::{folder_of, validate_namespace};
 use kg_common::error::{ErrorCode, ErrorExt};
 use kg_stores::StoreError;
 use kg_stores::chunk_text::{text_hash, word_count};
-use kg_stores::graph::{GraphStore, Params, Rows};
+use kg_stores::graph::{GraphStore, Params, Rows, assign_properties};
 use serde_json::{Value, json};
 
 use crate::document::DocumentMeta;
@@ -210,11 +210,17 @@ pub async fn delete_file(
     validate_namespace(ns)?;
     let params = file_params(file_id);
     // Clear the version first: if we stop half-way, a later write of any version redoes everything.
+    let mut cleared = params.clone();
+    let clear = assign_properties(
+        "f",
+        &[("versionId", Value::Null), ("chunkCount", Value::Null)],
+        &mut cleared,
+    );
     graph
         .query(
             ns,
-            "MATCH (f:FileRef {fileId: $fileId}) SET f.versionId = null, f.chunkCount = null",
-            &params,
+            &format!("MATCH (f:FileRef {{fileId: $fileId}}) {clear}"),
+            &cleared,
         )
         .await?;
     delete_in_batches(graph, ns, "Chunk", file_id).await?;
@@ -274,6 +280,15 @@ pub async fn set_flags(
 fn ensured() -> &'static Mutex<HashSet<String>> {
     static ENSURED: OnceLock<Mutex<HashSet<String>>> = OnceLock::new();
     ENSURED.get_or_init(|| Mutex::new(HashSet::new()))
+}
+
+/// Forgets that `ns`'s indexes were ensured on `graph`'s server: the next write checks them
+/// again (a rebuild, after which the graph may have been lost with them).
+pub(crate) fn forget_namespace(graph: &GraphStore, ns: &str) {
+    let key = format!("{}\u{0}{ns}", graph.server_identity());
+    if let Ok(mut set) = ensured().lock() {
+        set.remove(&key);
+    }
 }
 
 async fn ensure_indexes_once(graph: &GraphStore, ns: &str) -> Result<(), StoreError> {
@@ -426,29 +441,34 @@ async fn upsert_file_ref(
     meta: &DocumentMeta,
 ) -> Result<(), StoreError> {
     let mut params = file_params(&file.file_id);
-    params.insert("path".into(), json!(file.path));
-    params.insert("name".into(), json!(file.name));
-    params.insert("folder".into(), json!(folder_of(&file.path)));
-    params.insert("enabled".into(), json!(file.enabled));
-    params.insert("hidden".into(), json!(file.hidden));
-    params.insert("title".into(), json!(file.title));
-    params.insert("documentDate".into(), json!(file.document_date));
-    params.insert("mime".into(), json!(file.mime));
-    params.insert("docType".into(), json!(meta.doc_type));
-    params.insert("tags".into(), json!(meta.tags));
-    params.insert("effectiveFrom".into(), json!(meta.effective_from));
-    params.insert("effectiveTo".into(), json!(meta.effective_to));
-    params.insert("collections".into(), json!(meta.collections));
-    // versionId/chunkCount are cleared until the write completes.
+    // versionId/chunkCount are cleared until the write completes. The chunks are replaced
+    // and their mentions with them, so the entity stamp goes too: the entities of this
+    // version are extracted again, even when the version id is the one they were stamped for
+    // (chunked with other settings, or rebuilt). A property the new version lacks (its date,
+    // say) is removed: several removals at once need `assign_properties` on FalkorDB 4.16.
+    let properties = [
+        ("vfsPath", json!(file.path)),
+        ("name", json!(file.name)),
+        ("folderPath", json!(folder_of(&file.path))),
+        ("enabled", json!(file.enabled)),
+        ("hidden", json!(file.hidden)),
+        ("title", json!(file.title)),
+        ("documentDate", json!(file.document_date)),
+        ("mime", json!(file.mime)),
+        ("docType", json!(meta.doc_type)),
+        ("tags", json!(meta.tags)),
+        ("effectiveFrom", json!(meta.effective_from)),
+        ("effectiveTo", json!(meta.effective_to)),
+        ("collections", json!(meta.collections)),
+        ("versionId", Value::Null),
+        ("chunkCount", Value::Null),
+        ("entityStamp", Value::Null),
+    ];
+    let assign = assign_properties("f", &properties, &mut params);
     graph
         .query(
             &file.namespace,
-            "MERGE (f:FileRef {fileId: $fileId}) \
-             SET f.vfsPath = $path, f.name = $name, f.folderPath = $folder, f.enabled = $enabled, \
-                 f.hidden = $hidden, f.title = $title, f.documentDate = $documentDate, f.mime = $mime, \
-                 f.docType = $docType, f.tags = $tags, f.effectiveFrom = $effectiveFrom, \
-                 f.effectiveTo = $effectiveTo, f.collections = $collections, \
-                 f.versionId = null, f.chunkCount = null",
+            &format!("MERGE (f:FileRef {{fileId: $fileId}}) {assign}"),
             &params,
         )
         .await?;

@@ -84,7 +84,12 @@ struct Worker {
     tboxes: kg_stores::tbox::TboxBucket,
     /// The newest flags change applied per file.
     flags: FlagsLedger,
+    /// (namespace, `rebuild_at_ms`) of the reindex requests this process has begun.
+    rebuilds_seen: std::sync::Mutex<std::collections::HashSet<(String, i64)>>,
 }
+
+/// Reindex requests a worker remembers having begun (see `Worker::prepare_rebuild`).
+const REBUILDS_REMEMBERED: usize = 4096;
 
 /// Consumes `kg.files.v1.*.changed`, and `kg.files.v1.*.removed` and `kg.files.v1.*.flags`
 /// on consumers of their own, until `shutdown`. Boxed: the worker's future is deep enough to
@@ -123,6 +128,7 @@ async fn run_worker(
         config,
         tboxes,
         flags,
+        rebuilds_seen: std::sync::Mutex::default(),
     });
     let concurrency = worker.config.concurrency;
     // Index definitions can change between releases (the Chunk full-text index gained
@@ -352,6 +358,13 @@ impl Worker {
             return Ok(());
         }
         let (enabled, hidden) = self.upsert_flags(event, sequence, state.as_ref()).await?;
+        // A rebuild trusts nothing the stores hold of the version: the graph may have been
+        // restored from an old dump or lost, the vectors too, or an older release indexed it.
+        if event.rebuild_at_ms != 0 {
+            self.prepare_rebuild(event)
+                .await
+                .map_err(|e| Failure::Retry(e.detail()))?;
+        }
         // Re-queued after a TBox publish: this replica may not have seen the publish yet, and
         // the re-queue is made once, so read the TBox now rather than from the cache.
         if event.requeued {
@@ -465,6 +478,29 @@ impl Worker {
             })
             .inc();
         Ok(())
+    }
+
+    /// Before a rebuild of `event`'s version: forgets what this process remembers of the
+    /// namespace's graph (its indexes and TBox nodes may be gone with a lost graph) once per
+    /// reindex request, and marks the version unwritten, so that every store is written again
+    /// (and a crash midway redoes it all).
+    async fn prepare_rebuild(&self, event: &FileChanged) -> Result<(), StoreError> {
+        let first_of_request = self
+            .rebuilds_seen
+            .lock()
+            .map(|mut seen| {
+                // Bounded: forgetting an old request only costs one more check of the graph.
+                if seen.len() >= REBUILDS_REMEMBERED {
+                    seen.clear();
+                }
+                seen.insert((event.namespace.clone(), event.rebuild_at_ms))
+            })
+            .unwrap_or(true);
+        if first_of_request {
+            crate::graph_writer::forget_namespace(&self.graph, &event.namespace);
+            crate::entity_writer::forget_namespace(&self.graph, &event.namespace);
+        }
+        crate::backfill::mark_unwritten(&self.graph, event).await
     }
 
     /// The flags an upsert is written with. A re-queued event takes the graph's, which are the
@@ -600,7 +636,10 @@ impl Worker {
     async fn give_up(&self, event: &FileChanged, reason: &str, dead_letter: bool) -> Handled {
         tracing::warn!(namespace = %event.namespace, path = %event.path, reason, "file not indexed");
         if dead_letter {
-            let msg_id = format!("{}:dead:{}", event.version_id, event.changed_at_ms);
+            let msg_id = format!(
+                "{}:dead:{}:{}",
+                event.version_id, event.changed_at_ms, event.rebuild_at_ms
+            );
             let published = match events::dead_letter_subject(&event.namespace) {
                 Ok(subject) => {
                     events::publish(&self.jetstream, &subject, &msg_id, event.encode_to_vec()).await
@@ -660,7 +699,11 @@ impl Worker {
             links,
             branch_only: false,
         };
-        let msg_id = format!("{}:indexed:{}", event.version_id, status as i32);
+        // A rebuild's outcome is news even when the version's first one is in the stream.
+        let msg_id = match event.rebuild_at_ms {
+            0 => format!("{}:indexed:{}", event.version_id, status as i32),
+            at => format!("{}:indexed:{}:{at}", event.version_id, status as i32),
+        };
         let subject = events::indexed_subject(&event.namespace)?;
         events::publish(&self.jetstream, &subject, &msg_id, indexed.encode_to_vec()).await
     }

@@ -127,6 +127,19 @@ async fn services_refuse_calls_without_a_valid_caller_context() {
                 .await,
         );
         assert_unauthenticated(
+            "files.Reindex",
+            case,
+            files
+                .reindex(request(
+                    ReindexRequest {
+                        namespace: "demo".into(),
+                        ..Default::default()
+                    },
+                    &context,
+                ))
+                .await,
+        );
+        assert_unauthenticated(
             "retrieval.Search",
             case,
             retrieval
@@ -321,6 +334,19 @@ async fn an_mcp_context_replayed_to_an_admin_operation_is_refused() {
                     DeleteFileRequest {
                         namespace: "replay".into(),
                         file_id: "any".into(),
+                    },
+                    &mcp,
+                ))
+                .await
+                .map(drop),
+        ),
+        (
+            "files.Reindex",
+            files
+                .reindex(request(
+                    ReindexRequest {
+                        namespace: "replay".into(),
+                        ..Default::default()
                     },
                     &mcp,
                 ))

@@ -437,6 +437,9 @@ impl Files for TestFiles {
         self.recorded.note(&request)?;
         Ok(Response::new(DeleteFileResponse { deleted: true }))
     }
+    async fn reindex(&self, _: tonic::Request<ReindexRequest>) -> Res<ReindexResponse> {
+        unimplemented()
+    }
     async fn create_branch(&self, _: tonic::Request<CreateBranchRequest>) -> Res<Branch> {
         unimplemented()
     }

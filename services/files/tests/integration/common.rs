@@ -2,10 +2,12 @@
 
 use kg_common::caller::now_ms;
 use kg_files::FilesService;
-use kg_proto::v1::{AccessFilter, CallerContext, Permission};
+use kg_proto::v1::{AccessFilter, CallerContext, FileChanged, Permission};
 use kg_stores::blobs::BlobStore;
 use kg_stores::embedded::{EmbeddedNats, EmbeddedPostgres, find_venv};
+use kg_stores::events;
 use kg_stores::sql::SqlStore;
+use prost::Message as _;
 
 /// A caller who may write anywhere in `namespace`, valid for an hour.
 pub fn writer(namespace: &str) -> CallerContext {
@@ -27,9 +29,9 @@ pub fn writer(namespace: &str) -> CallerContext {
 
 /// A files service on real NATS and SQLite, or PostgreSQL when `postgres`.
 pub struct Env {
-    _dir: tempfile::TempDir,
+    pub dir: tempfile::TempDir,
     pub nats: EmbeddedNats,
-    _pg: Option<EmbeddedPostgres>,
+    pub pg: Option<EmbeddedPostgres>,
     pub files: FilesService,
 }
 
@@ -63,9 +65,37 @@ pub async fn env_with(postgres: bool, max_upload: usize) -> Env {
     let blobs = BlobStore::new(dir.path().join("blobs"));
     let files = FilesService::new(sql, blobs, js, max_upload).await.unwrap();
     Env {
-        _dir: dir,
+        dir,
         nats,
-        _pg: pg,
+        pg,
         files,
     }
+}
+
+/// The change events of `file_id` in `namespace`, as the indexer reads them.
+pub async fn changes(
+    js: &async_nats::jetstream::Context,
+    namespace: &str,
+    file_id: &str,
+) -> Vec<FileChanged> {
+    use futures::StreamExt as _;
+    let stream = js.get_stream(events::FILES_STREAM).await.unwrap();
+    let reader = stream
+        .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig {
+            filter_subject: events::files_changed_subject(namespace).unwrap(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut messages = reader.messages().await.unwrap();
+    let mut found = Vec::new();
+    while let Ok(Some(message)) =
+        tokio::time::timeout(std::time::Duration::from_millis(500), messages.next()).await
+    {
+        let event = FileChanged::decode(message.unwrap().payload.as_ref()).unwrap();
+        if event.file_id == file_id {
+            found.push(event);
+        }
+    }
+    found
 }

@@ -7,5 +7,6 @@ mod common;
 mod file_tools;
 mod knowledge_graph;
 mod mixed_access;
+mod reindex;
 mod upload_race;
 mod version_links;

@@ -8,14 +8,12 @@
 
 use kg_common::error::{ErrorCode, ErrorExt};
 use kg_files::FilesService;
-use kg_proto::v1::{FileChangeOp, FileChanged, Permission, ReleaseTarget, release_target};
+use kg_proto::v1::{FileChangeOp, Permission, ReleaseTarget, release_target};
 use kg_stores::blobs::BlobStore;
 use kg_stores::embedded::{EmbeddedNats, EmbeddedPostgres, find_venv};
-use kg_stores::events;
 use kg_stores::sql::SqlStore;
-use prost::Message as _;
 
-use crate::common::writer;
+use crate::common::{changes, writer};
 
 const NS: &str = "race";
 
@@ -135,30 +133,6 @@ async fn names_race(files: &FilesService, tag: &str) {
     }
 }
 
-/// The file's change events, as the indexer reads them.
-async fn changes(js: &async_nats::jetstream::Context, file_id: &str) -> Vec<FileChanged> {
-    use futures::StreamExt as _;
-    let stream = js.get_stream(events::FILES_STREAM).await.unwrap();
-    let reader = stream
-        .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig {
-            filter_subject: events::files_changed_subject(NS).unwrap(),
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    let mut messages = reader.messages().await.unwrap();
-    let mut found = Vec::new();
-    while let Ok(Some(message)) =
-        tokio::time::timeout(std::time::Duration::from_millis(500), messages.next()).await
-    {
-        let event = FileChanged::decode(message.unwrap().payload.as_ref()).unwrap();
-        if event.file_id == file_id {
-            found.push(event);
-        }
-    }
-    found
-}
-
 /// Rounds of a disable and a hide of one file at once: both stay every time (before, each
 /// wrote both flags as it had read them, so the later write undid the other change), and
 /// the change events' flags versions order them as the registry did.
@@ -201,7 +175,7 @@ async fn flags_race(files: &FilesService, js: &async_nats::jetstream::Context, p
         .upload(&caller, NS, path, b"# Flags\n\nA new version.\n", "")
         .await
         .unwrap();
-    let events = changes(js, id).await;
+    let events = changes(js, NS, id).await;
     let flags: Vec<_> = events
         .iter()
         .filter(|e| e.op() == FileChangeOp::Flags)

@@ -8,6 +8,7 @@ mod fast_path;
 mod formats_graph;
 mod llm_extractor;
 mod progress_acks;
+mod rebuild;
 mod stores;
 mod two_replicas;
 mod vector_backfill;

@@ -19,12 +19,12 @@ use prost::Message as _;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-const NS: &str = "backfill";
+pub(crate) const NS: &str = "backfill";
 
 #[derive(Debug)]
-struct Counting {
-    inner: HashingEmbedder,
-    texts: AtomicUsize,
+pub(crate) struct Counting {
+    pub(crate) inner: HashingEmbedder,
+    pub(crate) texts: AtomicUsize,
 }
 
 #[async_trait::async_trait]
@@ -41,7 +41,18 @@ impl Embedder for Counting {
     }
 }
 
-fn everything() -> AccessFilter {
+/// A qdrant-edge index under `dir` fed by a counting 16-dimension test embedder.
+pub(crate) async fn counting_vectors(dir: &std::path::Path) -> (Arc<Counting>, Vectors) {
+    let embedder = Arc::new(Counting {
+        inner: HashingEmbedder::new(16),
+        texts: AtomicUsize::new(0),
+    });
+    let index = EdgeIndex::open(dir.join("vectors"), 16).await.unwrap();
+    let vectors = Vectors::new(index.into(), embedder.clone()).unwrap();
+    (embedder, vectors)
+}
+
+pub(crate) fn everything() -> AccessFilter {
     AccessFilter {
         namespace: NS.into(),
         allow_prefixes: vec![String::new()],
@@ -50,7 +61,7 @@ fn everything() -> AccessFilter {
     }
 }
 
-async fn upload(
+pub(crate) async fn upload(
     js: &async_nats::jetstream::Context,
     blobs: &BlobStore,
     file_id: &str,
@@ -78,7 +89,7 @@ async fn upload(
         .unwrap();
 }
 
-async fn file_refs(graph: &GraphStore) -> Vec<Vec<Value>> {
+pub(crate) async fn file_refs(graph: &GraphStore) -> Vec<Vec<Value>> {
     graph
         .query(
             NS,
@@ -91,7 +102,7 @@ async fn file_refs(graph: &GraphStore) -> Vec<Vec<Value>> {
 }
 
 /// Starts an indexer; its stop token and its task.
-fn spawn_indexer(
+pub(crate) fn spawn_indexer(
     config: IndexerConfig,
     graph: &GraphStore,
     blobs: &BlobStore,
@@ -111,7 +122,7 @@ fn spawn_indexer(
     (stop, task)
 }
 
-async fn wait_for(what: &str, mut check: impl AsyncFnMut() -> bool) {
+pub(crate) async fn wait_for(what: &str, mut check: impl AsyncFnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(60);
     while !check().await {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
@@ -171,14 +182,7 @@ async fn enabling_embeddings_backfills_current_versions_once() {
     assert!(file_refs(&graph).await.iter().all(|r| r[2].is_null()));
 
     // Embeddings on: the start re-queues both current versions and writes their vectors.
-    let embedder = Arc::new(Counting {
-        inner: HashingEmbedder::new(16),
-        texts: AtomicUsize::new(0),
-    });
-    let index = EdgeIndex::open(dir.path().join("vectors"), 16)
-        .await
-        .unwrap();
-    let vectors = Vectors::new(index.into(), embedder.clone()).unwrap();
+    let (embedder, vectors) = counting_vectors(dir.path()).await;
     let config = IndexerConfig {
         vectors: Some(vectors.clone()),
         ..IndexerConfig::default()
@@ -387,7 +391,7 @@ async fn a_requeued_upsert_indexes_only_what_the_graph_holds_now() {
 }
 
 /// A TBox with one `Organization` type whose instances are `names`.
-fn organizations(version: i64, names: &[&str]) -> kg_proto::v1::Tbox {
+pub(crate) fn organizations(version: i64, names: &[&str]) -> kg_proto::v1::Tbox {
     kg_proto::v1::Tbox {
         namespace: NS.into(),
         version,
@@ -410,7 +414,7 @@ fn organizations(version: i64, names: &[&str]) -> kg_proto::v1::Tbox {
 }
 
 /// The names of the entities some chunk mentions, sorted.
-async fn mentioned(graph: &GraphStore) -> Vec<String> {
+pub(crate) async fn mentioned(graph: &GraphStore) -> Vec<String> {
     let rows = graph
         .query(
             NS,
@@ -448,14 +452,7 @@ async fn a_published_tbox_reaches_the_files_indexed_before_it() {
         "n",
     )
     .await;
-    let embedder = Arc::new(Counting {
-        inner: HashingEmbedder::new(16),
-        texts: AtomicUsize::new(0),
-    });
-    let index = EdgeIndex::open(stores.dir.path().join("vectors"), 16)
-        .await
-        .unwrap();
-    let vectors = Vectors::new(index.into(), embedder.clone()).unwrap();
+    let (embedder, vectors) = counting_vectors(stores.dir.path()).await;
     let config = IndexerConfig {
         vectors: Some(vectors),
         ..IndexerConfig::default()
