@@ -288,9 +288,11 @@ pub async fn requeue_stale(
             }
             let msg_id = format!("{version_id}:{}", reasons.join(":"));
             // Marked, so the worker indexes the version the graph holds when it runs, with the
-            // graph's flags: the file may have been deleted or hidden since this scan.
+            // graph's flags: the file may have been deleted or hidden since this scan. Never a
+            // rebuild, though the latest upsert may be one: only what is stale is written again.
             let requeued = FileChanged {
                 requeued: true,
+                rebuild_at_ms: 0,
                 ..event.clone()
             };
             events::publish(js, &subject, &msg_id, requeued.encode_to_vec()).await?;

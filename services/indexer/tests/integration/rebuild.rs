@@ -3,7 +3,8 @@
 //! Vectors lost while the graph still holds the version come back, which a redelivery of the
 //! same version does not do; a graph lost altogether comes back with its full-text index, the
 //! TBox's types and the mentions, though this process had made them before. Each rebuild's
-//! outcome reaches the files service, beside the version's first. Apart from rebuilds, a
+//! outcome reaches the files service, beside the version's first, and a TBox published after
+//! it re-extracts entities without embedding again. Apart from rebuilds, a
 //! version chunked again under other settings keeps its entities, and a new version without
 //! the old one's date and type loses them. Real NATS, FalkorDB and qdrant-edge.
 use std::sync::atomic::Ordering;
@@ -153,13 +154,23 @@ async fn a_rebuild_rewrites_what_the_stores_lost() {
         json!("deals-v1"),
         "the version is marked written"
     );
-    stop.cancel();
-    indexer.await.unwrap().unwrap();
     assert_eq!(
         indexed_outcomes(&js).await,
         3,
         "the first outcome and two rebuilds'"
     );
+
+    // A TBox published now re-extracts the entities from the latest upsert in the stream, a
+    // rebuild's, without embedding anything again.
+    let embedded = embedder.texts.load(Ordering::SeqCst);
+    tboxes.put(&organizations(2, &["Globex"])).await.unwrap();
+    wait_for("Globex instead after the publish", async || {
+        mentioned(&graph).await == ["Globex"]
+    })
+    .await;
+    stop.cancel();
+    indexer.await.unwrap().unwrap();
+    assert_eq!(embedder.texts.load(Ordering::SeqCst), embedded);
 }
 
 /// The same version chunked again under other settings (here a redelivery after the chunk
