@@ -105,6 +105,14 @@ bench-ingest: deps
 	$(CARGO) build --release --bin kgmesh --bin kg-embed-bench
 	$(PYTHON) bench/ingest/run.py $(BENCH_ARGS)
 
+# Recovering a namespace from its stored files: docs-qa ingested (the baseline), its graph
+# deleted in FalkorDB, `kgmesh file reindex --wait` timed against the ingest, then the queueing
+# alone, also over --bulk small files. Not part of `make test`.
+.PHONY: bench-reindex
+bench-reindex: deps
+	$(CARGO) build --release --bin kgmesh
+	$(PYTHON) bench/reindex/run.py $(BENCH_ARGS)
+
 # kg_search latency: a namespace of >= 100,000 chunks (registry sources of the crates in
 # Cargo.lock, MiniLM embeddings; the ingested data dir is cached in target/bench-search) and
 # >= 1,000 distinct queries, each per lane and fused, over gRPC and through the gateway over
