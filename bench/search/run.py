@@ -312,7 +312,7 @@ def main() -> int:
     for path in (binary, bench_bin):
         if not path.is_file():
             sys.exit(f"{path} not found; build it with `cargo build {'--release ' if profile == 'release' else ''}"
-                     "--bin kgmesh --bin kg-search-bench`")
+                     "--features kgmesh/bench --bin kgmesh --bin kg-search-bench`")
 
     corpus, manifest = build_corpus(args, bench_bin)
     print(

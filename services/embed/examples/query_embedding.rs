@@ -1,4 +1,4 @@
-//! `cargo run --release -p kg-embed --example query_embedding`: one text at a time, as a
+//! `cargo run --release -p kg-embed --features bench --example query_embedding`: one text at a time, as a
 //! search embeds its query, through the query encoder (`embed_query`) and through candle
 //! (`embed`), at several lengths in word pieces; prints p50 / p95 per length and path.
 //! It runs with the matmul thread setting `kgmesh` gives the process.
