@@ -16,7 +16,7 @@ use sha2::{Digest as _, Sha256};
 use crate::error::{FilesError, Result, retry_lost_race};
 use crate::limits::QueryLimits;
 use crate::query::sql::SqlEngine;
-use crate::store::{FileSelector, FilesStore, ReindexScope};
+use crate::store::{FileSelector, FilesStore, Outcome, ReindexScope};
 use crate::versions::VersionStore;
 
 /// Default and largest page of `ListFiles`.
@@ -292,7 +292,7 @@ impl FilesService {
     ) -> Result<Option<FileInfo>> {
         let Some(flags) = self
             .store
-            .mark_pending(&current.file_id, &current.version_id)
+            .mark_pending(&current.file_id, &current.version_id, rebuild_at_ms)
             .await?
         else {
             return Ok(None);
@@ -312,7 +312,7 @@ impl FilesService {
         let msg_id = format!("{}:rebuild:{rebuild_at_ms}", file.version_id);
         if let Err(err) = events::publish_file_change(&self.jetstream, &event, &msg_id).await {
             tracing::error!(error = %err.detail(), file_id = %file.file_id, "could not queue a file to be indexed again");
-            self.store.restore_status(current).await?;
+            self.store.restore_status(current, rebuild_at_ms).await?;
             return Err(FilesError::QueueUnavailable);
         }
         Ok(Some(file))
@@ -428,17 +428,15 @@ impl FilesService {
             tracing::error!(error = %err.detail(), file_id = %file.file_id, "could not publish file change");
             if op == FileChangeOp::Upsert {
                 let reason = "could not be queued for indexing; upload it again";
-                let _ = self
-                    .store
-                    .set_status(
-                        &file.file_id,
-                        &file.version_id,
-                        FileStatus::Failed,
-                        reason,
-                        0,
-                        now_ms(),
-                    )
-                    .await;
+                let outcome = Outcome {
+                    file_id: &file.file_id,
+                    version_id: &file.version_id,
+                    status: FileStatus::Failed,
+                    reason,
+                    chunk_count: 0,
+                    answers_request_at_ms: 0,
+                };
+                let _ = self.store.set_status(&outcome, now_ms()).await;
             }
             return Err(FilesError::QueueUnavailable);
         }
@@ -602,16 +600,15 @@ impl FilesService {
         }
         // Before the status: a version reads as indexed only once its links are stored.
         self.store_version_links(event).await?;
-        self.store
-            .set_status(
-                &event.file_id,
-                &event.version_id,
-                status,
-                &event.reason,
-                event.chunk_count,
-                now_ms(),
-            )
-            .await
+        let outcome = Outcome {
+            file_id: &event.file_id,
+            version_id: &event.version_id,
+            status,
+            reason: &event.reason,
+            chunk_count: event.chunk_count,
+            answers_request_at_ms: event.rebuild_at_ms,
+        };
+        self.store.set_status(&outcome, now_ms()).await
     }
 }
 

@@ -140,6 +140,17 @@ pub(crate) struct ReindexScope {
     pub include_hidden: bool,
 }
 
+/// An indexing outcome of one version.
+pub(crate) struct Outcome<'a> {
+    pub file_id: &'a str,
+    pub version_id: &'a str,
+    pub status: FileStatus,
+    pub reason: &'a str,
+    pub chunk_count: i64,
+    /// The request to index the version again that this answers (0: the upload's own).
+    pub answers_request_at_ms: i64,
+}
+
 /// One page of a listing.
 pub(crate) struct Page {
     pub files: Vec<FileInfo>,
@@ -428,30 +439,39 @@ impl FilesStore {
         &self,
         file_id: &str,
         version_id: &str,
+        requested_at_ms: i64,
     ) -> Result<Option<FlagsSnapshot>> {
         let row = sqlx::query(
-            "UPDATE kg_files SET status = 'pending', status_reason = '' \
+            "UPDATE kg_files SET status = 'pending', status_reason = '', index_requested_at_ms = $3 \
              WHERE file_id = $1 AND version_id = $2 AND status <> 'deleted' \
              RETURNING enabled, hidden, flags_version",
         )
         .bind(file_id)
         .bind(version_id)
+        .bind(requested_at_ms)
         .fetch_optional(self.sql.pool())
         .await?;
         row.as_ref().map(flags_from).transpose()
     }
 
     /// Puts back the status a reindex found (its event could not be queued), unless the
-    /// version changed since.
-    pub(crate) async fn restore_status(&self, found: &FileInfo) -> Result<()> {
+    /// version changed or was requested again since. Outcomes of any earlier request count
+    /// again: the one that failed to queue will never answer.
+    pub(crate) async fn restore_status(
+        &self,
+        found: &FileInfo,
+        requested_at_ms: i64,
+    ) -> Result<()> {
         sqlx::query(
-            "UPDATE kg_files SET status = $1, status_reason = $2 \
-             WHERE file_id = $3 AND version_id = $4 AND status = 'pending'",
+            "UPDATE kg_files SET status = $1, status_reason = $2, index_requested_at_ms = 0 \
+             WHERE file_id = $3 AND version_id = $4 AND status = 'pending' \
+             AND index_requested_at_ms = $5",
         )
         .bind(status_str(found.status()))
         .bind(&found.status_reason)
         .bind(&found.file_id)
         .bind(&found.version_id)
+        .bind(requested_at_ms)
         .execute(self.sql.pool())
         .await?;
         Ok(())
@@ -469,7 +489,7 @@ impl FilesStore {
     ) -> Result<FlagsSnapshot> {
         let mut tx = self.sql.pool().begin().await?;
         let updated = sqlx::query(
-            "UPDATE kg_files SET version_id = $1, content_sha256 = $2, size = $3, mime = $4, status = $5, status_reason = '', chunk_count = 0, updated_at_ms = $6 WHERE file_id = $7",
+            "UPDATE kg_files SET version_id = $1, content_sha256 = $2, size = $3, mime = $4, status = $5, status_reason = '', chunk_count = 0, index_requested_at_ms = 0, updated_at_ms = $6 WHERE file_id = $7",
         )
         .bind(&file.version_id)
         .bind(&file.content_sha256)
@@ -535,25 +555,20 @@ impl FilesStore {
         Ok(flags)
     }
 
-    /// Records an indexing outcome, only if it is about the current version.
-    pub(crate) async fn set_status(
-        &self,
-        file_id: &str,
-        version_id: &str,
-        status: FileStatus,
-        reason: &str,
-        chunk_count: i64,
-        now_ms: i64,
-    ) -> Result<bool> {
+    /// Records an indexing outcome, only if it is about the current version and answers its
+    /// newest request to be indexed (`answers_request_at_ms`, 0 for the upload's own).
+    pub(crate) async fn set_status(&self, outcome: &Outcome<'_>, now_ms: i64) -> Result<bool> {
         let done = sqlx::query(
-            "UPDATE kg_files SET status = $1, status_reason = $2, chunk_count = $3, updated_at_ms = $4 WHERE file_id = $5 AND version_id = $6 AND status <> 'deleted'",
+            "UPDATE kg_files SET status = $1, status_reason = $2, chunk_count = $3, updated_at_ms = $4 \
+             WHERE file_id = $5 AND version_id = $6 AND status <> 'deleted' AND index_requested_at_ms <= $7",
         )
-        .bind(status_str(status))
-        .bind(reason)
-        .bind(chunk_count)
+        .bind(status_str(outcome.status))
+        .bind(outcome.reason)
+        .bind(outcome.chunk_count)
         .bind(now_ms)
-        .bind(file_id)
-        .bind(version_id)
+        .bind(outcome.file_id)
+        .bind(outcome.version_id)
+        .bind(outcome.answers_request_at_ms)
         .execute(self.sql.pool())
         .await?;
         Ok(done.rows_affected() > 0)

@@ -132,6 +132,7 @@ impl BranchWorker {
             // Tells the files service to store meta and links only: main's row of this
             // version (if pending there) is indexed only once main's graph is written.
             branch_only: true,
+            ..Default::default()
         };
         // Its own message id: main's indexed event of the same version is never deduplicated away.
         let msg_id = format!("{}:branch-indexed", event.version_id);

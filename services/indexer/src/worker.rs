@@ -698,6 +698,7 @@ impl Worker {
             meta,
             links,
             branch_only: false,
+            rebuild_at_ms: event.rebuild_at_ms,
         };
         // A rebuild's outcome is news even when the version's first one is in the stream.
         let msg_id = match event.rebuild_at_ms {

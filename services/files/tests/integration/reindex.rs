@@ -4,8 +4,9 @@
 //! rebuild under a message id of its own, so the stream keeps it beside the version's first
 //! upsert; `failed_only` takes the failed files alone. It needs admin on the folder. An upload
 //! of the same content over a failed version queues that version again (the retry its reason
-//! asks for); over an indexed one it changes nothing. With the event bus down, a reindex fails
-//! as unavailable and leaves every status as it was.
+//! asks for); over an indexed one it changes nothing. An outcome answering an earlier request
+//! than the file's newest leaves the status alone. With the event bus down, a reindex fails as
+//! unavailable and leaves every status as it was.
 
 use kg_common::error::{ErrorCode, ErrorExt};
 use kg_files::FilesService;
@@ -34,7 +35,15 @@ async fn put(files: &FilesService, path: &str, body: &str) -> FileInfo {
         .unwrap()
 }
 
-async fn set_status(files: &FilesService, file: &FileInfo, status: FileStatus, reason: &str) {
+/// Applies an outcome of `file`'s version answering the request to index it made at
+/// `answers_request_at_ms` (0: the upload's own); whether the files service took it.
+async fn report(
+    files: &FilesService,
+    file: &FileInfo,
+    status: FileStatus,
+    reason: &str,
+    answers_request_at_ms: i64,
+) -> bool {
     let event = FileIndexed {
         namespace: NS.into(),
         file_id: file.file_id.clone(),
@@ -42,14 +51,40 @@ async fn set_status(files: &FilesService, file: &FileInfo, status: FileStatus, r
         status: status as i32,
         reason: reason.into(),
         chunk_count: 3,
+        rebuild_at_ms: answers_request_at_ms,
         ..Default::default()
     };
-    assert!(files.apply_indexed(&event).await.unwrap());
+    files.apply_indexed(&event).await.unwrap()
+}
+
+/// The newest request to index `file` again, as the indexer reads it off the stream.
+async fn newest_request(js: &async_nats::jetstream::Context, file: &FileInfo) -> i64 {
+    let events = changes(js, NS, &file.file_id).await;
+    events.iter().map(|e| e.rebuild_at_ms).max().unwrap_or(0)
+}
+
+/// What the indexer reports once it has handled the file's newest request.
+async fn set_status(
+    files: &FilesService,
+    js: &async_nats::jetstream::Context,
+    file: &FileInfo,
+    status: FileStatus,
+    reason: &str,
+) {
+    let answers = newest_request(js, file).await;
+    assert!(report(files, file, status, reason, answers).await);
 }
 
 /// What the indexer reports for a version it could not write.
-async fn fail(files: &FilesService, file: &FileInfo) {
-    set_status(files, file, FileStatus::Failed, "the graph was unavailable").await;
+async fn fail(files: &FilesService, js: &async_nats::jetstream::Context, file: &FileInfo) {
+    set_status(
+        files,
+        js,
+        file,
+        FileStatus::Failed,
+        "the graph was unavailable",
+    )
+    .await;
 }
 
 async fn status_of(files: &FilesService, path: &str) -> (FileStatus, String) {
@@ -110,9 +145,9 @@ async fn scenario(postgres: bool) {
     let hidden = put(&files, "c/hidden.md", "# Hidden\n").await;
     let gone = put(&files, "d/gone.md", "# Gone\n").await;
     for file in [&one, &two, &hidden, &gone] {
-        set_status(&files, file, FileStatus::Indexed, "").await;
+        set_status(&files, &js, file, FileStatus::Indexed, "").await;
     }
-    fail(&files, &three).await;
+    fail(&files, &js, &three).await;
     let admin = admin_of(&[""]);
     files
         .set_flags(&admin, NS, &hidden.file_id, None, Some(true))
@@ -140,6 +175,14 @@ async fn scenario(postgres: bool) {
     );
     assert_eq!(rebuilds(&js, &one).await, 1);
     assert_eq!(rebuilds(&js, &hidden).await, 0);
+    // A late answer to the upload's own indexing leaves the rebuild pending; the rebuild's
+    // answer ends it.
+    assert!(!report(&files, &one, FileStatus::Indexed, "", 0).await);
+    assert_eq!(status_of(&files, "a/one.md").await.0, FileStatus::Pending);
+    let requested = newest_request(&js, &one).await;
+    assert!(!report(&files, &one, FileStatus::Indexed, "", requested - 1).await);
+    assert!(report(&files, &one, FileStatus::Indexed, "", requested).await);
+    assert_eq!(status_of(&files, "a/one.md").await.0, FileStatus::Indexed);
 
     // The whole namespace, two a page: four files (hidden included, deleted not).
     let mut queued = 0;
@@ -173,9 +216,9 @@ async fn scenario(postgres: bool) {
 
     // Failed files only.
     for file in [&one, &two, &hidden] {
-        set_status(&files, file, FileStatus::Indexed, "").await;
+        set_status(&files, &js, file, FileStatus::Indexed, "").await;
     }
-    fail(&files, &three).await;
+    fail(&files, &js, &three).await;
     let page = reindex(&files, &admin, "", true, 0, "").await.unwrap();
     assert_eq!(page.queued, 1);
     assert_eq!(rebuilds(&js, &three).await, 2);
@@ -183,7 +226,7 @@ async fn scenario(postgres: bool) {
 
     // The same content again: over a failed version it is queued again; over an indexed one
     // nothing happens.
-    fail(&files, &three).await;
+    fail(&files, &js, &three).await;
     let again = files
         .upload(&admin, NS, "b/three.md", b"# Three\n", "")
         .await
@@ -202,6 +245,9 @@ async fn scenario(postgres: bool) {
         .unwrap();
     assert!(!same.changed && !same.requeued, "{same:?}");
     assert_eq!(rebuilds(&js, &one).await, 2);
+    // New content is a new version, whose own indexing answers no earlier request.
+    let renewed = put(&files, "a/two.md", "# Two, renewed\n").await;
+    assert!(report(&files, &renewed, FileStatus::Indexed, "", 0).await);
 
     // Bad input says what to change.
     for (limit, cursor, says) in [(5001, "", "maximum of 5000"), (0, "zz", "cursor")] {
@@ -213,6 +259,7 @@ async fn scenario(postgres: bool) {
     }
 
     // The event bus down: unavailable, and every status stays as it was.
+    let three_requested = newest_request(&js, &three).await;
     drop(nats);
     let err = reindex(&files, &admin, "a/", false, 0, "")
         .await
@@ -224,7 +271,10 @@ async fn scenario(postgres: bool) {
     );
     assert_eq!(status_of(&files, "a/one.md").await.0, FileStatus::Indexed);
     assert_eq!(status_of(&files, "a/two.md").await.0, FileStatus::Indexed);
-    fail(&files, &three).await;
+    // The request that failed to queue will never answer, so an earlier one's answer counts.
+    assert!(report(&files, &one, FileStatus::Indexed, "", 0).await);
+    let reason = "the graph was unavailable";
+    assert!(report(&files, &three, FileStatus::Failed, reason, three_requested).await);
     let err = files
         .upload(&admin, NS, "b/three.md", b"# Three\n", "")
         .await
