@@ -89,7 +89,7 @@ enum Command {
         #[command(subcommand)]
         command: commands::versions::EnvCommand,
     },
-    /// Query the audit log of tool calls.
+    /// Query the audit log of tool calls and admin API changes.
     Audit(AuditArgs),
     /// Proposals of governed actions: list, show, approve, reject (admin).
     Approvals {

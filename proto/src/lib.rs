@@ -18,6 +18,8 @@ pub mod limits {
     pub const MAX_KEY_BYTES: usize = 256;
     /// Most namespaces one audit event lists; it counts the rest in `more_namespaces`.
     pub const AUDIT_NAMESPACES: usize = 64;
+    /// Most characters of an audit event's `target` (the path an admin API change was made on).
+    pub const AUDIT_TARGET_LEN: usize = 2048;
     /// Least and most milliseconds one attempt of a webhook effect may wait: the ontology
     /// refuses an effect outside them and the approval service runs within them.
     pub const EFFECT_TIMEOUT_MS: (u32, u32) = (100, 60_000);

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import secrets
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -193,6 +194,40 @@ def test_non_admin_cannot_administer(mesh: Mesh, make_principal: Callable[..., P
         "principal", "create", f"sneaky-{secrets.token_hex(4)}", "--kind", "user", "--admin", token=user.token
     )
     assert done.returncode != 0, f"a non-admin PAT created an admin principal: {done.stdout[:300]}"
+
+
+def test_admin_changes_are_in_the_audit_log_made_or_refused(
+    mesh: Mesh, make_principal: Callable[..., Principal]
+) -> None:
+    """A grant made, one refused and one removed through the admin API (by the CLI) are each in
+    the audit log: who, the route, the path it was made on and the namespace from the body."""
+    user = make_principal("audited")
+    grant_id = mesh.grant(user.id, DEMO_NAMESPACE, "read")
+    refused = mesh.run(
+        "grant", "put", "--principal", user.id, "--namespace", DEMO_NAMESPACE, "--permission", "admin", token=user.token
+    )
+    assert refused.returncode != 0, refused.stdout[:300]
+    mesh.cli("grant", "delete", grant_id)
+
+    def audited(route: str) -> list[dict[str, Any]]:
+        return list(mesh.cli("audit", "--tool", f"admin:{route}", "--limit", "200")["events"])
+
+    # Audit events are written off the call path: give the sink a moment.
+    deadline = time.monotonic() + 10
+    while True:
+        put = audited("POST /api/v1/grants")
+        mine = [e for e in put if e["principalId"] == user.id]
+        removed = [e for e in audited("DELETE /api/v1/grants/{id}") if e["target"].endswith(grant_id)]
+        if (mine and removed) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert [(e["outcome"], e["target"], e["namespaces"]) for e in mine] == [
+        ("permission_denied", "/api/v1/grants", [DEMO_NAMESPACE])
+    ], mine
+    assert any(e["outcome"] == "ok" and e["namespaces"] == [DEMO_NAMESPACE] for e in put), put
+    assert [(e["outcome"], e["target"]) for e in removed] == [("ok", f"/api/v1/grants/{grant_id}")], removed
+    # Reads are not changes.
+    assert mesh.cli("audit", "--tool", "admin:GET /api/v1/audit", "--limit", "1")["events"] == []
 
 
 def test_anyone_lists_and_revokes_its_own_pats_and_no_one_elses(

@@ -1,4 +1,4 @@
-//! `kgmesh audit`: query the tool-call audit log.
+//! `kgmesh audit`: query the audit log of tool calls and admin API changes.
 
 use clap::Args;
 
@@ -9,7 +9,8 @@ pub(crate) struct AuditArgs {
     /// Only calls made by this principal (an agent's own id).
     #[arg(long)]
     principal: Option<String>,
-    /// Only calls of this tool, e.g. `kg_search`.
+    /// Only calls of this tool, e.g. `kg_search`, or changes on this admin route, e.g.
+    /// `admin:POST /api/v1/grants`.
     #[arg(long)]
     tool: Option<String>,
     /// Only calls at or after this time (Unix milliseconds).

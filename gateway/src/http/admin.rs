@@ -112,6 +112,29 @@ pub(crate) fn valid_namespace(ns: &str) -> Result<(), ApiError> {
     validate_namespace(ns).map_err(|err| ApiError(ClientError::invalid(err.to_string())))
 }
 
+/// The namespace a change's JSON body names, if it parsed.
+fn named_namespace<T>(
+    body: &Result<Json<T>, JsonRejection>,
+    namespace: impl Fn(&T) -> &String,
+) -> Option<String> {
+    body.as_ref()
+        .ok()
+        .map(|Json(b)| namespace(b).clone())
+        .filter(|ns| !ns.is_empty())
+}
+
+/// `result` as the response, its audit record naming the namespace from the body (whether
+/// the change was made or refused).
+fn audited_in(namespace: Option<String>, result: ApiResult) -> Response {
+    let mut response = result.into_response();
+    if let Some(ns) = namespace {
+        response
+            .extensions_mut()
+            .insert(super::admin_audit::AuditNamespaces(vec![ns]));
+    }
+    response
+}
+
 fn created(body: serde_json::Value) -> Response {
     (StatusCode::CREATED, Json(body)).into_response()
 }
@@ -277,6 +300,15 @@ struct PutGrantBody {
 }
 
 async fn put_grant(
+    state: State<GatewayState>,
+    caller: Extension<Caller>,
+    body: Result<Json<PutGrantBody>, JsonRejection>,
+) -> Response {
+    let namespace = named_namespace(&body, |b| &b.namespace);
+    audited_in(namespace, grant(state, caller, body).await)
+}
+
+async fn grant(
     State(state): State<GatewayState>,
     Extension(caller): Extension<Caller>,
     body: Result<Json<PutGrantBody>, JsonRejection>,
@@ -589,6 +621,15 @@ fn deny_request(body: PutDenyBody) -> Result<PutDenyRequest, ApiError> {
 }
 
 async fn put_deny(
+    state: State<GatewayState>,
+    caller: Extension<Caller>,
+    body: Result<Json<PutDenyBody>, JsonRejection>,
+) -> Response {
+    let namespace = named_namespace(&body, |b| &b.namespace);
+    audited_in(namespace, deny(state, caller, body).await)
+}
+
+async fn deny(
     State(state): State<GatewayState>,
     Extension(caller): Extension<Caller>,
     body: Result<Json<PutDenyBody>, JsonRejection>,

@@ -198,6 +198,9 @@ pub(crate) struct AuditEventJson {
     result_bytes: i64,
     request_id: String,
     transport: String,
+    /// For an admin API change, the path it was made on; absent for tool calls.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    target: Option<String>,
 }
 
 impl From<AuditEvent> for AuditEventJson {
@@ -215,6 +218,7 @@ impl From<AuditEvent> for AuditEventJson {
             result_bytes: e.result_bytes,
             request_id: e.request_id,
             transport: e.transport,
+            target: non_empty(e.target),
         }
     }
 }

@@ -168,7 +168,10 @@ pub(crate) async fn refuse_nul_characters(request: Request, next: Next) -> Respo
 pub(crate) fn error_response(err: &ClientError) -> Response {
     let status =
         StatusCode::from_u16(err.code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    (status, axum::Json(err.to_json())).into_response()
+    let mut response = (status, axum::Json(err.to_json())).into_response();
+    // The stable code, for the audit record of an admin change (see `admin_audit`).
+    response.extensions_mut().insert(err.code);
+    response
 }
 
 fn unauthorized(

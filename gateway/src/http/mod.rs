@@ -2,6 +2,7 @@
 //! Streamable HTTP MCP endpoint and the admin REST API.
 
 mod admin;
+mod admin_audit;
 mod approvals;
 mod dto;
 pub(crate) mod guard;
@@ -53,10 +54,15 @@ pub fn router(state: GatewayState) -> Router {
             },
             require_bearer,
         ));
-    // The admin API: the bearer first, then no NUL character in the address or a JSON body.
+    // The admin API: the bearer first, then no NUL character in the address or a JSON body;
+    // each change that passes the bearer is audited, refused or not.
     let admin_api = |routes: Router| {
         routes
             .route_layer(from_fn(refuse_nul_characters))
+            .route_layer(from_fn_with_state(
+                state.clone(),
+                admin_audit::audit_admin_change,
+            ))
             .route_layer(from_fn_with_state(
                 BearerGuard {
                     state: state.clone(),

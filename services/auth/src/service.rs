@@ -35,6 +35,7 @@ const MAX_AUDIT_NAMESPACES: usize = kg_proto::limits::AUDIT_NAMESPACES;
 const MAX_AUDIT_NAMESPACE_LEN: usize = 128;
 const MAX_AUDIT_REQUEST_ID_LEN: usize = 128;
 const MAX_AUDIT_TRANSPORT_LEN: usize = 32;
+const MAX_AUDIT_TARGET_LEN: usize = kg_proto::limits::AUDIT_TARGET_LEN;
 /// Audit page sizes.
 const DEFAULT_AUDIT_LIMIT: u32 = 100;
 const MAX_AUDIT_LIMIT: u32 = 1000;
@@ -772,6 +773,7 @@ impl AuthService {
         check_audit_text("outcome", &event.outcome, 1, MAX_AUDIT_OUTCOME_LEN)?;
         check_audit_text("requestId", &event.request_id, 0, MAX_AUDIT_REQUEST_ID_LEN)?;
         check_audit_text("transport", &event.transport, 0, MAX_AUDIT_TRANSPORT_LEN)?;
+        check_audit_text("target", &event.target, 0, MAX_AUDIT_TARGET_LEN)?;
         if event.namespaces.len() > MAX_AUDIT_NAMESPACES {
             return Err(AuthError::Invalid(format!(
                 "at most {MAX_AUDIT_NAMESPACES} namespaces per audit event; count the rest in \
@@ -799,6 +801,7 @@ impl AuthService {
             request_id: event.request_id,
             transport: event.transport,
             more_namespaces: event.more_namespaces,
+            target: event.target,
         };
         self.store.insert_audit(&stored).await?;
         Ok(stored)

@@ -103,7 +103,7 @@ fn deny_from(row: &AnyRow) -> Result<Deny> {
     })
 }
 
-const AUDIT_COLUMNS: &str = "id, at_ms, principal_id, on_behalf_of, tool, namespaces, outcome, latency_us, result_bytes, request_id, transport, more_namespaces";
+const AUDIT_COLUMNS: &str = "id, at_ms, principal_id, on_behalf_of, tool, namespaces, outcome, latency_us, result_bytes, request_id, transport, more_namespaces, target";
 
 fn audit_from(row: &AnyRow) -> Result<AuditEvent> {
     let namespaces: String = row.try_get("namespaces")?;
@@ -122,6 +122,7 @@ fn audit_from(row: &AnyRow) -> Result<AuditEvent> {
         transport: row.try_get("transport")?,
         more_namespaces: u32::try_from(row.try_get::<i64, _>("more_namespaces")?)
             .map_err(|e| AuthError::Corrupt(format!("audit more_namespaces: {e}")))?,
+        target: row.try_get("target")?,
     })
 }
 
@@ -853,7 +854,7 @@ impl AuthStore {
         let namespaces = serde_json::to_string(&e.namespaces)
             .map_err(|err| AuthError::Corrupt(format!("audit namespaces: {err}")))?;
         let sql = format!(
-            "INSERT INTO kg_audit ({AUDIT_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
+            "INSERT INTO kg_audit ({AUDIT_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)"
         );
         sqlx::query(AssertSqlSafe(sql))
             .bind(&e.id)
@@ -868,6 +869,7 @@ impl AuthStore {
             .bind(&e.request_id)
             .bind(&e.transport)
             .bind(i64::from(e.more_namespaces))
+            .bind(&e.target)
             .execute(self.sql.pool())
             .await?;
         Ok(())

@@ -541,6 +541,7 @@ async fn scenario(sql: SqlStore) {
         request_id: "req-1".into(),
         transport: "http".into(),
         more_namespaces: 3,
+        target: "/api/v1/grants/grant_1".into(),
     };
     let agent_ctx = context(&auth, &agent_token).await;
     let stored = auth.record_audit(&agent_ctx, lie.clone()).await.unwrap();
@@ -568,6 +569,14 @@ async fn scenario(sql: SqlStore) {
         },
         AuditEvent {
             latency_us: -1,
+            ..lie.clone()
+        },
+        AuditEvent {
+            target: "/".repeat(kg_proto::limits::AUDIT_TARGET_LEN + 1),
+            ..lie.clone()
+        },
+        AuditEvent {
+            target: "/api/v1/grants/\n".into(),
             ..lie.clone()
         },
     ] {
@@ -622,6 +631,7 @@ async fn scenario(sql: SqlStore) {
                 e.more_namespaces, 3,
                 "the count of namespaces not listed is kept"
             );
+            assert_eq!(e.target, "/api/v1/grants/grant_1");
             assert!(recorded.remove(&e.id), "each event once: {}", e.id);
         }
         if cursor.is_empty() {

@@ -258,6 +258,7 @@ async fn the_audit_log_is_queried_with_filters_and_a_cursor() {
                 request_id: format!("req_{i}"),
                 transport: "http".into(),
                 more_namespaces: 0,
+                target: String::new(),
             });
         }
     }
@@ -379,4 +380,92 @@ async fn file_flags_and_deletion_go_through_the_file_id() {
     )
     .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
+}
+
+/// Every change through the admin API is in the audit log, made or refused, with its route,
+/// the path it was made on and the namespaces it names; a read is not, and neither is a
+/// request the bearer check turned away (there is no caller to record).
+#[tokio::test]
+async fn admin_changes_are_audited_made_or_refused() {
+    let auth = start_auth().await;
+    let app = app(full_config(&auth).await);
+
+    let grant = json!({"groupId": "grp_1", "namespace": "demo", "permission": "write"});
+    let (status, _) = call(&app, "POST", "/api/v1/grants", Some(grant)).await;
+    assert_eq!(status, StatusCode::OK);
+    let neither = json!({"namespace": "hr", "permission": "read"});
+    let (status, _) = call(&app, "POST", "/api/v1/grants", Some(neither)).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let (status, _) = call(&app, "DELETE", "/api/v1/namespaces/docs/files/a/b.md", None).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, refused) = call(&app, "POST", "/api/v1/namespaces/docs/reindex", None).await;
+    assert!(!status.is_success(), "{refused}");
+    let (status, _) = call(&app, "GET", "/api/v1/grants", None).await;
+    assert_eq!(status, StatusCode::OK);
+    let anonymous = request("DELETE", "/api/v1/grants/grant_1")
+        .body(Body::empty())
+        .unwrap();
+    let response = app.clone().oneshot(anonymous).await.unwrap();
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+
+    // Sent in the background, several at once: in any order, and no more than these four.
+    let mut audits = auth.recorded.wait_audits(4).await;
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert_eq!(
+        auth.recorded.audits().len(),
+        4,
+        "{:?}",
+        auth.recorded.audits()
+    );
+    audits.sort_by(|a, b| a.target.cmp(&b.target).then(a.outcome.cmp(&b.outcome)));
+    let seen: Vec<_> = audits
+        .iter()
+        .map(|e| {
+            (
+                e.tool.as_str(),
+                e.target.as_str(),
+                e.namespaces.clone(),
+                e.outcome.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        vec![
+            (
+                "admin:POST /api/v1/grants",
+                "/api/v1/grants",
+                vec!["hr".to_owned()],
+                "invalid_argument"
+            ),
+            (
+                "admin:POST /api/v1/grants",
+                "/api/v1/grants",
+                vec!["demo".to_owned()],
+                "ok"
+            ),
+            (
+                "admin:DELETE /api/v1/namespaces/{ns}/files/{*path}",
+                "/api/v1/namespaces/docs/files/a/b.md",
+                vec!["docs".to_owned()],
+                "ok"
+            ),
+            (
+                "admin:POST /api/v1/namespaces/{ns}/reindex",
+                "/api/v1/namespaces/docs/reindex",
+                vec!["docs".to_owned()],
+                refused["code"].as_str().unwrap(),
+            ),
+        ]
+    );
+    for event in &audits {
+        assert_eq!(
+            (event.principal_id.as_str(), event.transport.as_str()),
+            ("usr_test", "http")
+        );
+        assert!(
+            event.latency_us >= 0 && event.result_bytes == 0,
+            "{event:?}"
+        );
+    }
 }
