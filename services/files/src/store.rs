@@ -555,12 +555,15 @@ impl FilesStore {
         Ok(flags)
     }
 
-    /// Records an indexing outcome, only if it is about the current version and answers its
-    /// newest request to be indexed (`answers_request_at_ms`, 0 for the upload's own).
+    /// Records an indexing outcome, only if it is about the current version and, while the
+    /// version waits to be indexed again, answers that newest request (`answers_request_at_ms`;
+    /// 0 for the upload's own, and for the indexer's own backfills, which apply once it is
+    /// answered).
     pub(crate) async fn set_status(&self, outcome: &Outcome<'_>, now_ms: i64) -> Result<bool> {
         let done = sqlx::query(
             "UPDATE kg_files SET status = $1, status_reason = $2, chunk_count = $3, updated_at_ms = $4 \
-             WHERE file_id = $5 AND version_id = $6 AND status <> 'deleted' AND index_requested_at_ms <= $7",
+             WHERE file_id = $5 AND version_id = $6 AND status <> 'deleted' \
+             AND (status <> 'pending' OR index_requested_at_ms <= $7)",
         )
         .bind(status_str(outcome.status))
         .bind(outcome.reason)

@@ -183,6 +183,19 @@ async fn scenario(postgres: bool) {
     assert!(!report(&files, &one, FileStatus::Indexed, "", requested - 1).await);
     assert!(report(&files, &one, FileStatus::Indexed, "", requested).await);
     assert_eq!(status_of(&files, "a/one.md").await.0, FileStatus::Indexed);
+    // Once answered, the indexer's own later passes (a backfill's, which name no request)
+    // report again.
+    assert!(
+        report(
+            &files,
+            &one,
+            FileStatus::Failed,
+            "the graph was unavailable",
+            0
+        )
+        .await
+    );
+    assert!(report(&files, &one, FileStatus::Indexed, "", 0).await);
 
     // The whole namespace, two a page: four files (hidden included, deleted not).
     let mut queued = 0;
