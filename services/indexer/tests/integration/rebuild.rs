@@ -67,8 +67,9 @@ async fn single(graph: &GraphStore, cypher: &str) -> Value {
         .unwrap_or(Value::Null)
 }
 
-/// The outcomes the indexer published for `deals-v1` that reached the stream.
-async fn indexed_outcomes(js: &async_nats::jetstream::Context) -> usize {
+/// The outcomes the indexer published for `deals-v1` that reached the stream: the request
+/// each answers (its `rebuild_at_ms`, 0 for the upload's own).
+async fn indexed_outcomes(js: &async_nats::jetstream::Context) -> Vec<i64> {
     let stream = js.get_stream(events::INDEX_STREAM).await.unwrap();
     let reader = stream
         .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig {
@@ -78,13 +79,13 @@ async fn indexed_outcomes(js: &async_nats::jetstream::Context) -> usize {
         .await
         .unwrap();
     let mut messages = reader.messages().await.unwrap();
-    let mut found = 0;
+    let mut found = Vec::new();
     while let Ok(Some(message)) =
         tokio::time::timeout(Duration::from_millis(500), messages.next()).await
     {
         let event = FileIndexed::decode(message.unwrap().payload.as_ref()).unwrap();
         if event.version_id == "deals-v1" && event.status == FileStatus::Indexed as i32 {
-            found += 1;
+            found.push(event.rebuild_at_ms);
         }
     }
     found
@@ -156,8 +157,8 @@ async fn a_rebuild_rewrites_what_the_stores_lost() {
     );
     assert_eq!(
         indexed_outcomes(&js).await,
-        3,
-        "the first outcome and two rebuilds'"
+        [0, 5_000, 6_000],
+        "the first outcome and two rebuilds', each naming the request it answers"
     );
 
     // A TBox published now re-extracts the entities from the latest upsert in the stream, a
