@@ -112,7 +112,8 @@ pub(crate) fn valid_namespace(ns: &str) -> Result<(), ApiError> {
     validate_namespace(ns).map_err(|err| ApiError(ClientError::invalid(err.to_string())))
 }
 
-/// The namespace a change's JSON body names, if it parsed.
+/// The namespace a change's JSON body names, if it parsed and the name is valid (auth would
+/// refuse an audit event naming anything else).
 fn named_namespace<T>(
     body: &Result<Json<T>, JsonRejection>,
     namespace: impl Fn(&T) -> &String,
@@ -120,7 +121,7 @@ fn named_namespace<T>(
     body.as_ref()
         .ok()
         .map(|Json(b)| namespace(b).clone())
-        .filter(|ns| !ns.is_empty())
+        .filter(|ns| validate_namespace(ns).is_ok())
 }
 
 /// `result` as the response, its audit record naming the namespace from the body (whether

@@ -11,6 +11,7 @@ use axum::http::Method;
 use axum::middleware::Next;
 use axum::response::Response;
 use kg_common::ErrorCode;
+use kg_common::access::validate_namespace;
 use kg_proto::v1::AuditEvent;
 
 use crate::audit::Transport;
@@ -80,14 +81,15 @@ pub(crate) async fn audit_admin_change(
     response
 }
 
-/// The `{ns}` segment of `path` under `route` (`/api/v1/namespaces/{ns}/...`), if any.
+/// The `{ns}` segment of `path` under `route` (`/api/v1/namespaces/{ns}/...`), if any and a
+/// valid name (auth would refuse an audit event naming anything else).
 fn path_namespace(route: &str, path: &str) -> Option<String> {
     route
         .split('/')
         .zip(path.split('/'))
         .find(|(template, _)| *template == "{ns}")
         .map(|(_, ns)| ns.to_owned())
-        .filter(|ns| !ns.is_empty())
+        .filter(|ns| validate_namespace(ns).is_ok())
 }
 
 /// `text` cut to at most `max` characters, so auth keeps the event rather than refusing it.
@@ -114,6 +116,12 @@ mod tests {
             None
         );
         assert_eq!(path_namespace("", "/api/v1/namespaces/x/reindex"), None);
+        let long = format!("/api/v1/namespaces/{}/reindex", "n".repeat(300));
+        assert_eq!(
+            path_namespace("/api/v1/namespaces/{ns}/reindex", &long),
+            None,
+            "a name auth would refuse is left out, not the whole event"
+        );
     }
 
     #[test]
