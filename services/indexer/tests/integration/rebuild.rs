@@ -91,6 +91,13 @@ async fn indexed_outcomes(js: &async_nats::jetstream::Context) -> Vec<i64> {
     found
 }
 
+/// The TBox bucket, holding a published TBox whose one organization is Acme.
+async fn tbox_of_acme(js: &async_nats::jetstream::Context) -> kg_stores::tbox::TboxBucket {
+    let tboxes = kg_stores::tbox::TboxBucket::open(js).await.unwrap();
+    tboxes.put(&organizations(1, &["Acme"])).await.unwrap();
+    tboxes
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rebuild_rewrites_what_the_stores_lost() {
     let stores = crate::stores::start().await;
@@ -99,8 +106,7 @@ async fn a_rebuild_rewrites_what_the_stores_lost() {
         stores.js.clone(),
         stores.blobs.clone(),
     );
-    let tboxes = kg_stores::tbox::TboxBucket::open(&js).await.unwrap();
-    tboxes.put(&organizations(1, &["Acme"])).await.unwrap();
+    let tboxes = tbox_of_acme(&js).await;
     upload(&js, &blobs, "deals", "deals-v1", DEALS, 1_000, "d").await;
     let (embedder, vectors) = counting_vectors(stores.dir.path()).await;
     let config = IndexerConfig {
@@ -185,8 +191,7 @@ async fn a_version_chunked_again_keeps_its_entities() {
         stores.js.clone(),
         stores.blobs.clone(),
     );
-    let tboxes = kg_stores::tbox::TboxBucket::open(&js).await.unwrap();
-    tboxes.put(&organizations(1, &["Acme"])).await.unwrap();
+    tbox_of_acme(&js).await;
     let text = "# Deals\n\nAcme acquired Globex last spring, after a long courtship.\n\n\
                 Acme then sold the logistics arm to a rival that had bid twice before.\n";
     upload(&js, &blobs, "deals", "deals-v1", text, 1_000, "d").await;
