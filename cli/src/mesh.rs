@@ -346,6 +346,14 @@ impl Mesh {
             });
         }
         {
+            let files = files.clone();
+            let token = shutdown.clone();
+            tasks.spawn(async move {
+                kg_files::run_stream_check(files, token).await;
+                ("files-stream-check", Ok(()))
+            });
+        }
+        {
             let graph = graph.clone();
             let js = jetstream.clone();
             let token = shutdown.clone();

@@ -431,6 +431,14 @@ async fn start(
                     ("files-status", consumed.map_err(Into::into))
                 });
             }
+            {
+                let files = files.clone();
+                let token = shutdown.clone();
+                tasks.spawn(async move {
+                    kg_files::run_stream_check(files, token).await;
+                    ("files-stream-check", Ok(()))
+                });
+            }
             let verifier = verifier()?;
             tasks.spawn(async move {
                 let served = kg_files::serve(files, verifier, listener, shutdown).await;

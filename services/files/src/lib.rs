@@ -2,7 +2,8 @@
 //!
 //! Owns the registry tables in SQL and the blob store: an upload stores the blob, registers a
 //! content-addressed version and publishes `kg.files.v1.<ns>.changed`; a durable consumer of
-//! `kg.index.v1.*.indexed` records indexing status and each version's metadata and links. `FindFiles` (kg_files) and `QueryFile`
+//! `kg.index.v1.*.indexed` records indexing status and each version's metadata and links, and
+//! the registry is replayed into `KG_FILES` when NATS lost that stream. `FindFiles` (kg_files) and `QueryFile`
 //! (kg_file: SQL over CSV/TSV on DataFusion, text, JSONPath, JSONata, Jinja) read blobs under
 //! the caller's access filter, applied in SQL like every lookup. Never touches the graph.
 
@@ -13,6 +14,7 @@ mod knowledge_graph;
 mod limits;
 mod links;
 mod query;
+mod replay;
 mod service;
 mod store;
 mod versions;
@@ -36,6 +38,7 @@ pub use links::{
     LinkKind, LinkResolution, LinkSyntax, LivePaths, VersionLinkRecord, VersionLinks,
     VersionMetadata,
 };
+pub use replay::{Replay, STREAM_CHECK_EVERY, run_stream_check};
 pub use service::FilesService;
 
 /// Serves the files gRPC API on `listener` until `shutdown`.

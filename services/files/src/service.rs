@@ -613,7 +613,7 @@ impl FilesService {
 }
 
 /// The change event of `file`'s current version.
-fn change_event(
+pub(crate) fn change_event(
     file: &FileInfo,
     blob_key: &str,
     op: FileChangeOp,

@@ -125,6 +125,16 @@ fn readable_from(row: &AnyRow) -> Result<Readable> {
     })
 }
 
+/// A registry row as a replay into a new event stream publishes it.
+#[derive(Debug, Clone)]
+pub(crate) struct Replayed {
+    pub current: Readable,
+    /// The file's count of flag changes.
+    pub flags_version: i64,
+    /// When its current version was last queued to be indexed again (0: never).
+    pub index_requested_at_ms: i64,
+}
+
 /// Which file a lookup names.
 pub(crate) enum FileSelector<'a> {
     Path(&'a str),
@@ -598,6 +608,57 @@ impl FilesStore {
         .fetch_optional(self.sql.pool())
         .await?;
         row.as_ref().map(flags_from).transpose()
+    }
+
+    /// Up to `limit` registry rows after `after_file_id`, in file id order, of every namespace
+    /// and status (deleted ones too), with the blob of their current version: what a replay
+    /// into a new event stream publishes. Unfiltered: only the
+    /// service itself replays, for no caller.
+    pub(crate) async fn replay_page(
+        &self,
+        after_file_id: &str,
+        limit: u32,
+    ) -> Result<Vec<Replayed>> {
+        let rows = sqlx::query(AssertSqlSafe(format!(
+            "SELECT {FILE_COLUMNS}, COALESCE({}, '') AS blob_key, flags_version, \
+             index_requested_at_ms FROM kg_files WHERE file_id > $1 ORDER BY file_id LIMIT $2",
+            BLOB_KEY_COLUMN.trim_end_matches(" AS blob_key")
+        )))
+        .bind(after_file_id.to_owned())
+        .bind(i64::from(limit))
+        .fetch_all(self.sql.pool())
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(Replayed {
+                    current: readable_from(row)?,
+                    flags_version: row.try_get("flags_version")?,
+                    index_requested_at_ms: row.try_get("index_requested_at_ms")?,
+                })
+            })
+            .collect()
+    }
+
+    /// The incarnation (creation time, Unix ns) of `stream` last recorded, if any.
+    pub(crate) async fn bus_stream_created(&self, stream: &str) -> Result<Option<i64>> {
+        let row = sqlx::query("SELECT created_ns FROM kg_bus_streams WHERE stream = $1")
+            .bind(stream.to_owned())
+            .fetch_optional(self.sql.pool())
+            .await?;
+        Ok(row.map(|row| row.try_get(0)).transpose()?)
+    }
+
+    /// Records `created_ns` as the incarnation of `stream` the registry is published into.
+    pub(crate) async fn record_bus_stream(&self, stream: &str, created_ns: i64) -> Result<()> {
+        sqlx::query(
+            "INSERT INTO kg_bus_streams (stream, created_ns) VALUES ($1, $2) \
+             ON CONFLICT (stream) DO UPDATE SET created_ns = excluded.created_ns",
+        )
+        .bind(stream.to_owned())
+        .bind(created_ns)
+        .execute(self.sql.pool())
+        .await?;
+        Ok(())
     }
 
     pub(crate) async fn mark_deleted(&self, file_id: &str, now_ms: i64) -> Result<()> {

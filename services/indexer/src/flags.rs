@@ -82,17 +82,26 @@ pub(crate) struct FlagsLedger {
 impl FlagsLedger {
     /// Opens (or creates) the bucket.
     pub(crate) async fn open(js: &jetstream::Context) -> Result<Self, StoreError> {
-        let bucket = js
-            .create_or_update_key_value(kv::Config {
-                bucket: FLAGS_BUCKET.to_owned(),
-                description: "indexer: the newest flags change applied per file".to_owned(),
-                history: 1,
-                storage: jetstream::stream::StorageType::File,
-                ..Default::default()
-            })
-            .await
-            .map_err(events_err)?;
-        Ok(FlagsLedger { bucket })
+        Ok(FlagsLedger {
+            bucket: Self::bucket(js).await?,
+        })
+    }
+
+    /// Makes the bucket again if NATS lost it (the handle addresses it by name).
+    pub(crate) async fn ensure_bucket(&self, js: &jetstream::Context) -> Result<(), StoreError> {
+        Self::bucket(js).await.map(|_| ())
+    }
+
+    async fn bucket(js: &jetstream::Context) -> Result<kv::Store, StoreError> {
+        js.create_or_update_key_value(kv::Config {
+            bucket: FLAGS_BUCKET.to_owned(),
+            description: "indexer: the newest flags change applied per file".to_owned(),
+            history: 1,
+            storage: jetstream::stream::StorageType::File,
+            ..Default::default()
+        })
+        .await
+        .map_err(events_err)
     }
 
     /// KV keys allow few characters.

@@ -20,13 +20,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::events_err;
-use async_nats::jetstream::consumer::{AckPolicy, pull};
+use async_nats::jetstream::consumer::pull;
 use async_nats::jetstream::{self, AckKind};
 use futures::StreamExt as _;
 use futures::future::BoxFuture;
 use kg_stores::StoreError;
 use kg_stores::consumer::{ConsumerSpec, Delivery, Handled, backoff};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
@@ -53,6 +53,11 @@ pub(crate) trait LaneHandler: Send + Sync + 'static {
     fn records_progress(&self) -> bool {
         true
     }
+    /// Makes again what the handler keeps on the bus (KV buckets) after the consumer was lost
+    /// with the rest of NATS's state. Idempotent.
+    fn repair(&self) -> BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(async { Ok(()) })
+    }
 }
 
 struct Job {
@@ -73,13 +78,9 @@ fn pull_ahead(lanes: usize) -> usize {
     lanes.max(1) * 4
 }
 
-/// Waits `delay` unless `shutdown` comes first; false on shutdown.
-async fn pause(delay: Duration, shutdown: &CancellationToken) -> bool {
-    tokio::select! {
-        _ = shutdown.cancelled() => false,
-        _ = tokio::time::sleep(delay) => true,
-    }
-}
+use kg_stores::consumer::pause;
+
+type PullConsumer = jetstream::consumer::Consumer<pull::Config>;
 
 /// Consumes until `shutdown` with `lanes` concurrent lanes. Consumers that name the same
 /// `lease_scope` share each key's lease and its highest sequence applied, so one file's
@@ -93,21 +94,7 @@ pub(crate) async fn run<H: LaneHandler>(
     handler: Arc<H>,
 ) -> Result<(), StoreError> {
     let lanes = lanes.max(1);
-    let stream = js.get_stream(&spec.stream).await.map_err(events_err)?;
-    let consumer = stream
-        .get_or_create_consumer(
-            &spec.durable,
-            pull::Config {
-                durable_name: Some(spec.durable.clone()),
-                filter_subject: spec.filter_subject.clone(),
-                ack_policy: AckPolicy::Explicit,
-                ack_wait: spec.ack_wait,
-                max_deliver: spec.max_deliver,
-                ..Default::default()
-            },
-        )
-        .await
-        .map_err(events_err)?;
+    let (mut consumer, incarnation) = kg_stores::consumer::open_with_incarnation(js, spec).await?;
     // A durable created earlier keeps its own ack wait: pace progress by the shorter.
     let server_ack_wait = consumer.cached_info().config.ack_wait;
     let ack_wait = if server_ack_wait.is_zero() {
@@ -116,7 +103,9 @@ pub(crate) async fn run<H: LaneHandler>(
         server_ack_wait.min(spec.ack_wait)
     };
 
-    let leases = Arc::new(Leases::open(js).await?);
+    // Sequences applied are read and recorded for the stream's incarnation: one recorded in
+    // an earlier stream says nothing of the order of this one's events.
+    let leases = Arc::new(Leases::open(js, incarnation).await?);
     // The lanes stop with the caller's token, or when this loop ends for any reason.
     let shutdown = shutdown.child_token();
     let in_flight = InFlight::new();
@@ -125,8 +114,9 @@ pub(crate) async fn run<H: LaneHandler>(
     workers.spawn(
         Arc::clone(&in_flight).tick(in_flight::progress_interval(ack_wait), shutdown.clone()),
     );
+    let (current_consumer, watched_consumer) = watch::channel(consumer.clone());
     workers.spawn(report_backlog(
-        consumer.clone(),
+        watched_consumer,
         spec.durable.clone(),
         shutdown.clone(),
     ));
@@ -150,7 +140,29 @@ pub(crate) async fn run<H: LaneHandler>(
     // free permits, so every message the server delivers is taken out of the client
     // buffer at once and tracked.
     let window = Arc::new(Semaphore::new(pull_ahead(lanes)));
+    // Set when a pull failed: before the next one the consumer is opened again, and what
+    // the lanes keep on the bus is made again, in case NATS lost them.
+    let mut broken = false;
     let result = 'pull: loop {
+        if std::mem::take(&mut broken) {
+            match repair(js, spec, &*handler, &leases).await {
+                Ok((reopened, stream_incarnation)) => {
+                    consumer = reopened;
+                    current_consumer.send_replace(consumer.clone());
+                    if leases.set_incarnation(stream_incarnation) != stream_incarnation {
+                        tracing::warn!(consumer = %spec.durable, "the event stream was made again since this consumer opened; sequences applied before it no longer order new events");
+                    }
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err.detail(), consumer = %spec.durable, "opening the consumer again failed; retrying");
+                    broken = true;
+                    if !pause(PULL_RETRY, &shutdown).await {
+                        break Ok(());
+                    }
+                    continue;
+                }
+            }
+        }
         let first = tokio::select! {
             _ = shutdown.cancelled() => break Ok(()),
             permit = Arc::clone(&window).acquire_owned() => permit,
@@ -176,6 +188,7 @@ pub(crate) async fn run<H: LaneHandler>(
             Err(err) => {
                 tracing::warn!(error = %err, consumer = %spec.durable, "pull request failed; retrying");
                 drop(room);
+                broken = true;
                 if !pause(PULL_RETRY, &shutdown).await {
                     break Ok(());
                 }
@@ -191,7 +204,8 @@ pub(crate) async fn run<H: LaneHandler>(
                 None => break,
                 Some(Ok(message)) => message,
                 Some(Err(err)) => {
-                    tracing::warn!(error = %err, consumer = %spec.durable, "consumer error; continuing");
+                    tracing::warn!(error = %err, consumer = %spec.durable, "consumer error; opening it again");
+                    broken = true;
                     if !pause(PULL_RETRY, &shutdown).await {
                         break 'pull Ok(());
                     }
@@ -219,11 +233,27 @@ pub(crate) async fn run<H: LaneHandler>(
     result
 }
 
+/// Opens the consumer again (making its stream and itself again when NATS lost them), and
+/// what the lanes and the handler keep in KV buckets; returns the consumer and its stream's
+/// incarnation.
+async fn repair<H: LaneHandler>(
+    js: &jetstream::Context,
+    spec: &ConsumerSpec,
+    handler: &H,
+    leases: &Leases,
+) -> Result<(PullConsumer, i64), StoreError> {
+    let opened = kg_stores::consumer::open_with_incarnation(js, spec).await?;
+    leases.ensure_buckets(js).await?;
+    handler.repair().await?;
+    Ok(opened)
+}
+
 /// Sets `kgmesh_indexer_pending_events` for `durable` at once and every [`BACKLOG_EVERY`]:
 /// the events JetStream holds for it that no replica settled yet, which is what a deploy's
-/// alert on a falling-behind indexer (or its autoscaler) wants.
+/// alert on a falling-behind indexer (or its autoscaler) wants. Reads the consumer the pull
+/// loop uses now, which it opens again after a failure.
 async fn report_backlog(
-    mut consumer: jetstream::consumer::Consumer<pull::Config>,
+    consumer: watch::Receiver<PullConsumer>,
     durable: String,
     shutdown: CancellationToken,
 ) {
@@ -232,7 +262,8 @@ async fn report_backlog(
         .get_or_create(&kg_common::metrics::ConsumerLabels { consumer: durable })
         .clone();
     loop {
-        match consumer.info().await {
+        let mut current = consumer.borrow().clone();
+        match current.info().await {
             Ok(info) => {
                 let pending = info.num_pending.saturating_add(info.num_ack_pending as u64);
                 gauge.set(i64::try_from(pending).unwrap_or(i64::MAX));
@@ -280,7 +311,8 @@ async fn run_lane<H: LaneHandler>(
         };
         // Highest stream sequence applied for this key by any replica, so an older
         // redelivery never wins.
-        let last = match leases.applied(&shared_key).await {
+        let stream_incarnation = leases.incarnation();
+        let last = match leases.applied(&shared_key, stream_incarnation).await {
             Ok(last) => last,
             Err(err) => {
                 tracing::warn!(error = %err.detail(), lane, "indexer progress unreadable; the message will be redelivered");
@@ -314,7 +346,10 @@ async fn run_lane<H: LaneHandler>(
         let kind = match outcome {
             Handled::Ack if !handler.records_progress() => AckKind::Ack,
             Handled::Ack => {
-                if let Err(err) = leases.record(&shared_key, sequence, last).await {
+                if let Err(err) = leases
+                    .record(&shared_key, sequence, last, stream_incarnation)
+                    .await
+                {
                     tracing::warn!(error = %err.detail(), lane, "recording indexer progress failed; an older redelivery of this file could apply again");
                 }
                 AckKind::Ack

@@ -287,6 +287,10 @@ impl LaneHandler for FastPath {
         // The uploads queued before a flags change must still run (with its flags).
         self.kind != FastPathKind::FlagChanges
     }
+
+    fn repair(&self) -> futures::future::BoxFuture<'_, Result<(), StoreError>> {
+        LaneHandler::repair(&*self.worker)
+    }
 }
 
 impl LaneHandler for Worker {
@@ -298,6 +302,10 @@ impl LaneHandler for Worker {
 
     fn handle<'a>(&'a self, delivery: Delivery<'a>) -> futures::future::BoxFuture<'a, Handled> {
         Box::pin(Worker::handle(self, delivery))
+    }
+
+    fn repair(&self) -> futures::future::BoxFuture<'_, Result<(), StoreError>> {
+        Box::pin(self.flags.ensure_bucket(&self.jetstream))
     }
 }
 

@@ -36,25 +36,38 @@ pub use warehouse::{FIELD_CAP, Warehouse};
 /// only (the gateway follows it to send `tools/list_changed`).
 pub const UNAUTHENTICATED_PATHS: &[&str] = &["/kg.v1.Ontology/WatchCompiled"];
 
+/// How often the ontology service checks that the bus still holds every published TBox.
+pub const TBOX_BUS_CHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// Serves the ontology gRPC API on `listener` until `shutdown`; every RPC but
-/// WatchCompiled needs a caller context signed by one of `verifier`'s keys.
+/// WatchCompiled needs a caller context signed by one of `verifier`'s keys. Meanwhile it puts
+/// back into the bus any published TBox the bus lost ([`TboxStore::keep_bus_copies`]).
 pub async fn serve(
     service: OntologyService,
     verifier: ContextVerifier,
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> Result<(), kg_common::grpc::ServeError> {
+    // The indexers read each published TBox from the bus: keep its copies in step with SQL.
+    let bus_copies = service.tbox().cloned().map(|tbox| {
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move { tbox.keep_bus_copies(TBOX_BUS_CHECK_EVERY, shutdown).await })
+    });
     let routes = tonic::service::Routes::new(
         OntologyServer::new(service)
             .max_decoding_message_size(kg_common::grpc::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(kg_common::grpc::MAX_MESSAGE_BYTES),
     );
-    kg_common::grpc::serve(
+    let served = kg_common::grpc::serve(
         listener,
         CallerContextLayer::new(verifier, UNAUTHENTICATED_PATHS),
         routes,
         &["kg.v1.Ontology"],
         shutdown,
     )
-    .await
+    .await;
+    if let Some(task) = bus_copies {
+        task.abort();
+    }
+    served
 }

@@ -307,6 +307,69 @@ impl TboxStore {
         Ok(tbox)
     }
 
+    /// Puts back into `KG_TBOX` each namespace's latest published TBox the bucket lacks (NATS
+    /// lost its state, or the bucket was deleted) or, with `compare_versions`, holds at an
+    /// older version than SQL's latest (a bus restored from an older backup). SQL is the
+    /// record, the bucket the indexers' copy. A publish landing meanwhile is never overwritten
+    /// (each put expects the entry it read). Returns the namespaces put back.
+    pub async fn restore_bus_copies(&self, compare_versions: bool) -> Result<Vec<String>> {
+        let Some(bucket) = &self.bucket else {
+            return Ok(Vec::new());
+        };
+        bucket.ensure().await?;
+        let held: std::collections::HashSet<String> =
+            bucket.namespaces().await?.into_iter().collect();
+        let rows = sqlx::query(
+            "SELECT namespace, MAX(version) FROM kg_tbox_versions GROUP BY namespace ORDER BY namespace",
+        )
+        .fetch_all(self.sql.pool())
+        .await?;
+        let mut restored = Vec::new();
+        for row in rows {
+            let namespace: String = row.try_get(0)?;
+            let latest: i64 = row.try_get(1)?;
+            if held.contains(&namespace) && !compare_versions {
+                continue;
+            }
+            let current = bucket.held(&namespace).await?;
+            if current.is_some_and(|c| c.version >= latest) {
+                continue;
+            }
+            let tbox = self.published(&namespace).await?;
+            if bucket.replace(&tbox, current).await? {
+                tracing::warn!(
+                    namespace,
+                    version = tbox.version,
+                    was = current.map(|c| c.version),
+                    "the event bus lacked this namespace's published TBox; put it back"
+                );
+                restored.push(namespace);
+            }
+        }
+        Ok(restored)
+    }
+
+    /// Runs [`TboxStore::restore_bus_copies`] at once (comparing versions) and then every
+    /// `every` (only what the bucket lacks, which costs one key listing), until `shutdown`.
+    pub async fn keep_bus_copies(
+        &self,
+        every: std::time::Duration,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) {
+        let mut compare_versions = true;
+        loop {
+            if let Err(err) = self.restore_bus_copies(compare_versions).await {
+                tracing::warn!(error = %err, "checking the event bus's copies of the published TBoxes failed; trying again");
+            } else {
+                compare_versions = false;
+            }
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(every) => {}
+            }
+        }
+    }
+
     /// The latest published TBox (SQL is the record; the bucket is the indexer's copy).
     pub async fn published(&self, namespace: &str) -> Result<Tbox> {
         let row = sqlx::query(

@@ -56,22 +56,28 @@ pub fn backoff(attempt: i64) -> Duration {
     Duration::from_secs(2u64.pow(exp).min(60))
 }
 
-/// Runs `handler` on every message until `shutdown` fires. A message is acked
-/// only after the handler returns `Ack`, i.e. after its writes are durable.
-pub async fn run<F, Fut>(
+/// Pause before the consumer is opened again after an error, so a broken bus is not spun on.
+const REOPEN_PAUSE: Duration = Duration::from_secs(1);
+
+/// Opens the durable consumer `spec` names, creating it, and its stream, when missing. The
+/// stream is made again (with [`crate::events::ensure_streams`]) when the server lost it: NATS
+/// restarted without its state, or someone deleted it. Idempotent; every replica calls it.
+pub async fn open(
     js: &jetstream::Context,
     spec: &ConsumerSpec,
-    shutdown: CancellationToken,
-    mut handler: F,
-) -> Result<(), StoreError>
-where
-    F: FnMut(Delivery<'_>) -> Fut,
-    Fut: Future<Output = Handled>,
-{
-    let stream = js
-        .get_stream(&spec.stream)
-        .await
-        .map_err(|e| StoreError::unavailable(StoreKind::Events, e))?;
+) -> Result<jetstream::consumer::Consumer<pull::Config>, StoreError> {
+    Ok(open_with_incarnation(js, spec).await?.0)
+}
+
+/// [`open`], and when the consumer's stream was created (Unix nanoseconds): its stream
+/// sequences count from 1 again each time it is made again, so a sequence recorded under one
+/// incarnation says nothing about another.
+pub async fn open_with_incarnation(
+    js: &jetstream::Context,
+    spec: &ConsumerSpec,
+) -> Result<(jetstream::consumer::Consumer<pull::Config>, i64), StoreError> {
+    let stream = crate::events::stream(js, &spec.stream).await?;
+    let incarnation = crate::events::incarnation_of(&stream);
     let consumer = stream
         .get_or_create_consumer(
             &spec.durable,
@@ -86,7 +92,34 @@ where
         )
         .await
         .map_err(|e| StoreError::unavailable(StoreKind::Events, e))?;
-    let mut messages = consumer
+    Ok((consumer, incarnation))
+}
+
+/// Waits `delay` unless `shutdown` comes first; false on shutdown.
+pub async fn pause(delay: Duration, shutdown: &CancellationToken) -> bool {
+    tokio::select! {
+        _ = shutdown.cancelled() => false,
+        _ = tokio::time::sleep(delay) => true,
+    }
+}
+
+/// Runs `handler` on every message until `shutdown` fires. A message is acked
+/// only after the handler returns `Ack`, i.e. after its writes are durable. When the
+/// consumer errs or its messages end (NATS restarted, or lost the consumer with its state),
+/// it is opened again, and made again if it is gone, after a short pause: a lost bus heals
+/// without a restart of this process.
+pub async fn run<F, Fut>(
+    js: &jetstream::Context,
+    spec: &ConsumerSpec,
+    shutdown: CancellationToken,
+    mut handler: F,
+) -> Result<(), StoreError>
+where
+    F: FnMut(Delivery<'_>) -> Fut,
+    Fut: Future<Output = Handled>,
+{
+    let mut messages = open(js, spec)
+        .await?
         .messages()
         .await
         .map_err(|e| StoreError::unavailable(StoreKind::Events, e))?;
@@ -95,16 +128,38 @@ where
             _ = shutdown.cancelled() => return Ok(()),
             next = messages.next() => next,
         };
-        let Some(message) = next else {
-            return Err(StoreError::unavailable(
-                StoreKind::Events,
-                "message stream ended",
-            ));
-        };
-        let message = match message {
-            Ok(m) => m,
-            Err(err) => {
-                tracing::warn!(error = %err, consumer = %spec.durable, "consumer error; continuing");
+        let message = match next {
+            Some(Ok(message)) => message,
+            failed => {
+                match failed {
+                    Some(Err(err)) => {
+                        tracing::warn!(error = %err, consumer = %spec.durable, "consumer error; opening it again");
+                    }
+                    _ => {
+                        tracing::warn!(consumer = %spec.durable, "the consumer's messages ended; opening it again");
+                    }
+                }
+                loop {
+                    if !pause(REOPEN_PAUSE, &shutdown).await {
+                        return Ok(());
+                    }
+                    let reopened = match open(js, spec).await {
+                        Ok(consumer) => consumer
+                            .messages()
+                            .await
+                            .map_err(|e| StoreError::unavailable(StoreKind::Events, e)),
+                        Err(err) => Err(err),
+                    };
+                    match reopened {
+                        Ok(reopened) => {
+                            messages = reopened;
+                            break;
+                        }
+                        Err(err) => {
+                            tracing::warn!(error = %err.detail(), consumer = %spec.durable, "opening the consumer failed; trying again");
+                        }
+                    }
+                }
                 continue;
             }
         };

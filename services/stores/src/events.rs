@@ -69,6 +69,49 @@ pub async fn ensure_streams(js: &jetstream::Context) -> Result<(), StoreError> {
     Ok(())
 }
 
+/// When the stream `name` was created, in Unix nanoseconds: its incarnation. A stream made
+/// again (NATS lost its state) starts its sequences from 1 and has lost what it held. The
+/// streams are made again first when the server has none by that name.
+pub async fn stream_incarnation(js: &jetstream::Context, name: &str) -> Result<i64, StoreError> {
+    Ok(incarnation_of(&stream(js, name).await?))
+}
+
+/// The incarnation of `stream` (see [`stream_incarnation`]).
+pub(crate) fn incarnation_of(stream: &jetstream::stream::Stream) -> i64 {
+    i64::try_from(stream.cached_info().created.unix_timestamp_nanos()).unwrap_or(i64::MAX)
+}
+
+/// The stream `name`, made again with [`ensure_streams`] when the server lost it: NATS
+/// restarted without its state, or someone deleted it.
+pub(crate) async fn stream(
+    js: &jetstream::Context,
+    name: &str,
+) -> Result<jetstream::stream::Stream, StoreError> {
+    match js.get_stream(name).await {
+        Ok(stream) => Ok(stream),
+        Err(err) if stream_missing(&err) => {
+            tracing::warn!(
+                stream = name,
+                "the event bus has lost the stream; creating it again"
+            );
+            ensure_streams(js).await?;
+            js.get_stream(name)
+                .await
+                .map_err(|e| StoreError::unavailable(StoreKind::Events, e))
+        }
+        Err(err) => Err(StoreError::unavailable(StoreKind::Events, err)),
+    }
+}
+
+/// Whether the server answered that the stream does not exist (rather than not answering).
+fn stream_missing(err: &jetstream::context::GetStreamError) -> bool {
+    matches!(
+        err.kind(),
+        jetstream::context::GetStreamErrorKind::JetStream(e)
+            if e.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND
+    )
+}
+
 /// `kg.files.v1.<ns>.changed`: a file version was registered, deleted, enabled or disabled.
 pub fn files_changed_subject(namespace: &str) -> Result<String, StoreError> {
     Ok(format!("kg.files.v1.{}.changed", token(namespace)?))
@@ -163,15 +206,28 @@ pub async fn publish(
         },
         _ => StoreError::internal(StoreKind::Events, err),
     };
-    let message = jetstream::message::PublishMessage::build()
-        .payload(payload.into())
-        .message_id(msg_id);
-    let ack = js
-        .send_publish(subject.to_owned(), message)
-        .await
-        .map_err(map)?;
-    ack.await.map_err(map)?;
-    Ok(())
+    let payload = bytes::Bytes::from(payload);
+    let send = || async {
+        let message = jetstream::message::PublishMessage::build()
+            .payload(payload.clone())
+            .message_id(msg_id);
+        js.send_publish(subject.to_owned(), message).await?.await
+    };
+    match send().await {
+        Ok(_) => Ok(()),
+        // The server has no stream for the subject: NATS lost its state (restarted without
+        // its volume, or a stream was deleted by hand). Make the streams again and publish once
+        // more, rather than refuse every change until a restart of this process.
+        Err(err) if err.kind() == PublishErrorKind::StreamNotFound => {
+            tracing::warn!(
+                subject,
+                "the event bus has no stream for this subject; creating the streams again"
+            );
+            ensure_streams(js).await?;
+            send().await.map(|_| ()).map_err(map)
+        }
+        Err(err) => Err(map(err)),
+    }
 }
 
 #[cfg(test)]

@@ -40,6 +40,8 @@ struct Cached {
 #[derive(Clone)]
 pub struct TboxBucket {
     kv: kv::Store,
+    /// To make the bucket again ([`TboxBucket::ensure`]).
+    js: jetstream::Context,
     /// Largest encoded TBox a put can carry: the server's message limit less headroom.
     max_tbox_bytes: usize,
     ttl: Duration,
@@ -54,27 +56,42 @@ impl std::fmt::Debug for TboxBucket {
     }
 }
 
+/// Creates `KG_TBOX` when missing (or updates its configuration) and returns a handle on it.
+async fn create_bucket(js: &jetstream::Context) -> Result<kv::Store, StoreError> {
+    let config = kv::Config {
+        bucket: TBOX_BUCKET.to_owned(),
+        description: "published TBox per namespace (kg.v1.Tbox)".to_owned(),
+        history: HISTORY,
+        storage: jetstream::stream::StorageType::File,
+        ..Default::default()
+    };
+    js.create_or_update_key_value(config).await.map_err(|err| {
+        use jetstream::context::CreateKeyValueErrorKind as K;
+        match err.kind() {
+            K::TimedOut => StoreError::timeout(StoreKind::Events, err),
+            K::JetStream => StoreError::unavailable(StoreKind::Events, err),
+            _ => StoreError::internal(StoreKind::Events, err),
+        }
+    })
+}
+
+/// Which TBox the bucket holds for a namespace, and the KV revision it is at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Held {
+    /// The TBox's own version (`kg.v1.Tbox.version`).
+    pub version: i64,
+    /// The KV revision of the entry, for [`TboxBucket::replace`].
+    pub revision: u64,
+}
+
 impl TboxBucket {
     /// Creates the bucket when missing (or updates its configuration) and opens it.
     pub async fn open(js: &jetstream::Context) -> Result<Self, StoreError> {
-        let config = kv::Config {
-            bucket: TBOX_BUCKET.to_owned(),
-            description: "published TBox per namespace (kg.v1.Tbox)".to_owned(),
-            history: HISTORY,
-            storage: jetstream::stream::StorageType::File,
-            ..Default::default()
-        };
-        let kv = js.create_or_update_key_value(config).await.map_err(|err| {
-            use jetstream::context::CreateKeyValueErrorKind as K;
-            match err.kind() {
-                K::TimedOut => StoreError::timeout(StoreKind::Events, err),
-                K::JetStream => StoreError::unavailable(StoreKind::Events, err),
-                _ => StoreError::internal(StoreKind::Events, err),
-            }
-        })?;
+        let kv = create_bucket(js).await?;
         let max_payload = js.client().server_info().max_payload;
         Ok(TboxBucket {
             kv,
+            js: js.clone(),
             max_tbox_bytes: if max_payload == 0 {
                 DEFAULT_MAX_TBOX_BYTES
             } else {
@@ -83,6 +100,70 @@ impl TboxBucket {
             ttl: DEFAULT_CACHE_TTL,
             cache: Arc::new(Mutex::new(HashMap::new())),
         })
+    }
+
+    /// Makes the bucket again if NATS lost it (restarted without its state): this handle
+    /// addresses it by name, so it works again at once. Idempotent.
+    pub async fn ensure(&self) -> Result<(), StoreError> {
+        create_bucket(&self.js).await.map(|_| ())
+    }
+
+    /// The namespaces the bucket holds a TBox for.
+    pub async fn namespaces(&self) -> Result<Vec<String>, StoreError> {
+        let keys = self
+            .kv
+            .keys()
+            .await
+            .map_err(|err| StoreError::unavailable(StoreKind::Events, err))?;
+        keys.map(|key| key.map_err(|err| StoreError::unavailable(StoreKind::Events, err)))
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .collect()
+    }
+
+    /// The version the bucket holds for `namespace` now, with its revision; `None` when none.
+    pub async fn held(&self, namespace: &str) -> Result<Option<Held>, StoreError> {
+        let entry = self
+            .kv
+            .entry(key(namespace)?)
+            .await
+            .map_err(|err| StoreError::unavailable(StoreKind::Events, err))?;
+        match entry {
+            Some(entry) if entry.operation == kv::Operation::Put => {
+                let tbox = Tbox::decode(entry.value)
+                    .map_err(|err| StoreError::internal(StoreKind::Events, err))?;
+                Ok(Some(Held {
+                    version: tbox.version,
+                    revision: entry.revision,
+                }))
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// Puts `tbox` for its namespace only if the bucket holds none (`held` is `None`), or
+    /// still holds the entry at `held`'s revision: a publish that lands in between is never
+    /// overwritten. Returns whether it was put.
+    pub async fn replace(&self, tbox: &Tbox, held: Option<Held>) -> Result<bool, StoreError> {
+        let key = key(&tbox.namespace)?;
+        let value = Bytes::from(tbox.encode_to_vec());
+        let put = match held {
+            None => match self.kv.create(key, value).await {
+                Ok(_) => true,
+                Err(err) if err.kind() == kv::CreateErrorKind::AlreadyExists => false,
+                Err(err) => return Err(StoreError::unavailable(StoreKind::Events, err)),
+            },
+            Some(held) => match self.kv.update(key, value, held.revision).await {
+                Ok(_) => true,
+                Err(err) if err.kind() == kv::UpdateErrorKind::WrongLastRevision => false,
+                Err(err) => return Err(StoreError::unavailable(StoreKind::Events, err)),
+            },
+        };
+        if put {
+            self.remember(&tbox.namespace, Some(Arc::new(tbox.clone())));
+        }
+        Ok(put)
     }
 
     /// The same bucket with another cache TTL for [`TboxBucket::get_cached`].

@@ -27,6 +27,22 @@ pub fn writer(namespace: &str) -> CallerContext {
     }
 }
 
+/// Uploads `body` at `path` in `namespace` as `caller`; the file as registered.
+pub async fn put_as(
+    files: &FilesService,
+    caller: &CallerContext,
+    namespace: &str,
+    path: &str,
+    body: &str,
+) -> kg_proto::v1::FileInfo {
+    files
+        .upload(caller, namespace, path, body.as_bytes(), "")
+        .await
+        .unwrap()
+        .file
+        .unwrap()
+}
+
 /// A files service on real NATS and SQLite, or PostgreSQL when `postgres`.
 pub struct Env {
     pub dir: tempfile::TempDir,

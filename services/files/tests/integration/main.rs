@@ -6,6 +6,7 @@ mod branch_metadata;
 mod common;
 mod file_tools;
 mod knowledge_graph;
+mod lost_stream;
 mod mixed_access;
 mod reindex;
 mod upload_race;

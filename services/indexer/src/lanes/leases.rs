@@ -5,6 +5,7 @@
 //! if absent, renewed while the event runs, expiring when its holder dies), and the highest
 //! stream sequence applied per key is kept in a second bucket that every replica reads.
 
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use crate::events_err;
@@ -29,6 +30,8 @@ pub(crate) struct Leases {
     leases: kv::Store,
     applied: kv::Store,
     owner: Bytes,
+    /// The incarnation of the stream the consumer reads (see `kg_stores::consumer`).
+    incarnation: AtomicI64,
 }
 
 /// A lease this replica holds on one key.
@@ -38,8 +41,37 @@ pub(crate) struct Lease {
 }
 
 impl Leases {
-    /// Opens (or creates) both buckets.
-    pub(crate) async fn open(js: &jetstream::Context) -> Result<Self, StoreError> {
+    /// Opens (or creates) both buckets, for a consumer of the stream's `incarnation`.
+    pub(crate) async fn open(
+        js: &jetstream::Context,
+        incarnation: i64,
+    ) -> Result<Self, StoreError> {
+        let (leases, applied) = Self::buckets(js).await?;
+        Ok(Leases {
+            leases,
+            applied,
+            owner: Bytes::from(uuid::Uuid::new_v4().to_string()),
+            incarnation: AtomicI64::new(incarnation),
+        })
+    }
+
+    /// The incarnation of the stream the consumer reads now.
+    pub(crate) fn incarnation(&self) -> i64 {
+        self.incarnation.load(Ordering::SeqCst)
+    }
+
+    /// The consumer was opened again on the stream's `incarnation`; returns the one before.
+    pub(crate) fn set_incarnation(&self, incarnation: i64) -> i64 {
+        self.incarnation.swap(incarnation, Ordering::SeqCst)
+    }
+
+    /// Makes both buckets again if NATS lost them. The handles address them by name, so
+    /// they work again once the buckets exist.
+    pub(crate) async fn ensure_buckets(&self, js: &jetstream::Context) -> Result<(), StoreError> {
+        Self::buckets(js).await.map(|_| ())
+    }
+
+    async fn buckets(js: &jetstream::Context) -> Result<(kv::Store, kv::Store), StoreError> {
         let bucket = |name: &str, description: &str, max_age| kv::Config {
             bucket: name.to_owned(),
             description: description.to_owned(),
@@ -64,11 +96,7 @@ impl Leases {
             ))
             .await
             .map_err(events_err)?;
-        Ok(Leases {
-            leases,
-            applied,
-            owner: Bytes::from(uuid::Uuid::new_v4().to_string()),
-        })
+        Ok((leases, applied))
     }
 
     /// The bucket key of a lane key in `scope` (see [`super::run`]): KV keys allow few
@@ -124,27 +152,67 @@ impl Leases {
         }
     }
 
-    /// The highest stream sequence applied for `key` by any replica.
-    pub(crate) async fn applied(&self, key: &str) -> Result<Option<u64>, StoreError> {
+    /// The highest stream sequence applied for `key` by any replica in the stream's
+    /// `incarnation` (see [`super::run`]); `None` when only an earlier incarnation's is known.
+    pub(crate) async fn applied(
+        &self,
+        key: &str,
+        incarnation: i64,
+    ) -> Result<Option<u64>, StoreError> {
         let value = self.applied.get(key).await.map_err(events_err)?;
-        Ok(value.and_then(|bytes| std::str::from_utf8(&bytes).ok()?.parse().ok()))
+        Ok(value.and_then(|bytes| applied_in(std::str::from_utf8(&bytes).ok()?, incarnation)))
     }
 
-    /// Records that `sequence` was applied for `key`, whose newest applied sequence was
-    /// `last` when its lease was taken (and, under the lease, still is).
+    /// Records that `sequence` was applied for `key` in the stream's `incarnation`, whose newest
+    /// applied sequence there was `last` when its lease was taken (and, under the lease, still
+    /// is).
     pub(crate) async fn record(
         &self,
         key: &str,
         sequence: u64,
         last: Option<u64>,
+        incarnation: i64,
     ) -> Result<(), StoreError> {
         if last.is_some_and(|last| last >= sequence) {
             return Ok(());
         }
         self.applied
-            .put(key, Bytes::from(sequence.to_string()))
+            .put(key, Bytes::from(format!("{sequence}@{incarnation}")))
             .await
             .map_err(events_err)?;
         Ok(())
+    }
+}
+
+/// The sequence of an applied record `<sequence>@<incarnation>` if it is of `incarnation`.
+/// A bare `<sequence>` was written before incarnations were recorded, and counts as current.
+fn applied_in(record: &str, incarnation: i64) -> Option<u64> {
+    match record.split_once('@') {
+        None => record.parse().ok(),
+        Some((sequence, of)) => (of.parse::<i64>().ok()? == incarnation)
+            .then(|| sequence.parse().ok())
+            .flatten(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::applied_in;
+
+    #[test]
+    fn an_applied_sequence_counts_only_in_its_streams_incarnation() {
+        assert_eq!(applied_in("57@1700", 1700), Some(57));
+        assert_eq!(
+            applied_in("57@1700", 1800),
+            None,
+            "the stream was made again"
+        );
+        assert_eq!(
+            applied_in("57", 1800),
+            Some(57),
+            "written before incarnations"
+        );
+        assert_eq!(applied_in("x@1700", 1700), None);
+        assert_eq!(applied_in("57@x", 1700), None);
     }
 }

@@ -7,6 +7,7 @@ mod entities;
 mod fast_path;
 mod formats_graph;
 mod llm_extractor;
+mod lost_bus;
 mod progress_acks;
 mod rebuild;
 mod stores;

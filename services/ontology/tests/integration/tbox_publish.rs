@@ -28,21 +28,23 @@ fn tbox(instances: usize) -> Tbox {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_tbox_the_bus_cannot_carry_is_refused_and_a_failed_publish_records_nothing() {
+/// A real nats-server (its `KG_TBOX` bucket open) and a TBox store on SQLite, in one temp dir.
+struct Fixture {
+    store: TboxStore,
+    bucket: TboxBucket,
+    js: async_nats::jetstream::Context,
+    nats: EmbeddedNats,
+    _dir: tempfile::TempDir,
+}
+
+async fn fixture() -> Fixture {
     let venv = find_venv().unwrap_or_else(|err| panic!("{err}"));
     let dir = tempfile::tempdir().unwrap();
     let nats = EmbeddedNats::start(&venv, &dir.path().join("nats"))
         .await
         .unwrap();
-    let bucket = TboxBucket::open(&events::connect(&nats.url).await.unwrap())
-        .await
-        .unwrap();
-    assert_eq!(
-        bucket.max_tbox_bytes(),
-        1024 * 1024 - 4096,
-        "nats-server's default limit"
-    );
+    let js = events::connect(&nats.url).await.unwrap();
+    let bucket = TboxBucket::open(&js).await.unwrap();
     let sql = SqlStore::connect(&format!(
         "sqlite://{}",
         dir.path().join("meta.db").display()
@@ -50,6 +52,30 @@ async fn a_tbox_the_bus_cannot_carry_is_refused_and_a_failed_publish_records_not
     .await
     .unwrap();
     let store = TboxStore::open(sql, Some(bucket.clone())).await.unwrap();
+    Fixture {
+        store,
+        bucket,
+        js,
+        nats,
+        _dir: dir,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tbox_the_bus_cannot_carry_is_refused_and_a_failed_publish_records_nothing() {
+    // Bound, not dropped: the temp dir holds the database.
+    let Fixture {
+        store,
+        bucket,
+        nats,
+        _dir: _kept,
+        ..
+    } = fixture().await;
+    assert_eq!(
+        bucket.max_tbox_bytes(),
+        1024 * 1024 - 4096,
+        "nats-server's default limit"
+    );
 
     // About 1.6 MB encoded: refused at once, and no draft is kept.
     let huge = tbox(30_000);
@@ -138,4 +164,55 @@ async fn a_tbox_the_bus_cannot_carry_is_refused_and_a_failed_publish_records_not
         draft.reviewed_by, "usr_reviewer",
         "the draft stays, ready to publish again"
     );
+}
+
+/// SQL is the record of what is published; the bus's bucket is the indexers' copy. When NATS
+/// loses it (restarted without its volume), the ontology service puts every namespace's latest
+/// TBox back; one the bucket holds at an older version (a bus restored from an old backup) is
+/// replaced when versions are compared; and what the bucket holds current is left alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn published_tboxes_the_bus_lost_are_put_back() {
+    let Fixture {
+        store,
+        bucket,
+        js,
+        nats: _running,
+        _dir: _kept,
+    } = fixture().await;
+    let publish = async |namespace: &str, instances: usize| {
+        let draft = Tbox {
+            namespace: namespace.into(),
+            ..tbox(instances)
+        };
+        store.put_draft(&draft, "usr_admin").await.unwrap();
+        store.review(namespace, "usr_reviewer", None).await.unwrap();
+        store.publish(namespace, "usr_admin").await.unwrap()
+    };
+    publish("plants", 2).await;
+    publish("plants", 3).await;
+    publish("ships", 1).await;
+    assert!(store.restore_bus_copies(true).await.unwrap().is_empty());
+
+    // NATS loses the bucket with both TBoxes.
+    js.delete_key_value("KG_TBOX").await.unwrap();
+    assert!(bucket.get("plants").await.is_err(), "the bucket is gone");
+    assert_eq!(
+        store.restore_bus_copies(false).await.unwrap(),
+        ["plants", "ships"]
+    );
+    let plants = bucket.get("plants").await.unwrap().unwrap();
+    assert_eq!(plants.version, 2);
+    assert_eq!(plants.entity_types[0].instances.len(), 3);
+    assert_eq!(bucket.get("ships").await.unwrap().unwrap().version, 1);
+
+    // An older copy is replaced only when versions are compared (at the service's start).
+    let older = Tbox {
+        version: 1,
+        ..plants.clone()
+    };
+    bucket.put(&older).await.unwrap();
+    assert!(store.restore_bus_copies(false).await.unwrap().is_empty());
+    assert_eq!(store.restore_bus_copies(true).await.unwrap(), ["plants"]);
+    assert_eq!(bucket.get("plants").await.unwrap().unwrap().version, 2);
+    assert!(store.restore_bus_copies(true).await.unwrap().is_empty());
 }

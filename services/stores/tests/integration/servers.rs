@@ -717,6 +717,75 @@ async fn a_silent_falkordb_fails_calls_in_time_and_the_handle_recovers() {
 // ---------------------------------------------------------------------------------------
 // Events: NATS JetStream.
 
+/// NATS loses its streams while a consumer runs and a publisher publishes (restarted
+/// without its volume, or the streams deleted by hand): the next publish makes the streams
+/// again, the consumer opens itself again on the new stream and gets what is published there,
+/// and the new stream's incarnation differs from the old one's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_and_a_publisher_outlive_streams_nats_lost() {
+    use kg_stores::consumer::{self, ConsumerSpec, Handled};
+    let venv = venv();
+    let dir = tempfile::tempdir().unwrap();
+    let nats = EmbeddedNats::start(&venv, dir.path()).await.unwrap();
+    let js = events::connect(&nats.url).await.unwrap();
+    events::ensure_streams(&js).await.unwrap();
+    let first = events::stream_incarnation(&js, events::INDEX_STREAM)
+        .await
+        .unwrap();
+
+    let (seen, mut received) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let spec = ConsumerSpec {
+        stream: events::INDEX_STREAM.into(),
+        durable: "survivor".into(),
+        filter_subject: "kg.index.v1.*.indexed".into(),
+        max_deliver: 5,
+        ack_wait: std::time::Duration::from_secs(30),
+    };
+    let consuming = {
+        let (js, stop) = (js.clone(), stop.clone());
+        tokio::spawn(async move {
+            consumer::run(&js, &spec, stop, |delivery| {
+                let _ = seen.send(delivery.payload.to_vec());
+                async { Handled::Ack }
+            })
+            .await
+        })
+    };
+    let subject = events::indexed_subject("handbook").unwrap();
+    let next = async |received: &mut tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>| {
+        tokio::time::timeout(std::time::Duration::from_secs(30), received.recv())
+            .await
+            .expect("nothing consumed within 30 s")
+            .unwrap()
+    };
+    events::publish(&js, &subject, "one", b"one".to_vec())
+        .await
+        .unwrap();
+    assert_eq!(next(&mut received).await, b"one");
+
+    for stream in [events::FILES_STREAM, events::INDEX_STREAM] {
+        js.delete_stream(stream).await.unwrap();
+    }
+    events::publish(&js, &subject, "two", b"two".to_vec())
+        .await
+        .unwrap();
+    assert_eq!(next(&mut received).await, b"two");
+    let files = js.get_stream(events::FILES_STREAM).await.unwrap();
+    assert_eq!(
+        files.cached_info().config.subjects,
+        ["kg.files.v1.>"],
+        "both streams were made again"
+    );
+    let second = events::stream_incarnation(&js, events::INDEX_STREAM)
+        .await
+        .unwrap();
+    assert!(second > first, "{second} after {first}");
+
+    stop.cancel();
+    consuming.await.unwrap().unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_on_nats_jetstream() {
     let venv = venv();

@@ -1,0 +1,136 @@
+//! Replaying the registry into a new `KG_FILES`. The stream carries change events to the
+//! indexers; the registry is the record. When NATS loses its state (restarted without its
+//! volume, or the stream deleted by hand), the stream is made again empty: the uploads,
+//! deletes and flag changes it held and no indexer had applied yet are gone, and without a
+//! replay a deleted or hidden file could stay searchable. Each stream's incarnation (when it
+//! was created) is recorded in SQL, so a replay happens once per new stream, whichever
+//! service made it again and however often this one restarts.
+
+use std::time::Duration;
+
+use kg_proto::v1::{FileChangeOp, FileStatus};
+use kg_stores::events::{self, FILES_STREAM};
+use tokio_util::sync::CancellationToken;
+
+use crate::error::Result;
+use crate::service::{FilesService, change_event};
+use crate::store::Replayed;
+
+/// How often the files service checks which incarnation of `KG_FILES` it publishes into.
+pub const STREAM_CHECK_EVERY: Duration = Duration::from_secs(30);
+/// Registry rows read per page of a replay.
+const REPLAY_PAGE: u32 = 500;
+
+/// What a replay published.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Replay {
+    /// Current versions queued again (the indexer skips what it already holds).
+    pub upserts: usize,
+    /// Deletes published again (a no-op for a file the indexer already removed).
+    pub deletes: usize,
+    /// Flag changes published again, one per file that ever had one.
+    pub flags: usize,
+}
+
+impl FilesService {
+    /// Replays the registry into `KG_FILES` if the stream was made again since the last
+    /// check (or since the incarnation recorded in SQL); `None` when it was not. The first
+    /// check of a registry only records the stream's incarnation.
+    pub async fn replay_if_stream_renewed(&self) -> Result<Option<Replay>> {
+        let created = events::stream_incarnation(&self.jetstream, FILES_STREAM).await?;
+        match self.store.bus_stream_created(FILES_STREAM).await? {
+            Some(known) if known == created => return Ok(None),
+            None => {
+                self.store.record_bus_stream(FILES_STREAM, created).await?;
+                return Ok(None);
+            }
+            Some(_) => {}
+        }
+        tracing::warn!(
+            stream = FILES_STREAM,
+            "the event stream was made again and lost the changes it held; replaying the registry into it"
+        );
+        let mut replay = Replay::default();
+        let mut after = String::new();
+        loop {
+            let page = self.store.replay_page(&after, REPLAY_PAGE).await?;
+            let Some(last) = page.last() else {
+                break;
+            };
+            after = last.current.file.file_id.clone();
+            for row in &page {
+                self.replay_file(row, created, &mut replay).await?;
+            }
+        }
+        // Recorded last: a replay cut short runs again whole at the next check (the indexer
+        // applies each event idempotently, and the stream drops ids it already holds).
+        self.store.record_bus_stream(FILES_STREAM, created).await?;
+        tracing::info!(
+            upserts = replay.upserts,
+            deletes = replay.deletes,
+            flags = replay.flags,
+            "registry replayed into the new event stream"
+        );
+        Ok(Some(replay))
+    }
+
+    async fn replay_file(
+        &self,
+        row: &Replayed,
+        incarnation: i64,
+        replay: &mut Replay,
+    ) -> Result<()> {
+        let file = &row.current.file;
+        if file.status == FileStatus::Deleted as i32 {
+            let event = change_event(
+                file,
+                &row.current.blob_key,
+                FileChangeOp::Delete,
+                row.flags_version,
+            );
+            let msg_id = format!("{}:replay-delete:{incarnation}", file.file_id);
+            events::publish_file_change(&self.jetstream, &event, &msg_id).await?;
+            replay.deletes += 1;
+            return Ok(());
+        }
+        let mut event = change_event(
+            file,
+            &row.current.blob_key,
+            FileChangeOp::Upsert,
+            row.flags_version,
+        );
+        // A reindex still waiting keeps its request: the files service takes only its answer.
+        if file.status == FileStatus::Pending as i32 {
+            event.rebuild_at_ms = row.index_requested_at_ms;
+        }
+        let msg_id = format!("{}:replay:{incarnation}", file.version_id);
+        events::publish_file_change(&self.jetstream, &event, &msg_id).await?;
+        replay.upserts += 1;
+        // An upsert of a version the indexer holds leaves its flags as they are: a flags
+        // change the old stream lost is published again.
+        if row.flags_version > 0 {
+            let event = change_event(file, "", FileChangeOp::Flags, row.flags_version);
+            let msg_id = format!(
+                "{}:replay-flags:v{}:{incarnation}",
+                file.file_id, row.flags_version
+            );
+            events::publish_file_change(&self.jetstream, &event, &msg_id).await?;
+            replay.flags += 1;
+        }
+        Ok(())
+    }
+}
+
+/// Checks every [`STREAM_CHECK_EVERY`] until `shutdown` whether `KG_FILES` was made again,
+/// and replays the registry into it when it was ([`FilesService::replay_if_stream_renewed`]).
+pub async fn run_stream_check(service: FilesService, shutdown: CancellationToken) {
+    loop {
+        if let Err(err) = service.replay_if_stream_renewed().await {
+            tracing::warn!(error = %err, "checking the event stream failed; trying again");
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            () = tokio::time::sleep(STREAM_CHECK_EVERY) => {}
+        }
+    }
+}

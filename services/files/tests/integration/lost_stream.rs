@@ -1,0 +1,119 @@
+//! `KG_FILES` made again after NATS lost it (restarted without its volume, or the stream
+//! deleted by hand), on SQLite and PostgreSQL with real NATS. The stream held change events no
+//! indexer had applied; the registry is the record, so the files service replays it into the
+//! new stream: the current version of every live file (a pending reindex keeps its request),
+//! a delete for every deleted file, and every file's newest flags change. Once per new stream:
+//! the first check of a registry records the stream's incarnation, and a check that finds the
+//! same stream replays nothing.
+
+use kg_files::{FilesService, Replay};
+use kg_proto::v1::{
+    CallerContext, FileChangeOp, FileChanged, FileInfo, Permission, ReindexRequest,
+};
+use kg_stores::events;
+
+use crate::common::{changes, env, put_as, writer};
+
+const NS: &str = "replayed";
+
+fn admin() -> CallerContext {
+    let mut caller = writer(NS);
+    caller.access[0].permission = Permission::Admin as i32;
+    caller.access[0].admin_prefixes = vec![String::new()];
+    caller
+}
+
+async fn put(files: &FilesService, path: &str, body: &str) -> FileInfo {
+    put_as(files, &admin(), NS, path, body).await
+}
+
+/// (op, version, hidden, rebuild request) of each change event of `file` in the stream.
+async fn events_of(
+    js: &async_nats::jetstream::Context,
+    file: &FileInfo,
+) -> Vec<(FileChangeOp, String, bool, bool)> {
+    changes(js, NS, &file.file_id)
+        .await
+        .into_iter()
+        .map(|e: FileChanged| (e.op(), e.version_id, e.hidden, e.rebuild_at_ms != 0))
+        .collect()
+}
+
+async fn replays_the_registry_into_a_stream_made_again(postgres: bool) {
+    let env = env(postgres).await;
+    let files = &env.files;
+    let js = async_nats::jetstream::new(async_nats::connect(&env.nats.url).await.unwrap());
+
+    let pending = put(files, "docs/pending.md", "# Pending\n\nNot indexed yet.\n").await;
+    let hidden = put(files, "docs/hidden.md", "# Hidden\n\nA draft.\n").await;
+    files
+        .set_flags(&admin(), NS, &hidden.file_id, None, Some(true))
+        .await
+        .unwrap();
+    let deleted = put(files, "docs/deleted.md", "# Deleted\n\nGone.\n").await;
+    assert!(
+        files
+            .delete_file(&admin(), NS, &deleted.file_id)
+            .await
+            .unwrap()
+    );
+    let rebuilt = put(files, "again/rebuilt.md", "# Rebuilt\n\nQueued again.\n").await;
+    let request = ReindexRequest {
+        namespace: NS.into(),
+        folder_prefix: "again/".into(),
+        ..Default::default()
+    };
+    assert_eq!(files.reindex(&admin(), &request).await.unwrap().queued, 1);
+
+    // The first check records the stream; a second finds it unchanged.
+    assert_eq!(files.replay_if_stream_renewed().await.unwrap(), None);
+    assert_eq!(files.replay_if_stream_renewed().await.unwrap(), None);
+
+    // NATS loses the stream and every event in it.
+    js.delete_stream(events::FILES_STREAM).await.unwrap();
+    let replay = files.replay_if_stream_renewed().await.unwrap();
+    assert_eq!(
+        replay,
+        Some(Replay {
+            upserts: 3,
+            deletes: 1,
+            flags: 1
+        })
+    );
+    use FileChangeOp::{Delete, Flags, Upsert};
+    let v = |f: &FileInfo| f.version_id.clone();
+    assert_eq!(
+        events_of(&js, &pending).await,
+        [(Upsert, v(&pending), false, false)]
+    );
+    assert_eq!(
+        events_of(&js, &hidden).await,
+        [
+            (Upsert, v(&hidden), true, false),
+            (Flags, v(&hidden), true, false)
+        ]
+    );
+    assert_eq!(
+        events_of(&js, &deleted).await,
+        [(Delete, v(&deleted), false, false)]
+    );
+    assert_eq!(
+        events_of(&js, &rebuilt).await,
+        [(Upsert, v(&rebuilt), false, true)],
+        "the pending reindex keeps its request"
+    );
+
+    // Once per stream.
+    assert_eq!(files.replay_if_stream_renewed().await.unwrap(), None);
+    assert_eq!(events_of(&js, &pending).await.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replays_the_registry_into_a_stream_made_again_on_sqlite() {
+    replays_the_registry_into_a_stream_made_again(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replays_the_registry_into_a_stream_made_again_on_postgres() {
+    replays_the_registry_into_a_stream_made_again(true).await;
+}

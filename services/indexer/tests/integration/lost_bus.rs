@@ -1,0 +1,115 @@
+//! NATS losing its state while the indexer runs (restarted without its volume, or a stream
+//! deleted by hand): the next change makes the stream again, and the indexer opens its
+//! consumer and its KV buckets again and indexes it, without a restart. Sequences count from 1
+//! in the new stream, so one applied in the old stream must not make the new events look
+//! older than it. Real NATS and FalkorDB.
+use std::time::{Duration, Instant};
+
+use kg_indexer::IndexerConfig;
+use kg_proto::v1::{FileChangeOp, FileChanged};
+use kg_stores::events;
+use kg_stores::graph::{GraphStore, Params};
+use tokio_util::sync::CancellationToken;
+
+const NS: &str = "lostbus";
+
+async fn upload(stores: &crate::stores::Stores, file_id: &str, version: i64) {
+    let event = FileChanged {
+        namespace: NS.into(),
+        file_id: file_id.into(),
+        version_id: format!("{file_id}-v{version}"),
+        path: format!("docs/{file_id}.md"),
+        mime: "text/markdown".into(),
+        blob_key: stores
+            .blobs
+            .put(format!("# {file_id}\n\nVersion {version} of {file_id}.\n").as_bytes())
+            .await
+            .unwrap(),
+        op: FileChangeOp::Upsert as i32,
+        enabled: true,
+        changed_at_ms: kg_common::caller::now_ms(),
+        ..Default::default()
+    };
+    let msg_id = format!("{}:upsert", event.version_id);
+    events::publish_file_change(&stores.js, &event, &msg_id)
+        .await
+        .unwrap();
+}
+
+/// The version the graph holds for `file_id`.
+async fn indexed_version(graph: &GraphStore, file_id: &str) -> Option<String> {
+    let mut params = Params::new();
+    params.insert("fileId".into(), file_id.into());
+    let rows = graph
+        .query(
+            NS,
+            "MATCH (f:FileRef {fileId: $fileId}) RETURN f.versionId",
+            &params,
+        )
+        .await
+        .ok()?
+        .rows;
+    rows.first()?.first()?.as_str().map(str::to_owned)
+}
+
+async fn wait_for_version(graph: &GraphStore, file_id: &str, version: &str) {
+    let within = Duration::from_secs(60);
+    let deadline = Instant::now() + within;
+    loop {
+        let held = indexed_version(graph, file_id).await;
+        if held.as_deref() == Some(version) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{file_id}: still {held:?}, not {version}, after {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_indexer_follows_streams_and_buckets_made_again_while_it_runs() {
+    let stores = crate::stores::start().await;
+    let stop = CancellationToken::new();
+    let worker = tokio::spawn(kg_indexer::run(
+        IndexerConfig {
+            concurrency: 2,
+            ..IndexerConfig::default()
+        },
+        stores.graph.clone(),
+        stores.blobs.clone(),
+        stores.js.clone(),
+        stop.clone(),
+    ));
+    // Three uploads: the last file's event is applied at sequence 3 of the first stream.
+    for file_id in ["a", "b", "kept"] {
+        upload(&stores, file_id, 1).await;
+    }
+    for file_id in ["a", "b", "kept"] {
+        wait_for_version(&stores.graph, file_id, &format!("{file_id}-v1")).await;
+    }
+
+    // The stream is deleted with its consumers; the indexer's KV buckets stay.
+    stores.js.delete_stream(events::FILES_STREAM).await.unwrap();
+    // The next change makes it again, and is its sequence 1: older than 3 in number only.
+    upload(&stores, "kept", 2).await;
+    wait_for_version(&stores.graph, "kept", "kept-v2").await;
+
+    // Everything NATS held is lost: the stream again, and every bucket the indexer keeps.
+    stores.js.delete_stream(events::FILES_STREAM).await.unwrap();
+    for bucket in [
+        "kg_indexer_leases",
+        "kg_indexer_applied",
+        "kg_indexer_flags",
+    ] {
+        stores.js.delete_key_value(bucket).await.unwrap();
+    }
+    upload(&stores, "kept", 3).await;
+    upload(&stores, "new", 1).await;
+    wait_for_version(&stores.graph, "kept", "kept-v3").await;
+    wait_for_version(&stores.graph, "new", "new-v1").await;
+
+    stop.cancel();
+    worker.await.unwrap().unwrap();
+}
