@@ -126,7 +126,7 @@ impl FilesService {
 pub async fn run_stream_check(service: FilesService, shutdown: CancellationToken) {
     loop {
         if let Err(err) = service.replay_if_stream_renewed().await {
-            tracing::warn!(error = %err, "checking the event stream failed; trying again");
+            tracing::warn!(error = %kg_common::error::detail(&err), "checking the event stream failed; trying again");
         }
         tokio::select! {
             () = shutdown.cancelled() => return,

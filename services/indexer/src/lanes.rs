@@ -25,7 +25,7 @@ use async_nats::jetstream::{self, AckKind};
 use futures::StreamExt as _;
 use futures::future::BoxFuture;
 use kg_stores::StoreError;
-use kg_stores::consumer::{ConsumerSpec, Delivery, Handled, backoff};
+use kg_stores::consumer::{ConsumerSpec, Delivery, Handled, backoff, pause};
 use tokio::sync::{Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -77,8 +77,6 @@ fn lane_of(key: &str, lanes: usize) -> usize {
 fn pull_ahead(lanes: usize) -> usize {
     lanes.max(1) * 4
 }
-
-use kg_stores::consumer::pause;
 
 type PullConsumer = jetstream::consumer::Consumer<pull::Config>;
 

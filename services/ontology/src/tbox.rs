@@ -316,9 +316,15 @@ impl TboxStore {
         let Some(bucket) = &self.bucket else {
             return Ok(Vec::new());
         };
-        bucket.ensure().await?;
-        let held: std::collections::HashSet<String> =
-            bucket.namespaces().await?.into_iter().collect();
+        // Made again only when it cannot be listed: a stream update every check is noise.
+        let listed = match bucket.namespaces().await {
+            Ok(listed) => listed,
+            Err(_) => {
+                bucket.ensure().await?;
+                bucket.namespaces().await?
+            }
+        };
+        let held: std::collections::HashSet<String> = listed.into_iter().collect();
         let rows = sqlx::query(
             "SELECT namespace, MAX(version) FROM kg_tbox_versions GROUP BY namespace ORDER BY namespace",
         )
@@ -359,7 +365,7 @@ impl TboxStore {
         let mut compare_versions = true;
         loop {
             if let Err(err) = self.restore_bus_copies(compare_versions).await {
-                tracing::warn!(error = %err, "checking the event bus's copies of the published TBoxes failed; trying again");
+                tracing::warn!(error = %kg_common::error::detail(&err), "checking the event bus's copies of the published TBoxes failed; trying again");
             } else {
                 compare_versions = false;
             }
