@@ -36,8 +36,11 @@ pub use warehouse::{FIELD_CAP, Warehouse};
 /// only (the gateway follows it to send `tools/list_changed`).
 pub const UNAUTHENTICATED_PATHS: &[&str] = &["/kg.v1.Ontology/WatchCompiled"];
 
-/// How often the ontology service checks that the bus still holds every published TBox.
-pub const TBOX_BUS_CHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
+/// How often the ontology service checks that the bus still holds every published TBox (one
+/// key listing). Well inside the indexer's retries of a file whose TBox it cannot read (1 + 2 +
+/// 4 + 8 s before the fifth and last of its default deliveries), so a bus that lost its state
+/// gets its TBoxes back before a file indexed meanwhile fails.
+pub const TBOX_BUS_CHECK_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Serves the ontology gRPC API on `listener` until `shutdown`; every RPC but
 /// WatchCompiled needs a caller context signed by one of `verifier`'s keys. Meanwhile it puts
