@@ -91,6 +91,14 @@ struct Worker {
 /// Reindex requests a worker remembers having begun (see `Worker::prepare_rebuild`).
 const REBUILDS_REMEMBERED: usize = 4096;
 
+/// How long one delivery waits for its namespace's TBox to be readable before it is retried.
+/// A bus that lost its state gets its TBoxes back from the ontology service within seconds
+/// (`kg_ontology::TBOX_BUS_CHECK_EVERY`); failing at once would spend the file's few deliveries
+/// on that wait and leave it failed. The message's progress acks keep it meanwhile.
+const TBOX_WAIT: Duration = Duration::from_secs(30);
+/// How often that wait asks again.
+const TBOX_POLL: Duration = Duration::from_millis(500);
+
 /// Consumes `kg.files.v1.*.changed`, and `kg.files.v1.*.removed` and `kg.files.v1.*.flags`
 /// on consumers of their own, until `shutdown`. Boxed: the worker's future is deep enough to
 /// overflow type checking in every caller that spawns it.
@@ -373,6 +381,7 @@ impl Worker {
                 .await
                 .map_err(|e| Failure::Retry(e.detail()))?;
         }
+        self.wait_for_tbox(&event.namespace).await?;
         // Re-queued after a TBox publish: this replica may not have seen the publish yet, and
         // the re-queue is made once, so read the TBox now rather than from the cache.
         if event.requeued {
@@ -536,6 +545,24 @@ impl Worker {
             }
             _ => (event.enabled, event.hidden),
         })
+    }
+
+    /// Waits up to [`TBOX_WAIT`] until the namespace's TBox (or its absence) can be read, so the
+    /// entities are extracted with it and never without it for want of a read.
+    async fn wait_for_tbox(&self, namespace: &str) -> Result<(), Failure> {
+        let deadline = tokio::time::Instant::now() + TBOX_WAIT;
+        loop {
+            match self.tboxes.get_cached(namespace).await {
+                Ok(_) => return Ok(()),
+                Err(err) if tokio::time::Instant::now() >= deadline => {
+                    return Err(Failure::Retry(err.detail()));
+                }
+                Err(err) => {
+                    tracing::debug!(namespace, error = %err.detail(), "the TBox is unreadable; waiting for it");
+                    tokio::time::sleep(TBOX_POLL).await;
+                }
+            }
+        }
     }
 
     /// Removes the file from the graph and the vector index.

@@ -2,7 +2,8 @@
 //! deleted by hand): the next change makes the stream again, and the indexer opens its
 //! consumer and its KV buckets again and indexes it, without a restart. Sequences count from 1
 //! in the new stream, so one applied in the old stream must not make the new events look
-//! older than it. Real NATS and FalkorDB.
+//! older than it. A file indexed while the bus lacks its namespace's TBox waits for the ontology
+//! service to put it back, rather than fail or lose its entities. Real NATS and FalkorDB.
 use std::time::{Duration, Instant};
 
 use kg_indexer::IndexerConfig;
@@ -22,7 +23,7 @@ async fn upload(stores: &crate::stores::Stores, file_id: &str, version: i64) {
         mime: "text/markdown".into(),
         blob_key: stores
             .blobs
-            .put(format!("# {file_id}\n\nVersion {version} of {file_id}.\n").as_bytes())
+            .put(format!("# {file_id}\n\nVersion {version} of {file_id}, for Acme.\n").as_bytes())
             .await
             .unwrap(),
         op: FileChangeOp::Upsert as i32,
@@ -109,6 +110,70 @@ async fn the_indexer_follows_streams_and_buckets_made_again_while_it_runs() {
     upload(&stores, "new", 1).await;
     wait_for_version(&stores.graph, "kept", "kept-v3").await;
     wait_for_version(&stores.graph, "new", "new-v1").await;
+
+    stop.cancel();
+    worker.await.unwrap().unwrap();
+}
+
+/// How many entity mentions the graph holds for `file_id`.
+async fn mentions(graph: &GraphStore, file_id: &str) -> u64 {
+    let mut params = Params::new();
+    params.insert("fileId".into(), file_id.into());
+    let rows = graph
+        .query(
+            NS,
+            "MATCH (:Chunk {fileId: $fileId})-[m:MENTIONS]->(:Entity) RETURN count(m)",
+            &params,
+        )
+        .await
+        .unwrap()
+        .rows;
+    rows.first()
+        .and_then(|row| row.first())
+        .and_then(serde_json::Value::as_u64)
+        .unwrap_or(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_file_indexed_while_the_bus_lacks_its_tbox_waits_for_it() {
+    let stores = crate::stores::start().await;
+    let tboxes = kg_stores::tbox::TboxBucket::open(&stores.js).await.unwrap();
+    let acme = kg_proto::v1::Tbox {
+        namespace: NS.into(),
+        ..crate::vector_backfill::organizations(1, &["Acme"])
+    };
+    tboxes.put(&acme).await.unwrap();
+    let stop = CancellationToken::new();
+    let worker = tokio::spawn(kg_indexer::run(
+        // One delivery: a delivery that failed for want of the TBox would leave the file failed.
+        IndexerConfig {
+            max_deliver: 1,
+            ..IndexerConfig::default()
+        },
+        stores.graph.clone(),
+        stores.blobs.clone(),
+        stores.js.clone(),
+        stop.clone(),
+    ));
+    upload(&stores, "deal", 1).await;
+    wait_for_version(&stores.graph, "deal", "deal-v1").await;
+    assert!(mentions(&stores.graph, "deal").await > 0);
+
+    // The bus loses the bucket; the indexer's cached copy (2 s) runs out.
+    stores.js.delete_key_value("KG_TBOX").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    upload(&stores, "deal", 2).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        indexed_version(&stores.graph, "deal").await.as_deref(),
+        Some("deal-v1"),
+        "indexed while its TBox was unreadable"
+    );
+    // What the ontology service does within seconds.
+    tboxes.ensure().await.unwrap();
+    tboxes.put(&acme).await.unwrap();
+    wait_for_version(&stores.graph, "deal", "deal-v2").await;
+    assert!(mentions(&stores.graph, "deal").await > 0);
 
     stop.cancel();
     worker.await.unwrap().unwrap();
