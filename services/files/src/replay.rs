@@ -82,16 +82,7 @@ impl FilesService {
     ) -> Result<()> {
         let file = &row.current.file;
         if file.status == FileStatus::Deleted as i32 {
-            let event = change_event(
-                file,
-                &row.current.blob_key,
-                FileChangeOp::Delete,
-                row.flags_version,
-            );
-            let msg_id = format!("{}:replay-delete:{incarnation}", file.file_id);
-            events::publish_file_change(&self.jetstream, &event, &msg_id).await?;
-            replay.deletes += 1;
-            return Ok(());
+            return self.replay_delete(row, incarnation, replay).await;
         }
         let mut event = change_event(
             file,
@@ -106,6 +97,11 @@ impl FilesService {
         let msg_id = format!("{}:replay:{incarnation}", file.version_id);
         events::publish_file_change(&self.jetstream, &event, &msg_id).await?;
         replay.upserts += 1;
+        // Deleted since the page was read: the delete's own event may be ahead of this upsert
+        // in the stream, and the upsert would bring the file back into search. Delete again.
+        if self.store.is_deleted(&file.file_id).await? {
+            return self.replay_delete(row, incarnation, replay).await;
+        }
         // An upsert of a version the indexer holds leaves its flags as they are: a flags
         // change the old stream lost is published again.
         if row.flags_version > 0 {
@@ -117,6 +113,25 @@ impl FilesService {
             events::publish_file_change(&self.jetstream, &event, &msg_id).await?;
             replay.flags += 1;
         }
+        Ok(())
+    }
+
+    async fn replay_delete(
+        &self,
+        row: &Replayed,
+        incarnation: i64,
+        replay: &mut Replay,
+    ) -> Result<()> {
+        let file = &row.current.file;
+        let event = change_event(
+            file,
+            &row.current.blob_key,
+            FileChangeOp::Delete,
+            row.flags_version,
+        );
+        let msg_id = format!("{}:replay-delete:{incarnation}", file.file_id);
+        events::publish_file_change(&self.jetstream, &event, &msg_id).await?;
+        replay.deletes += 1;
         Ok(())
     }
 }

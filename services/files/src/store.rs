@@ -639,6 +639,18 @@ impl FilesStore {
             .collect()
     }
 
+    /// Whether the registry marks `file_id` deleted now.
+    pub(crate) async fn is_deleted(&self, file_id: &str) -> Result<bool> {
+        let row = sqlx::query("SELECT status FROM kg_files WHERE file_id = $1")
+            .bind(file_id.to_owned())
+            .fetch_optional(self.sql.pool())
+            .await?;
+        Ok(match row {
+            Some(row) => row.try_get::<String, _>(0)? == status_str(FileStatus::Deleted),
+            None => false,
+        })
+    }
+
     /// The incarnation (creation time, Unix ns) of `stream` last recorded, if any.
     pub(crate) async fn bus_stream_created(&self, stream: &str) -> Result<Option<i64>> {
         let row = sqlx::query("SELECT created_ns FROM kg_bus_streams WHERE stream = $1")
