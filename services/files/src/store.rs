@@ -612,8 +612,8 @@ impl FilesStore {
 
     /// Up to `limit` registry rows after `after_file_id`, in file id order, of every namespace
     /// and status (deleted ones too), with the blob of their current version: what a replay
-    /// into a new event stream publishes. Unfiltered: only the
-    /// service itself replays, for no caller.
+    /// into a new event stream publishes. Unfiltered: only the service itself replays, for no
+    /// caller.
     pub(crate) async fn replay_page(
         &self,
         after_file_id: &str,
