@@ -1,5 +1,5 @@
-//! Replaying the registry into a new `KG_FILES`. The stream carries change events to the
-//! indexers; the registry is the record. When NATS loses its state (restarted without its
+//! Replaying the registry into a new `KG_FILES` (or a new `KG_INDEX`). The stream carries change
+//! events to the indexers; the registry is the record. When NATS loses its state (restarted without its
 //! volume, or the stream deleted by hand), the stream is made again empty: the uploads,
 //! deletes and flag changes it held and no indexer had applied yet are gone, and without a
 //! replay a deleted or hidden file could stay searchable. Each stream's incarnation (when it
@@ -9,7 +9,7 @@
 use std::time::Duration;
 
 use kg_proto::v1::{FileChangeOp, FileStatus};
-use kg_stores::events::{self, FILES_STREAM};
+use kg_stores::events::{self, FILES_STREAM, INDEX_STREAM};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::Result;
@@ -35,20 +35,22 @@ pub struct Replay {
 impl FilesService {
     /// Replays the registry into `KG_FILES` if the stream was made again since the last
     /// check (or since the incarnation recorded in SQL); `None` when it was not. The first
-    /// check of a registry only records the stream's incarnation.
+    /// check of a registry only records the stream's incarnation. When only `KG_INDEX` was made
+    /// again, the indexing outcomes it held are lost: the files still pending are queued again
+    /// (their outcomes may have been among them), and nothing else.
     pub async fn replay_if_stream_renewed(&self) -> Result<Option<Replay>> {
-        let created = events::stream_incarnation(&self.jetstream, FILES_STREAM).await?;
-        match self.store.bus_stream_created(FILES_STREAM).await? {
-            Some(known) if known == created => return Ok(None),
-            None => {
-                self.store.record_bus_stream(FILES_STREAM, created).await?;
-                return Ok(None);
-            }
-            Some(_) => {}
-        }
+        let files_created = events::stream_incarnation(&self.jetstream, FILES_STREAM).await?;
+        let index_created = events::stream_incarnation(&self.jetstream, INDEX_STREAM).await?;
+        let files_renewed = self.renewed(FILES_STREAM, files_created).await?;
+        let index_renewed = self.renewed(INDEX_STREAM, index_created).await?;
+        let (stream, incarnation, pending_only) = match (files_renewed, index_renewed) {
+            (false, false) => return Ok(None),
+            (true, _) => (FILES_STREAM, files_created, false),
+            (false, true) => (INDEX_STREAM, index_created, true),
+        };
         tracing::warn!(
-            stream = FILES_STREAM,
-            "the event stream was made again and lost the changes it held; replaying the registry into it"
+            stream,
+            "an event stream was made again and lost what it held; replaying the registry into KG_FILES"
         );
         let mut replay = Replay::default();
         let mut after = String::new();
@@ -59,19 +61,41 @@ impl FilesService {
             };
             after = last.current.file.file_id.clone();
             for row in &page {
-                self.replay_file(row, created, &mut replay).await?;
+                if pending_only && row.current.file.status != FileStatus::Pending as i32 {
+                    continue;
+                }
+                self.replay_file(row, incarnation, &mut replay).await?;
             }
         }
         // Recorded last: a replay cut short runs again whole at the next check (the indexer
-        // applies each event idempotently, and the stream drops ids it already holds).
-        self.store.record_bus_stream(FILES_STREAM, created).await?;
+        // applies each event idempotently, and the stream drops ids it already holds). A full
+        // replay answers for both streams.
+        self.store
+            .record_bus_stream(FILES_STREAM, files_created)
+            .await?;
+        self.store
+            .record_bus_stream(INDEX_STREAM, index_created)
+            .await?;
         tracing::info!(
             upserts = replay.upserts,
             deletes = replay.deletes,
             flags = replay.flags,
-            "registry replayed into the new event stream"
+            pending_only,
+            "registry replayed into the event stream"
         );
         Ok(Some(replay))
+    }
+
+    /// Whether `stream` was made again since the incarnation recorded for it; the first time a
+    /// stream is seen, its incarnation is recorded and it counts as not renewed.
+    async fn renewed(&self, stream: &str, created: i64) -> Result<bool> {
+        match self.store.bus_stream_created(stream).await? {
+            Some(known) => Ok(known != created),
+            None => {
+                self.store.record_bus_stream(stream, created).await?;
+                Ok(false)
+            }
+        }
     }
 
     async fn replay_file(

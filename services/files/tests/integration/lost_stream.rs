@@ -4,11 +4,13 @@
 //! new stream: the current version of every live file (a pending reindex keeps its request),
 //! a delete for every deleted file, and every file's newest flags change. Once per new stream:
 //! the first check of a registry records the stream's incarnation, and a check that finds the
-//! same stream replays nothing.
+//! same stream replays nothing. A new `KG_INDEX` alone lost only indexing outcomes: the files
+//! still pending are queued again, and nothing else.
 
 use kg_files::{FilesService, Replay};
 use kg_proto::v1::{
-    CallerContext, FileChangeOp, FileChanged, FileInfo, Permission, ReindexRequest,
+    CallerContext, FileChangeOp, FileChanged, FileIndexed, FileInfo, FileStatus, Permission,
+    ReindexRequest,
 };
 use kg_stores::events;
 
@@ -106,6 +108,35 @@ async fn replays_the_registry_into_a_stream_made_again(postgres: bool) {
     // Once per stream.
     assert_eq!(files.replay_if_stream_renewed().await.unwrap(), None);
     assert_eq!(events_of(&js, &pending).await.len(), 1);
+
+    // Only KG_INDEX is lost, with the outcomes it held: the files still pending are queued
+    // again, and the indexed one is left alone.
+    let indexed = FileIndexed {
+        namespace: NS.into(),
+        file_id: hidden.file_id.clone(),
+        version_id: hidden.version_id.clone(),
+        status: FileStatus::Indexed as i32,
+        chunk_count: 1,
+        ..Default::default()
+    };
+    assert!(files.apply_indexed(&indexed).await.unwrap());
+    js.delete_stream(events::INDEX_STREAM).await.unwrap();
+    assert_eq!(
+        files.replay_if_stream_renewed().await.unwrap(),
+        Some(Replay {
+            upserts: 2,
+            deletes: 0,
+            flags: 0
+        })
+    );
+    assert_eq!(events_of(&js, &pending).await.len(), 2);
+    assert_eq!(events_of(&js, &rebuilt).await.len(), 2);
+    assert_eq!(
+        events_of(&js, &hidden).await.len(),
+        2,
+        "indexed: not queued again"
+    );
+    assert_eq!(files.replay_if_stream_renewed().await.unwrap(), None);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
