@@ -69,20 +69,35 @@ async fn wait_for_version(graph: &GraphStore, file_id: &str, version: &str) {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_indexer_follows_streams_and_buckets_made_again_while_it_runs() {
-    let stores = crate::stores::start().await;
+/// An indexer on `stores` with `config`; its stop token and its task.
+fn spawn_indexer(
+    stores: &crate::stores::Stores,
+    config: IndexerConfig,
+) -> (
+    CancellationToken,
+    tokio::task::JoinHandle<Result<(), kg_indexer::IndexerError>>,
+) {
     let stop = CancellationToken::new();
     let worker = tokio::spawn(kg_indexer::run(
-        IndexerConfig {
-            concurrency: 2,
-            ..IndexerConfig::default()
-        },
+        config,
         stores.graph.clone(),
         stores.blobs.clone(),
         stores.js.clone(),
         stop.clone(),
     ));
+    (stop, worker)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_indexer_follows_streams_and_buckets_made_again_while_it_runs() {
+    let stores = crate::stores::start().await;
+    let (stop, worker) = spawn_indexer(
+        &stores,
+        IndexerConfig {
+            concurrency: 2,
+            ..IndexerConfig::default()
+        },
+    );
     // Three uploads: the last file's event is applied at sequence 3 of the first stream.
     for file_id in ["a", "b", "kept"] {
         upload(&stores, file_id, 1).await;
@@ -134,6 +149,20 @@ async fn mentions(graph: &GraphStore, file_id: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// Waits until the graph holds mentions of `file_id`: entities are written after its chunks,
+/// so the version alone does not say they are there yet.
+async fn wait_for_mentions(graph: &GraphStore, file_id: &str) {
+    let within = Duration::from_secs(60);
+    let deadline = Instant::now() + within;
+    while mentions(graph, file_id).await == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "{file_id}: no mentions after {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_file_indexed_while_the_bus_lacks_its_tbox_waits_for_it() {
     let stores = crate::stores::start().await;
@@ -143,21 +172,17 @@ async fn a_file_indexed_while_the_bus_lacks_its_tbox_waits_for_it() {
         ..crate::vector_backfill::organizations(1, &["Acme"])
     };
     tboxes.put(&acme).await.unwrap();
-    let stop = CancellationToken::new();
-    let worker = tokio::spawn(kg_indexer::run(
-        // One delivery: a delivery that failed for want of the TBox would leave the file failed.
+    // One delivery: a delivery that failed for want of the TBox would leave the file failed.
+    let (stop, worker) = spawn_indexer(
+        &stores,
         IndexerConfig {
             max_deliver: 1,
             ..IndexerConfig::default()
         },
-        stores.graph.clone(),
-        stores.blobs.clone(),
-        stores.js.clone(),
-        stop.clone(),
-    ));
+    );
     upload(&stores, "deal", 1).await;
     wait_for_version(&stores.graph, "deal", "deal-v1").await;
-    assert!(mentions(&stores.graph, "deal").await > 0);
+    wait_for_mentions(&stores.graph, "deal").await;
 
     // The bus loses the bucket; the indexer's cached copy (2 s) runs out.
     stores.js.delete_key_value("KG_TBOX").await.unwrap();
@@ -173,7 +198,7 @@ async fn a_file_indexed_while_the_bus_lacks_its_tbox_waits_for_it() {
     tboxes.ensure().await.unwrap();
     tboxes.put(&acme).await.unwrap();
     wait_for_version(&stores.graph, "deal", "deal-v2").await;
-    assert!(mentions(&stores.graph, "deal").await > 0);
+    wait_for_mentions(&stores.graph, "deal").await;
 
     stop.cancel();
     worker.await.unwrap().unwrap();
