@@ -212,7 +212,7 @@ impl Mesh {
             .with_context(|| format!("cannot create {}", data_dir.display()))?;
         let data_dir = data_dir.canonicalize()?;
         // Before anything reads or writes it: a second mesh on these files corrupts them.
-        let data_dir_lock = kg_stores::embedded::DirLock::acquire(&data_dir)?;
+        let data_dir_lock = kg_stores::embedded::DirLock::claim(&data_dir).await?;
 
         let secrets = data_dir.join("secrets");
         let signing_secret = load_or_create_secret(&secrets.join("caller-signing.key"), 32)?;

