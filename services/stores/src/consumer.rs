@@ -58,6 +58,26 @@ pub fn backoff(attempt: i64) -> Duration {
 
 /// Pause before the consumer is opened again after an error, so a broken bus is not spun on.
 const REOPEN_PAUSE: Duration = Duration::from_secs(1);
+/// Each pull request lives 5 s and the server sends a heartbeat every idle second, so a
+/// consumer the server no longer has (NATS restarted without its state) shows as missed
+/// heartbeats within about 2 s. With the client's defaults (30 s, 15 s) the files service
+/// went on waiting 15 s after such a restart before its consumer was opened again, and
+/// every upload's status read `pending` until then.
+const PULL_EXPIRES: Duration = Duration::from_secs(5);
+const PULL_HEARTBEAT: Duration = Duration::from_secs(1);
+
+/// The messages of `consumer`, pulled as [`PULL_EXPIRES`] and [`PULL_HEARTBEAT`] say.
+async fn pull_messages(
+    consumer: &jetstream::consumer::Consumer<pull::Config>,
+) -> Result<pull::Stream, StoreError> {
+    consumer
+        .stream()
+        .expires(PULL_EXPIRES)
+        .heartbeat(PULL_HEARTBEAT)
+        .messages()
+        .await
+        .map_err(|e| StoreError::unavailable(StoreKind::Events, e))
+}
 
 /// Opens the durable consumer `spec` names, creating it, and its stream, when missing. The
 /// stream is made again (with [`crate::events::ensure_streams`]) when the server lost it: NATS
@@ -118,11 +138,7 @@ where
     F: FnMut(Delivery<'_>) -> Fut,
     Fut: Future<Output = Handled>,
 {
-    let mut messages = open(js, spec)
-        .await?
-        .messages()
-        .await
-        .map_err(|e| StoreError::unavailable(StoreKind::Events, e))?;
+    let mut messages = pull_messages(&open(js, spec).await?).await?;
     loop {
         let next = tokio::select! {
             _ = shutdown.cancelled() => return Ok(()),
@@ -144,10 +160,7 @@ where
                         return Ok(());
                     }
                     let reopened = match open(js, spec).await {
-                        Ok(consumer) => consumer
-                            .messages()
-                            .await
-                            .map_err(|e| StoreError::unavailable(StoreKind::Events, e)),
+                        Ok(consumer) => pull_messages(&consumer).await,
                         Err(err) => Err(err),
                     };
                     match reopened {
