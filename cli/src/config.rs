@@ -180,7 +180,42 @@ pub struct FilesSection {
     /// Largest file kg_file queries (sql, regex, JSON); larger ones can only be
     /// read with a text line window. Default 10 MiB, as the tool documents.
     pub max_query_file_bytes: Option<u64>,
+    /// Seconds between sweeps of the blobs no version needs (deleted files, replaced
+    /// versions); 0 turns the sweep off. Default 3600.
+    pub blob_sweep_every_seconds: Option<u64>,
+    /// Seconds an unreferenced blob is kept after it was written or uploaded again; at least
+    /// 60, since a blob is stored just before its version is registered. Default 3600.
+    pub blob_sweep_grace_seconds: Option<u64>,
 }
+
+impl FilesSection {
+    fn problems(&self) -> Vec<String> {
+        match self.blob_sweep_grace_seconds {
+            Some(grace) if grace < MIN_BLOB_SWEEP_GRACE_SECONDS => vec![format!(
+                "files.blob_sweep_grace_seconds: expected at least {MIN_BLOB_SWEEP_GRACE_SECONDS} \
+                 (an upload stores its blob just before it registers the version), got {grace}"
+            )],
+            _ => Vec::new(),
+        }
+    }
+
+    /// The sweep these settings ask for; `None` when it is off.
+    fn blob_sweep(&self) -> Option<kg_files::BlobSweep> {
+        let default = kg_files::BlobSweep::default();
+        let every = self
+            .blob_sweep_every_seconds
+            .map_or(default.every, Duration::from_secs);
+        (!every.is_zero()).then(|| kg_files::BlobSweep {
+            every,
+            grace: self
+                .blob_sweep_grace_seconds
+                .map_or(default.grace, Duration::from_secs),
+        })
+    }
+}
+
+/// The shortest grace `[files] blob_sweep_grace_seconds` may set.
+const MIN_BLOB_SWEEP_GRACE_SECONDS: u64 = 60;
 
 impl ClusterSection {
     fn problems(&self) -> Vec<String> {
@@ -379,6 +414,7 @@ pub fn resolve_with_cluster(
         problems.extend(config.indexer.llm.problems());
     }
     problems.extend(config.cluster.problems());
+    problems.extend(config.files.problems());
     if let Some(files) = config.http_tls.as_ref().filter(|_| sections.http_tls)
         && let Err(problem) = kg_common::tls::https_server_config(files)
     {
@@ -412,6 +448,7 @@ pub fn resolve_with_cluster(
             public_base_url: config.public_base_url,
             http_tls: config.http_tls,
             max_query_file_bytes: config.files.max_query_file_bytes,
+            blob_sweep: config.files.blob_sweep(),
             max_upload_bytes: config.max_upload_bytes,
             fulltext_stemming: config.retrieval.fulltext_stemming.unwrap_or(false),
             fusion_fulltext_full_match: config
@@ -541,6 +578,37 @@ mod tests {
                 err.problems
             );
         }
+    }
+
+    #[test]
+    fn the_blob_sweep_runs_hourly_unless_configured_and_keeps_a_minute_at_least() {
+        let (options, _) = resolve(None, UpFlags::default()).unwrap();
+        assert_eq!(options.blob_sweep, Some(kg_files::BlobSweep::default()));
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("k.toml");
+        let with = |files: &str| {
+            std::fs::write(&file, format!("[files]\n{files}\n")).unwrap();
+            resolve(Some(&file), UpFlags::default())
+        };
+        let (options, _) =
+            with("blob_sweep_every_seconds = 600\nblob_sweep_grace_seconds = 60").unwrap();
+        assert_eq!(
+            options.blob_sweep,
+            Some(kg_files::BlobSweep {
+                every: Duration::from_secs(600),
+                grace: Duration::from_secs(60),
+            })
+        );
+        let (options, _) = with("blob_sweep_every_seconds = 0").unwrap();
+        assert_eq!(options.blob_sweep, None);
+        let err = with("blob_sweep_grace_seconds = 5").unwrap_err();
+        assert!(
+            err.problems.iter().any(|p| p
+                .starts_with("files.blob_sweep_grace_seconds: expected at least 60")
+                && p.ends_with("got 5")),
+            "{:?}",
+            err.problems
+        );
     }
 
     #[test]

@@ -45,6 +45,8 @@ pub struct MeshOptions {
     pub http_tls: Option<kg_common::tls::HttpsFiles>,
     /// Override of kg_file's query size limit (default 10 MiB).
     pub max_query_file_bytes: Option<u64>,
+    /// The sweep of blobs no version needs (`[files] blob_sweep_*`); `None` turns it off.
+    pub blob_sweep: Option<kg_files::BlobSweep>,
     /// Override of the admin REST upload limit (default 32 MiB).
     pub max_upload_bytes: Option<usize>,
     /// Full-text words match by English stem (`[retrieval] fulltext_stemming`, default off).
@@ -351,6 +353,14 @@ impl Mesh {
             tasks.spawn(async move {
                 kg_files::run_stream_check(files, token).await;
                 ("files-stream-check", Ok(()))
+            });
+        }
+        if let Some(sweep) = options.blob_sweep {
+            let files = files.clone();
+            let token = shutdown.clone();
+            tasks.spawn(async move {
+                kg_files::run_blob_sweep(files, sweep, token).await;
+                ("files-blob-sweep", Ok(()))
             });
         }
         {

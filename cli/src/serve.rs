@@ -439,6 +439,14 @@ async fn start(
                     ("files-stream-check", Ok(()))
                 });
             }
+            if let Some(sweep) = options.mesh.blob_sweep {
+                let files = files.clone();
+                let token = shutdown.clone();
+                tasks.spawn(async move {
+                    kg_files::run_blob_sweep(files, sweep, token).await;
+                    ("files-blob-sweep", Ok(()))
+                });
+            }
             let verifier = verifier()?;
             tasks.spawn(async move {
                 let served = kg_files::serve(files, verifier, listener, shutdown).await;

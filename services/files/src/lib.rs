@@ -3,10 +3,12 @@
 //! Owns the registry tables in SQL and the blob store: an upload stores the blob, registers a
 //! content-addressed version and publishes `kg.files.v1.<ns>.changed`; a durable consumer of
 //! `kg.index.v1.*.indexed` records indexing status and each version's metadata and links, and
-//! the registry is replayed into `KG_FILES` when NATS lost that stream. `FindFiles` (kg_files) and `QueryFile`
+//! the registry is replayed into `KG_FILES` when NATS lost that stream. Blobs no version needs
+//! any more are swept away. `FindFiles` (kg_files) and `QueryFile`
 //! (kg_file: SQL over CSV/TSV on DataFusion, text, JSONPath, JSONata, Jinja) read blobs under
 //! the caller's access filter, applied in SQL like every lookup. Never touches the graph.
 
+mod blob_sweep;
 mod error;
 mod find;
 mod grpc;
@@ -28,6 +30,7 @@ use prost::Message as _;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+pub use blob_sweep::{BlobSweep, run_blob_sweep};
 pub use error::{FilesError, Result};
 pub use knowledge_graph::{
     DEFAULT_GRAPH_DEPTH, DEFAULT_GRAPH_LIMIT, MAX_GRAPH_BYTES, MAX_GRAPH_DEPTH, MAX_GRAPH_LIMIT,

@@ -27,6 +27,14 @@ pub fn writer(namespace: &str) -> CallerContext {
     }
 }
 
+/// A caller who administers the whole of `namespace`.
+pub fn admin(namespace: &str) -> CallerContext {
+    let mut caller = writer(namespace);
+    caller.access[0].permission = Permission::Admin as i32;
+    caller.access[0].admin_prefixes = vec![String::new()];
+    caller
+}
+
 /// Uploads `body` at `path` in `namespace` as `caller`; the file as registered.
 pub async fn put_as(
     files: &FilesService,

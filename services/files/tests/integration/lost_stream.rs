@@ -9,20 +9,16 @@
 
 use kg_files::{FilesService, Replay};
 use kg_proto::v1::{
-    CallerContext, FileChangeOp, FileChanged, FileIndexed, FileInfo, FileStatus, Permission,
-    ReindexRequest,
+    CallerContext, FileChangeOp, FileChanged, FileIndexed, FileInfo, FileStatus, ReindexRequest,
 };
 use kg_stores::events;
 
-use crate::common::{changes, env, put_as, writer};
+use crate::common::{changes, env, put_as};
 
 const NS: &str = "replayed";
 
 fn admin() -> CallerContext {
-    let mut caller = writer(NS);
-    caller.access[0].permission = Permission::Admin as i32;
-    caller.access[0].admin_prefixes = vec![String::new()];
-    caller
+    crate::common::admin(NS)
 }
 
 async fn put(files: &FilesService, path: &str, body: &str) -> FileInfo {

@@ -2,6 +2,7 @@
 //! build links it once instead of once per file (disk and link time on 2 cores).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod blob_sweep;
 mod branch_metadata;
 mod common;
 mod file_tools;
