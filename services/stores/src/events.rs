@@ -7,7 +7,10 @@
 //! - `KG_INDEX` holds `kg.index.v1.<ns>.indexed` (indexer publishes when a version is written).
 //!
 //! Both are file-backed with a 2 minute duplicate window: a publish carries `Nats-Msg-Id`
-//! (the file version id), so a retried publish is stored once.
+//! (the file version id), so a retried publish is stored once. `KG_FILES` keeps every event
+//! (the indexer's backfill scans it for each file's latest upsert); `KG_INDEX` drops outcomes
+//! after [`INDEX_MAX_AGE`]: its one reader, the files service's status consumer, records each
+//! in SQL within moments, and the history grew by about 2.3 KB per indexing for ever.
 
 use std::time::Duration;
 
@@ -23,6 +26,10 @@ pub const FILES_STREAM: &str = "KG_FILES";
 pub const INDEX_STREAM: &str = "KG_INDEX";
 /// How long JetStream remembers message ids for de-duplication.
 pub const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
+/// How long `KG_INDEX` keeps an indexing outcome, read or not. A files service down longer
+/// than this leaves the files whose outcomes went `pending`: `kgmesh file reindex` queues them
+/// again.
+pub const INDEX_MAX_AGE: Duration = Duration::from_secs(7 * 24 * 3600);
 
 /// Connects to NATS (`nats://host:port`) and returns a JetStream context.
 pub async fn connect(url: &str) -> Result<jetstream::Context, StoreError> {
@@ -43,15 +50,16 @@ pub async fn connect(url: &str) -> Result<jetstream::Context, StoreError> {
 
 /// Creates `KG_FILES` and `KG_INDEX`, or updates them to this configuration. Idempotent.
 pub async fn ensure_streams(js: &jetstream::Context) -> Result<(), StoreError> {
-    for (name, subjects) in [
-        (FILES_STREAM, "kg.files.v1.>"),
-        (INDEX_STREAM, "kg.index.v1.>"),
+    for (name, subjects, max_age) in [
+        (FILES_STREAM, "kg.files.v1.>", Duration::ZERO),
+        (INDEX_STREAM, "kg.index.v1.>", INDEX_MAX_AGE),
     ] {
         let config = stream::Config {
             name: name.to_owned(),
             subjects: vec![subjects.to_owned()],
             storage: stream::StorageType::File,
             duplicate_window: DUPLICATE_WINDOW,
+            max_age,
             ..Default::default()
         };
         js.create_or_update_stream(config)

@@ -793,6 +793,14 @@ async fn events_on_nats_jetstream() {
     let nats = EmbeddedNats::start(&venv, dir.path()).await.unwrap();
     assert!(nats.url.starts_with("nats://127.0.0.1:"));
     let js = events::connect(&nats.url).await.unwrap();
+    // KG_INDEX as an earlier release made it, keeping every outcome: brought to this one.
+    js.create_stream(async_nats::jetstream::stream::Config {
+        name: events::INDEX_STREAM.into(),
+        subjects: vec!["kg.index.v1.>".into()],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
     events::ensure_streams(&js).await.unwrap();
     events::ensure_streams(&js).await.unwrap();
 
@@ -831,7 +839,14 @@ async fn events_on_nats_jetstream() {
         .await
         .unwrap();
     let index = js.get_stream(events::INDEX_STREAM).await.unwrap();
-    assert_eq!(index.get_info().await.unwrap().state.messages, 1);
+    let info = index.get_info().await.unwrap();
+    assert_eq!(info.state.messages, 1);
+    // Outcomes age out; change events stay (the backfill scans them).
+    assert_eq!(info.config.max_age, events::INDEX_MAX_AGE);
+    assert_eq!(
+        files.get_info().await.unwrap().config.max_age,
+        std::time::Duration::ZERO
+    );
     let last = files
         .get_last_raw_message_by_subject(&changed)
         .await
