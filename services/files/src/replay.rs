@@ -4,7 +4,8 @@
 //! deletes and flag changes it held and no indexer had applied yet are gone, and without a
 //! replay a deleted or hidden file could stay searchable. Each stream's incarnation (when it
 //! was created) is recorded in SQL, so a replay happens once per new stream, whichever
-//! service made it again and however often this one restarts.
+//! service made it again and however often this one restarts. Preview-branch uploads not
+//! parsed yet are queued again too.
 
 use std::time::Duration;
 
@@ -30,6 +31,9 @@ pub struct Replay {
     pub deletes: usize,
     /// Flag changes published again, one per file that ever had one.
     pub flags: usize,
+    /// Preview-branch uploads queued again for parsing: those whose metadata and links the
+    /// registry lacks (their parse events, or the outcomes, were in the lost stream).
+    pub branch_uploads: usize,
 }
 
 impl FilesService {
@@ -37,7 +41,8 @@ impl FilesService {
     /// check (or since the incarnation recorded in SQL); `None` when it was not. The first
     /// check of a registry only records the stream's incarnation. When only `KG_INDEX` was made
     /// again, the indexing outcomes it held are lost: the files still pending are queued again
-    /// (their outcomes may have been among them), and nothing else.
+    /// (their outcomes may have been among them), and nothing else. Either way, every branch
+    /// upload not parsed yet is queued again.
     pub async fn replay_if_stream_renewed(&self) -> Result<Option<Replay>> {
         let files_created = events::stream_incarnation(&self.jetstream, FILES_STREAM).await?;
         let index_created = events::stream_incarnation(&self.jetstream, INDEX_STREAM).await?;
@@ -67,6 +72,33 @@ impl FilesService {
                 self.replay_file(row, incarnation, &mut replay).await?;
             }
         }
+        // Branch uploads not parsed yet: their events (or outcomes) were in the lost stream,
+        // and without them the branch and its releases show the files without title or links.
+        let (mut after_branch, mut after_file) = (String::new(), String::new());
+        loop {
+            let page = self
+                .versions
+                .unparsed_branch_uploads((&after_branch, &after_file), REPLAY_PAGE)
+                .await?;
+            let Some(last) = page.last() else {
+                break;
+            };
+            (after_branch, after_file) = (last.file.branch_id.clone(), last.file.file_id.clone());
+            for upload in &page {
+                let msg_id = format!(
+                    "{}:{}:branch:replay:{incarnation}",
+                    upload.file.branch_id, upload.file.version_id
+                );
+                self.publish_branch_upload(
+                    &upload.namespace,
+                    &upload.file,
+                    &upload.blob_key,
+                    &msg_id,
+                )
+                .await?;
+                replay.branch_uploads += 1;
+            }
+        }
         // Recorded last: a replay cut short runs again whole at the next check (the indexer
         // applies each event idempotently, and the stream drops ids it already holds). A full
         // replay answers for both streams.
@@ -80,6 +112,7 @@ impl FilesService {
             upserts = replay.upserts,
             deletes = replay.deletes,
             flags = replay.flags,
+            branch_uploads = replay.branch_uploads,
             pending_only,
             "registry replayed into the event stream"
         );

@@ -185,7 +185,54 @@ pub(crate) struct VersionStore {
     sql: SqlStore,
 }
 
+/// A branch upload whose metadata and links the registry lacks: not parsed yet.
+pub(crate) struct UnparsedBranchUpload {
+    pub(crate) namespace: String,
+    pub(crate) file: BranchFile,
+    pub(crate) blob_key: String,
+}
+
 impl VersionStore {
+    /// Up to `limit` branch uploads not parsed yet (no metadata stored for their version),
+    /// after `(branch_id, file_id)` in that order: what a replay queues again.
+    pub(crate) async fn unparsed_branch_uploads(
+        &self,
+        after: (&str, &str),
+        limit: u32,
+    ) -> Result<Vec<UnparsedBranchUpload>> {
+        let rows = sqlx::query(
+            "SELECT br.namespace, b.branch_id, b.file_id, b.path, b.version_id, b.content_sha256, \
+             b.blob_key, b.size, b.mime FROM kg_branch_files b \
+             JOIN kg_branches br ON br.branch_id = b.branch_id \
+             WHERE b.deleted = 0 \
+             AND NOT EXISTS (SELECT 1 FROM kg_file_version_meta m WHERE m.version_id = b.version_id) \
+             AND (b.branch_id > $1 OR (b.branch_id = $1 AND b.file_id > $2)) \
+             ORDER BY b.branch_id, b.file_id LIMIT $3",
+        )
+        .bind(after.0.to_owned())
+        .bind(after.1.to_owned())
+        .bind(i64::from(limit))
+        .fetch_all(self.sql.pool())
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(UnparsedBranchUpload {
+                    namespace: row.try_get("namespace")?,
+                    file: BranchFile {
+                        branch_id: row.try_get("branch_id")?,
+                        file_id: row.try_get("file_id")?,
+                        path: row.try_get("path")?,
+                        version_id: row.try_get("version_id")?,
+                        content_sha256: row.try_get("content_sha256")?,
+                        size: row.try_get("size")?,
+                        mime: row.try_get("mime")?,
+                    },
+                    blob_key: row.try_get("blob_key")?,
+                })
+            })
+            .collect()
+    }
+
     /// The tables come with the registry's migrations.
     pub(crate) fn new(sql: SqlStore) -> Self {
         Self { sql }
@@ -588,15 +635,36 @@ impl FilesService {
             self.store_branch_file(access, namespace, &branch.branch_id, &path, content, mime)
         })
         .await?;
-        // The indexer parses branch uploads for metadata and links only (never the graph,
-        // which holds main) and reports them per version id like any FileIndexed.
+        let msg_id = format!("{}:{}:branch", file.branch_id, file.version_id);
+        if let Err(err) = self
+            .publish_branch_upload(namespace, &file, &blob_key, &msg_id)
+            .await
+        {
+            // Stored, but without a title and links until uploaded again: say so, as a main
+            // upload does (a retry within the dedupe window is not dropped: nothing was queued).
+            tracing::error!(error = %err.detail(), path = %file.path, "could not publish branch upload");
+            return Err(FilesError::QueueUnavailable);
+        }
+        Ok(file)
+    }
+
+    /// Queues a branch upload for parsing. The indexer parses branch uploads for metadata and
+    /// links only (never the graph, which holds main) and reports them per version id like
+    /// any FileIndexed.
+    pub(crate) async fn publish_branch_upload(
+        &self,
+        namespace: &str,
+        file: &BranchFile,
+        blob_key: &str,
+        msg_id: &str,
+    ) -> std::result::Result<(), kg_stores::StoreError> {
         let event = kg_proto::v1::FileChanged {
             namespace: namespace.to_owned(),
             file_id: file.file_id.clone(),
             version_id: file.version_id.clone(),
             path: file.path.clone(),
             mime: file.mime.clone(),
-            blob_key,
+            blob_key: blob_key.to_owned(),
             content_sha256: file.content_sha256.clone(),
             size: file.size,
             op: kg_proto::v1::FileChangeOp::Upsert as i32,
@@ -608,21 +676,13 @@ impl FilesService {
             rebuild_at_ms: 0,
         };
         let subject = format!("kg.files.v1.{namespace}.branch");
-        let msg_id = format!("{}:{}:branch", file.branch_id, file.version_id);
-        if let Err(err) = kg_stores::events::publish(
+        kg_stores::events::publish(
             &self.jetstream,
             &subject,
-            &msg_id,
+            msg_id,
             prost::Message::encode_to_vec(&event),
         )
         .await
-        {
-            // Stored, but without a title and links until uploaded again: say so, as a main
-            // upload does (a retry within the dedupe window is not dropped: nothing was queued).
-            tracing::error!(error = %err.detail(), path = %file.path, "could not publish branch upload");
-            return Err(FilesError::QueueUnavailable);
-        }
-        Ok(file)
     }
 
     /// One try at storing a branch upload; the file and its blob's key.

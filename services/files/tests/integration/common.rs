@@ -102,11 +102,21 @@ pub async fn changes(
     namespace: &str,
     file_id: &str,
 ) -> Vec<FileChanged> {
+    let subject = events::files_changed_subject(namespace).unwrap();
+    events_on(js, &subject, file_id).await
+}
+
+/// The events of `file_id` on `subject` (of `KG_FILES`).
+pub async fn events_on(
+    js: &async_nats::jetstream::Context,
+    subject: &str,
+    file_id: &str,
+) -> Vec<FileChanged> {
     use futures::StreamExt as _;
     let stream = js.get_stream(events::FILES_STREAM).await.unwrap();
     let reader = stream
         .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig {
-            filter_subject: events::files_changed_subject(namespace).unwrap(),
+            filter_subject: subject.to_owned(),
             ..Default::default()
         })
         .await

@@ -5,7 +5,8 @@
 //! a delete for every deleted file, and every file's newest flags change. Once per new stream:
 //! the first check of a registry records the stream's incarnation, and a check that finds the
 //! same stream replays nothing. A new `KG_INDEX` alone lost only indexing outcomes: the files
-//! still pending are queued again, and nothing else.
+//! still pending are queued again, and nothing else. Either way, a preview-branch upload the
+//! indexer never reported on is queued again for parsing.
 
 use kg_files::{FilesService, Replay};
 use kg_proto::v1::{
@@ -13,7 +14,7 @@ use kg_proto::v1::{
 };
 use kg_stores::events;
 
-use crate::common::{changes, env, put_as};
+use crate::common::{changes, env, events_on, put_as};
 
 const NS: &str = "replayed";
 
@@ -62,6 +63,29 @@ async fn replays_the_registry_into_a_stream_made_again(postgres: bool) {
         ..Default::default()
     };
     assert_eq!(files.reindex(&admin(), &request).await.unwrap().queued, 1);
+    // Two preview-branch uploads; the indexer reported on the first one only.
+    files.create_branch(&admin(), NS, "preview").await.unwrap();
+    let parsed = files
+        .upload_to_branch(&admin(), NS, "preview", "b/parsed.md", b"# Parsed\n", "")
+        .await
+        .unwrap();
+    let unparsed = files
+        .upload_to_branch(&admin(), NS, "preview", "b/unparsed.md", b"# Not yet\n", "")
+        .await
+        .unwrap();
+    let branch_outcome = |file: &kg_proto::v1::BranchFile| FileIndexed {
+        namespace: NS.into(),
+        file_id: file.file_id.clone(),
+        version_id: file.version_id.clone(),
+        status: FileStatus::Indexed as i32,
+        branch_only: true,
+        meta: Some(kg_proto::v1::VersionMeta {
+            source_path: file.path.clone(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    assert!(files.apply_indexed(&branch_outcome(&parsed)).await.unwrap());
 
     // The first check records the stream; a second finds it unchanged.
     assert_eq!(files.replay_if_stream_renewed().await.unwrap(), None);
@@ -75,9 +99,24 @@ async fn replays_the_registry_into_a_stream_made_again(postgres: bool) {
         Some(Replay {
             upserts: 3,
             deletes: 1,
-            flags: 1
+            flags: 1,
+            branch_uploads: 1,
         })
     );
+    let branch_events = async |file: &kg_proto::v1::BranchFile| {
+        let subject = format!("kg.files.v1.{NS}.branch");
+        events_on(&js, &subject, &file.file_id)
+            .await
+            .into_iter()
+            .map(|e| (e.version_id, e.path))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        branch_events(&unparsed).await,
+        [(unparsed.version_id.clone(), "b/unparsed.md".to_owned())],
+        "the upload the indexer never reported on is queued again"
+    );
+    assert_eq!(branch_events(&parsed).await, []);
     use FileChangeOp::{Delete, Flags, Upsert};
     let v = |f: &FileInfo| f.version_id.clone();
     assert_eq!(
@@ -116,13 +155,20 @@ async fn replays_the_registry_into_a_stream_made_again(postgres: bool) {
         ..Default::default()
     };
     assert!(files.apply_indexed(&indexed).await.unwrap());
+    assert!(
+        files
+            .apply_indexed(&branch_outcome(&unparsed))
+            .await
+            .unwrap()
+    );
     js.delete_stream(events::INDEX_STREAM).await.unwrap();
     assert_eq!(
         files.replay_if_stream_renewed().await.unwrap(),
         Some(Replay {
             upserts: 2,
             deletes: 0,
-            flags: 0
+            flags: 0,
+            branch_uploads: 0,
         })
     );
     assert_eq!(events_of(&js, &pending).await.len(), 2);
