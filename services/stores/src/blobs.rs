@@ -63,14 +63,18 @@ impl BlobStore {
         tokio::fs::create_dir_all(&self.root)
             .await
             .map_err(io_err)?;
-        // Already stored: renewed, so a sweep's grace period counts from this upload.
+        // Already stored: renewed, so a sweep's grace period counts from this upload. One that
+        // cannot be renewed (missing, or read-only: restored from a backup, say) is written
+        // again below, which renews it as well.
         let renewed = self
             .locked(FlockOperation::LockShared, {
                 let path = path.clone();
-                move || match File::options().write(true).open(&path) {
-                    Ok(file) => file.set_modified(SystemTime::now()).map(|()| true),
-                    Err(err) if err.kind() == ErrorKind::NotFound => Ok(false),
-                    Err(err) => Err(err),
+                move || {
+                    Ok(File::options()
+                        .write(true)
+                        .open(&path)
+                        .and_then(|file| file.set_modified(SystemTime::now()))
+                        .is_ok())
                 }
             })
             .await?;
