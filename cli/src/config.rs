@@ -190,9 +190,10 @@ pub struct FilesSection {
 
 impl FilesSection {
     fn problems(&self) -> Vec<String> {
+        let least = kg_files::MIN_BLOB_SWEEP_GRACE.as_secs();
         match self.blob_sweep_grace_seconds {
-            Some(grace) if grace < MIN_BLOB_SWEEP_GRACE_SECONDS => vec![format!(
-                "files.blob_sweep_grace_seconds: expected at least {MIN_BLOB_SWEEP_GRACE_SECONDS} \
+            Some(grace) if grace < least => vec![format!(
+                "files.blob_sweep_grace_seconds: expected at least {least} \
                  (an upload stores its blob just before it registers the version), got {grace}"
             )],
             _ => Vec::new(),
@@ -213,9 +214,6 @@ impl FilesSection {
         })
     }
 }
-
-/// The shortest grace `[files] blob_sweep_grace_seconds` may set.
-const MIN_BLOB_SWEEP_GRACE_SECONDS: u64 = 60;
 
 impl ClusterSection {
     fn problems(&self) -> Vec<String> {

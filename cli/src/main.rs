@@ -74,6 +74,11 @@ enum Command {
         #[command(subcommand)]
         command: FileCommand,
     },
+    /// The blob store: remove now the content no version needs (deleted files, replaced versions).
+    Blobs {
+        #[command(subcommand)]
+        command: commands::files::BlobsCommand,
+    },
     /// Preview branches of a namespace: create, list, upload a file to one.
     Branch {
         #[command(subcommand)]
@@ -309,6 +314,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Deny { command } => commands::access::deny(command).await.map(success),
         Command::Pat { command } => commands::pats::pat(command).await.map(success),
         Command::File { command } => commands::files::file(command).await,
+        Command::Blobs { command } => commands::files::blobs(command).await.map(success),
         Command::Branch { command } => commands::versions::branch(command).await.map(success),
         Command::Release { command } => commands::versions::release(command).await.map(success),
         Command::Env { command } => commands::versions::env(command).await.map(success),

@@ -1,4 +1,5 @@
-//! `kgmesh file`: list a namespace's files, flip `enabled`/`hidden`, delete, reindex.
+//! `kgmesh file`: list a namespace's files, flip `enabled`/`hidden`, delete, reindex; and
+//! `kgmesh blobs sweep`, the blob store's content no version needs removed now.
 
 use std::collections::HashMap;
 use std::process::ExitCode;
@@ -72,6 +73,35 @@ pub(crate) enum FileCommand {
         #[command(flatten)]
         remote: Remote,
     },
+}
+
+#[derive(Subcommand)]
+pub(crate) enum BlobsCommand {
+    /// Remove now the stored content no version needs (deleted files, replaced versions; a
+    /// preview branch's or a release's stay), as the hourly sweep does. Needs a deployment
+    /// admin.
+    Sweep {
+        /// Keep content stored or uploaded again within this many seconds (at least 60).
+        #[arg(long, default_value_t = 60)]
+        grace_seconds: u64,
+        #[command(flatten)]
+        remote: Remote,
+    },
+}
+
+pub(crate) async fn blobs(command: BlobsCommand) -> anyhow::Result<()> {
+    match command {
+        BlobsCommand::Sweep {
+            grace_seconds,
+            remote,
+        } => {
+            let swept = remote
+                .client()?
+                .post(&["blobs", "sweep"], json!({"graceSeconds": grace_seconds}))
+                .await?;
+            remote.print(&swept)
+        }
+    }
 }
 
 /// `namespaces/<ns>/files/<path segments...>`: each segment of the path is its

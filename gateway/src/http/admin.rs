@@ -18,7 +18,7 @@ use kg_proto::v1::{
     GroupMemberRequest, ListAuditRequest, ListDeniesRequest, ListFilesRequest, ListGrantsRequest,
     ListGroupsRequest, ListNamespacesRequest, ListPatsRequest, ListPrincipalsRequest,
     PutDenyRequest, PutGrantRequest, ReindexRequest, RevokePatRequest, RotatePatRequest,
-    SetFileFlagsRequest, UploadRequest, get_file_request,
+    SetFileFlagsRequest, SweepBlobsRequest, UploadRequest, get_file_request,
 };
 use serde::Deserialize;
 use serde_json::json;
@@ -59,6 +59,7 @@ pub(crate) fn routes(state: GatewayState) -> Router {
         .route("/api/v1/audit", get(list_audit))
         .route("/api/v1/namespaces/{ns}/files", get(list_files))
         .route("/api/v1/namespaces/{ns}/reindex", post(reindex))
+        .route("/api/v1/blobs/sweep", post(sweep_blobs))
         .route(
             "/api/v1/namespaces/{ns}/files/{*path}",
             get(get_file)
@@ -923,18 +924,8 @@ async fn reindex(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult {
     valid_namespace(&ns)?;
-    let body = body.map_err(|rejection| ApiError(ClientError::invalid(rejection.body_text())))?;
-    // Read whatever the content type: a body sent as a form (`curl -d`) must not be dropped
-    // in silence, which would reindex more than asked.
-    let body: ReindexBody = if body.iter().all(u8::is_ascii_whitespace) {
-        ReindexBody::default()
-    } else {
-        serde_json::from_slice(&body).map_err(|err| {
-            ApiError(ClientError::invalid(format!(
-                "the body must be JSON such as {{\"folderPrefix\": \"handbook/\", \"failedOnly\": true}}, or empty: {err}"
-            )))
-        })?
-    };
+    let body: ReindexBody =
+        optional_json_body(body, r#"{"folderPrefix": "handbook/", "failedOnly": true}"#)?;
     let folder_prefix = normalize_folder_prefix(&body.folder_prefix)
         .map_err(|err| ApiError(ClientError::invalid(err.to_string())))?;
     let response = state
@@ -957,6 +948,58 @@ async fn reindex(
         "queued": response.queued,
         "files": files,
         "nextCursor": next_cursor,
+    })))
+}
+
+/// A JSON body that may be empty (then every field takes its default), read whatever the
+/// content type: a body sent as a form (`curl -d`) is refused rather than dropped in silence,
+/// which would do more than asked. `example` shows a valid body in the refusal.
+fn optional_json_body<T: serde::de::DeserializeOwned + Default>(
+    body: Result<Bytes, BytesRejection>,
+    example: &str,
+) -> Result<T, ApiError> {
+    let body = body.map_err(|rejection| ApiError(ClientError::invalid(rejection.body_text())))?;
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(&body).map_err(|err| {
+        ApiError(ClientError::invalid(format!(
+            "the body must be JSON such as {example}, or empty: {err}"
+        )))
+    })
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct SweepBlobsBody {
+    /// Keep blobs stored or uploaded again within this many seconds (0 or absent: 60, the
+    /// least allowed).
+    #[serde(default, alias = "grace_seconds")]
+    grace_seconds: u64,
+}
+
+/// `POST /api/v1/blobs/sweep`: removes now the blobs no version needs (a deployment admin's).
+async fn sweep_blobs(
+    State(state): State<GatewayState>,
+    Extension(caller): Extension<Caller>,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult {
+    let body: SweepBlobsBody = optional_json_body(body, r#"{"graceSeconds": 3600}"#)?;
+    let swept = state
+        .backends
+        .files
+        .clone()
+        .sweep_blobs(caller.request(SweepBlobsRequest {
+            grace_seconds: body.grace_seconds,
+        }))
+        .await
+        .map_err(backend("files"))?
+        .into_inner();
+    Ok(ok(json!({
+        "removed": swept.removed,
+        "removedBytes": swept.removed_bytes,
+        "kept": swept.kept,
+        "withinGrace": swept.within_grace,
     })))
 }
 

@@ -13,12 +13,18 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
+use kg_common::caller::require_admin;
+use kg_proto::v1::{CallerContext, SweepBlobsResponse};
 use kg_stores::blobs::Swept;
 use sqlx::Row as _;
 use tokio_util::sync::CancellationToken;
 
-use crate::error::Result;
+use crate::error::{FilesError, Result};
 use crate::service::FilesService;
+
+/// The shortest grace a sweep may keep: an upload stores its blob just before it registers
+/// the version that names it.
+pub const MIN_BLOB_SWEEP_GRACE: Duration = Duration::from_secs(60);
 
 /// Every blob key a version still needs (see the module's comment).
 const REFERENCED_BLOBS: &str = "\
@@ -47,6 +53,43 @@ impl Default for BlobSweep {
 }
 
 impl FilesService {
+    /// An admin's sweep, now: `grace_seconds` as [`SweepBlobsRequest`](kg_proto::v1::SweepBlobsRequest)
+    /// says (0 for [`MIN_BLOB_SWEEP_GRACE`], never less).
+    pub async fn sweep_blobs_for(
+        &self,
+        caller: &CallerContext,
+        grace_seconds: u64,
+    ) -> Result<SweepBlobsResponse> {
+        require_admin(caller).map_err(|_| FilesError::SweepDenied)?;
+        let grace = match grace_seconds {
+            0 => MIN_BLOB_SWEEP_GRACE,
+            seconds if seconds < MIN_BLOB_SWEEP_GRACE.as_secs() => {
+                return Err(FilesError::Invalid(format!(
+                    "grace_seconds: expected 0 (for {}) or at least {}, got {seconds}: an upload \
+                     stores its blob just before it registers the version",
+                    MIN_BLOB_SWEEP_GRACE.as_secs(),
+                    MIN_BLOB_SWEEP_GRACE.as_secs()
+                )));
+            }
+            seconds => Duration::from_secs(seconds),
+        };
+        let swept = self.sweep_blobs(grace).await?;
+        tracing::info!(
+            principal = %caller.principal_id,
+            removed = swept.removed,
+            removed_bytes = swept.removed_bytes,
+            grace_seconds = grace.as_secs(),
+            "an admin swept the blob store"
+        );
+        let count = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        Ok(SweepBlobsResponse {
+            removed: count(swept.removed),
+            removed_bytes: count(swept.removed_bytes),
+            kept: count(swept.kept),
+            within_grace: count(swept.young),
+        })
+    }
+
     /// Removes the blobs no version needs that are older than `grace`.
     pub async fn sweep_blobs(&self, grace: Duration) -> Result<Swept> {
         let rows = sqlx::query(REFERENCED_BLOBS)

@@ -23,6 +23,11 @@ pub enum FilesError {
         "managing releases and environments of namespace `{0}` needs admin permission on the whole namespace (an admin grant on a folder is not enough)"
     )]
     AdminDenied(String),
+    /// Sweeping the blob store, shared by every namespace, is for the deployment's admins.
+    #[error(
+        "sweeping the blob store needs an admin of the deployment (blobs are shared by content across namespaces)"
+    )]
+    SweepDenied,
     /// A knowledge graph page over the payload limit even before its links.
     #[error(
         "the knowledge graph page is {bytes} bytes, over the {limit}-byte limit; narrow it with root_path or root_file_version_id and a lower max_depth, filters (search, type, tags) or a lower pagination.limit"
@@ -141,6 +146,7 @@ impl ErrorExt for FilesError {
             FilesError::NotFound(_) | FilesError::TargetNotFound(_) => ErrorCode::NotFound,
             FilesError::WriteDenied(_)
             | FilesError::AdminDenied(_)
+            | FilesError::SweepDenied
             | FilesError::ReindexDenied { .. } => ErrorCode::PermissionDenied,
             FilesError::Exists(_) => ErrorCode::AlreadyExists,
             FilesError::GraphTooLarge { .. } => ErrorCode::PayloadTooLarge,

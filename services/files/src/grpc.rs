@@ -119,6 +119,17 @@ impl Files for FilesService {
         ))
     }
 
+    async fn sweep_blobs(
+        &self,
+        request: Request<SweepBlobsRequest>,
+    ) -> Result<Response<SweepBlobsResponse>, Status> {
+        let caller = require_writer(&request)?;
+        Ok(Response::new(
+            self.sweep_blobs_for(&caller, request.get_ref().grace_seconds)
+                .await?,
+        ))
+    }
+
     async fn create_branch(
         &self,
         request: Request<CreateBranchRequest>,

@@ -30,7 +30,7 @@ use prost::Message as _;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-pub use blob_sweep::{BlobSweep, run_blob_sweep};
+pub use blob_sweep::{BlobSweep, MIN_BLOB_SWEEP_GRACE, run_blob_sweep};
 pub use error::{FilesError, Result};
 pub use knowledge_graph::{
     DEFAULT_GRAPH_DEPTH, DEFAULT_GRAPH_LIMIT, MAX_GRAPH_BYTES, MAX_GRAPH_DEPTH, MAX_GRAPH_LIMIT,

@@ -440,6 +440,9 @@ impl Files for TestFiles {
     async fn reindex(&self, _: tonic::Request<ReindexRequest>) -> Res<ReindexResponse> {
         unimplemented()
     }
+    async fn sweep_blobs(&self, _: tonic::Request<SweepBlobsRequest>) -> Res<SweepBlobsResponse> {
+        unimplemented()
+    }
     async fn create_branch(&self, _: tonic::Request<CreateBranchRequest>) -> Res<Branch> {
         unimplemented()
     }

@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use kg_common::{ErrorCode, ErrorExt as _};
 use kg_files::FilesService;
 use kg_proto::v1::{CallerContext, FileInfo};
 use kg_stores::blobs::{BlobStore, Swept};
@@ -76,6 +77,27 @@ async fn sweeps_what_no_version_needs(postgres: bool) {
     // Within the grace period nothing goes.
     let swept = files.sweep_blobs(Duration::from_secs(3600)).await.unwrap();
     assert_eq!((swept.kept, swept.young, swept.removed), (5, 2, 0));
+
+    // An admin's sweep now: the deployment's admins only, and never under a minute's grace.
+    let err = files.sweep_blobs_for(&admin(), 0).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::PermissionDenied, "{err}");
+    let deployment_admin = CallerContext {
+        is_admin: true,
+        tool: kg_common::caller::ADMIN_API_TOOL.into(),
+        ..admin()
+    };
+    let err = files
+        .sweep_blobs_for(&deployment_admin, 59)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::InvalidArgument, "{err}");
+    assert!(err.to_string().contains("at least 60"), "{err}");
+    let swept = files.sweep_blobs_for(&deployment_admin, 0).await.unwrap();
+    assert_eq!(
+        (swept.kept, swept.within_grace, swept.removed),
+        (5, 2, 0),
+        "0 is the least grace, a minute"
+    );
 
     let swept = files.sweep_blobs(Duration::ZERO).await.unwrap();
     assert_eq!(
