@@ -82,6 +82,13 @@ pub struct Metrics {
     /// Events a durable consumer of the indexer has not settled (queued or running), as
     /// JetStream counts them for every replica together.
     pub indexer_pending_events: Family<ConsumerLabels, Gauge>,
+    /// Blobs the files service's sweeps removed (no version needed them).
+    pub blobs_swept: Counter,
+    /// Their bytes.
+    pub blob_bytes_swept: Counter,
+    /// When a sweep of the blob store last completed (Unix seconds), for an alert on a sweep
+    /// that keeps failing.
+    pub blob_sweep_completed: Gauge,
 }
 
 impl Metrics {
@@ -128,6 +135,9 @@ pub fn metrics() -> &'static Metrics {
         let llm_skipped_chunks = Counter::default();
         let tls_certificate_expiry = Family::<CertificateLabels, Gauge>::default();
         let indexer_pending_events = Family::<ConsumerLabels, Gauge>::default();
+        let blobs_swept = Counter::default();
+        let blob_bytes_swept = Counter::default();
+        let blob_sweep_completed = Gauge::default();
         registry.register(
             "grpc_requests",
             "gRPC requests served",
@@ -184,6 +194,21 @@ pub fn metrics() -> &'static Metrics {
             "events a durable consumer of the indexer has not settled yet (queued or running)",
             indexer_pending_events.clone(),
         );
+        registry.register(
+            "blobs_swept",
+            "blobs the files service removed because no version needed them",
+            blobs_swept.clone(),
+        );
+        registry.register(
+            "blob_bytes_swept",
+            "bytes of the blobs the files service removed because no version needed them",
+            blob_bytes_swept.clone(),
+        );
+        registry.register(
+            "blob_sweep_completed_timestamp_seconds",
+            "when a sweep of the blob store last completed, in Unix seconds",
+            blob_sweep_completed.clone(),
+        );
         Metrics {
             registry: Mutex::new(registry),
             grpc_requests,
@@ -198,6 +223,9 @@ pub fn metrics() -> &'static Metrics {
             llm_skipped_chunks,
             tls_certificate_expiry,
             indexer_pending_events,
+            blobs_swept,
+            blob_bytes_swept,
+            blob_sweep_completed,
         }
     })
 }

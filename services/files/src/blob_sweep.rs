@@ -99,7 +99,14 @@ impl FilesService {
             .iter()
             .map(|row| row.try_get::<String, _>(0))
             .collect::<std::result::Result<HashSet<String>, _>>()?;
-        Ok(self.blobs.sweep(referenced, grace).await?)
+        let swept = self.blobs.sweep(referenced, grace).await?;
+        let metrics = kg_common::metrics::metrics();
+        metrics.blobs_swept.inc_by(swept.removed);
+        metrics.blob_bytes_swept.inc_by(swept.removed_bytes);
+        metrics
+            .blob_sweep_completed
+            .set(kg_common::caller::now_ms() / 1000);
+        Ok(swept)
     }
 }
 

@@ -131,6 +131,23 @@ async fn sweeps_what_no_version_needs(postgres: bool) {
         "the preview branch holds it"
     );
 
+    // Exported for dashboards and an alert on a sweep that keeps failing.
+    let metrics = kg_common::metrics::encode_text();
+    let series = |name: &str| {
+        metrics.lines().find_map(|line| {
+            line.strip_prefix(name)?
+                .strip_prefix(' ')?
+                .parse::<f64>()
+                .ok()
+        })
+    };
+    assert_eq!(series("kgmesh_blobs_swept_total"), Some(2.0), "{metrics}");
+    assert_eq!(
+        series("kgmesh_blob_bytes_swept_total"),
+        Some(swept.removed_bytes as f64)
+    );
+    assert!(series("kgmesh_blob_sweep_completed_timestamp_seconds").is_some_and(|at| at > 1.7e9));
+
     // The same content uploaded again is stored again, and kept.
     let back = put(
         files,
