@@ -237,6 +237,6 @@ def test_no_orphan_after_sigterm_or_sigkill(tmp_path: Path) -> None:
             m.proc.send_signal(signal.SIGKILL)
             m.proc.wait(timeout=10)
             wait_for(lambda: _proc_stat(child) is None or _proc_stat(child)[1] == "Z", 10, "the orphan to stop")
-            m.stop()  # cleans the embedded stores, which have no parent-death signal
+            m.stop()  # the embedded stores got theirs too; this only reaps what is left
         state = _proc_stat(child)
         assert state is None or state[1] == "Z", f"approval-serve {child} outlived kgmesh up ({how.name})"
