@@ -64,11 +64,10 @@ impl FilesService {
         let grace = match grace_seconds {
             0 => MIN_BLOB_SWEEP_GRACE,
             seconds if seconds < MIN_BLOB_SWEEP_GRACE.as_secs() => {
+                let least = MIN_BLOB_SWEEP_GRACE.as_secs();
                 return Err(FilesError::Invalid(format!(
-                    "grace_seconds: expected 0 (for {}) or at least {}, got {seconds}: an upload \
-                     stores its blob just before it registers the version",
-                    MIN_BLOB_SWEEP_GRACE.as_secs(),
-                    MIN_BLOB_SWEEP_GRACE.as_secs()
+                    "the grace must be at least {least} seconds (0 means {least}), got {seconds}: \
+                     an upload stores its blob just before it registers the version"
                 )));
             }
             seconds => Duration::from_secs(seconds),
