@@ -60,6 +60,27 @@ impl Auth for AuthService {
         }))
     }
 
+    async fn retire_namespace(
+        &self,
+        request: Request<RetireNamespaceRequest>,
+    ) -> Result<Response<RetireNamespaceResponse>, Status> {
+        let caller = require_caller(&request)?;
+        Ok(Response::new(
+            self.retire_namespace(&caller, &request.into_inner().name)
+                .await?,
+        ))
+    }
+
+    async fn delete_namespace(
+        &self,
+        request: Request<DeleteNamespaceRequest>,
+    ) -> Result<Response<DeleteNamespaceResponse>, Status> {
+        let caller = require_caller(&request)?;
+        self.delete_namespace(&caller, &request.into_inner().name)
+            .await?;
+        Ok(Response::new(DeleteNamespaceResponse { deleted: true }))
+    }
+
     async fn create_principal(
         &self,
         request: Request<CreatePrincipalRequest>,

@@ -15,6 +15,7 @@ use kg_common::caller::{
 use kg_proto::v1::{
     AccessFilter, AuditEvent, AuthorizeResponse, CallerContext, Deny, Grant, Group,
     ListAuditRequest, ListAuditResponse, Namespace, Pat, Permission, Principal, PrincipalKind,
+    RetireNamespaceResponse,
 };
 use subtle::ConstantTimeEq as _;
 
@@ -375,6 +376,39 @@ impl AuthService {
         };
         self.store.create_namespace(&ns).await?;
         Ok(ns)
+    }
+
+    /// Admin: begins deleting a namespace (see [`AuthStore::retire_namespace`]). The gateway
+    /// then has every other service let it go, and ends with [`AuthService::delete_namespace`].
+    pub async fn retire_namespace(
+        &self,
+        caller: &CallerContext,
+        name: &str,
+    ) -> Result<RetireNamespaceResponse> {
+        require_admin(caller)?;
+        validate_namespace(name)?;
+        let retired = self
+            .store
+            .retire_namespace(name, now_ms())
+            .await?
+            .ok_or_else(|| AuthError::NotFound(format!("namespace `{name}`")))?;
+        Ok(RetireNamespaceResponse {
+            namespace: Some(retired.namespace),
+            retired_at_ms: retired.retired_at_ms,
+            grants_removed: retired.grants_removed,
+            denies_removed: retired.denies_removed,
+        })
+    }
+
+    /// Admin: forgets a retired namespace and frees its name.
+    pub async fn delete_namespace(&self, caller: &CallerContext, name: &str) -> Result<()> {
+        require_admin(caller)?;
+        validate_namespace(name)?;
+        if self.store.delete_namespace(name).await? {
+            Ok(())
+        } else {
+            Err(AuthError::NotFound(format!("namespace `{name}`")))
+        }
     }
 
     /// Every namespace for an admin on the admin API; for any other caller, those it may read.

@@ -52,6 +52,24 @@ fn kind_from(s: &str) -> PrincipalKind {
     }
 }
 
+fn namespace_from(row: &AnyRow) -> Result<Namespace> {
+    Ok(Namespace {
+        name: row.try_get("name")?,
+        description: row.try_get("description")?,
+        created_at_ms: row.try_get("created_at_ms")?,
+    })
+}
+
+/// A namespace whose deletion has begun.
+#[derive(Debug, Clone)]
+pub(crate) struct Retired {
+    pub namespace: Namespace,
+    pub retired_at_ms: i64,
+    /// Removed by the call that retired it; 0 when an earlier call did.
+    pub grants_removed: i64,
+    pub denies_removed: i64,
+}
+
 fn principal_from(row: &AnyRow) -> Result<Principal> {
     Ok(Principal {
         id: row.try_get("id")?,
@@ -286,38 +304,128 @@ impl AuthStore {
     }
 
     pub(crate) async fn create_namespace(&self, ns: &Namespace) -> Result<()> {
-        sqlx::query(
+        let inserted = sqlx::query(
             "INSERT INTO kg_namespaces (name, description, created_at_ms) VALUES ($1, $2, $3)",
         )
         .bind(&ns.name)
         .bind(&ns.description)
         .bind(ns.created_at_ms)
         .execute(self.sql.pool())
-        .await
-        .map_err(|e| {
-            if is_unique_violation(&e) {
-                AuthError::AlreadyExists(format!("namespace `{}`", ns.name))
-            } else {
-                e.into()
-            }
-        })?;
-        Ok(())
+        .await;
+        match inserted {
+            Ok(_) => Ok(()),
+            Err(e) if is_unique_violation(&e) => match self.retired_at(&ns.name).await? {
+                Some(_) => Err(AuthError::FailedPrecondition(format!(
+                    "namespace `{}` is being deleted; finish with `kgmesh ns delete {}` (it \
+                     resumes where the deletion stopped), then create it again",
+                    ns.name, ns.name
+                ))),
+                None => Err(AuthError::AlreadyExists(format!("namespace `{}`", ns.name))),
+            },
+            Err(e) => Err(e.into()),
+        }
     }
 
+    /// When `name`'s deletion began: `None` for a live namespace or one that does not exist.
+    async fn retired_at(&self, name: &str) -> Result<Option<i64>> {
+        let row = sqlx::query("SELECT retired_at_ms FROM kg_namespaces WHERE name = $1")
+            .bind(name)
+            .fetch_optional(self.sql.pool())
+            .await?;
+        Ok(match row {
+            Some(row) => row.try_get("retired_at_ms")?,
+            None => None,
+        })
+    }
+
+    /// The live namespaces (retired ones are being deleted and reach nobody).
     pub(crate) async fn list_namespaces(&self) -> Result<Vec<Namespace>> {
-        let rows =
-            sqlx::query("SELECT name, description, created_at_ms FROM kg_namespaces ORDER BY name")
-                .fetch_all(self.sql.pool())
-                .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(Namespace {
-                    name: r.try_get("name")?,
-                    description: r.try_get("description")?,
-                    created_at_ms: r.try_get("created_at_ms")?,
-                })
-            })
-            .collect()
+        let rows = sqlx::query(
+            "SELECT name, description, created_at_ms FROM kg_namespaces \
+             WHERE retired_at_ms IS NULL ORDER BY name",
+        )
+        .fetch_all(self.sql.pool())
+        .await?;
+        rows.iter().map(namespace_from).collect()
+    }
+
+    /// Begins deleting `name`, in one transaction: its grants and denies go and it is marked
+    /// retired at `at_ms` (which moves the access epoch, so no cached resolution outlives it).
+    /// A namespace already retired is answered as it is; `None` when there is no such namespace.
+    pub(crate) async fn retire_namespace(&self, name: &str, at_ms: i64) -> Result<Option<Retired>> {
+        let mut tx = self.sql.pool().begin().await?;
+        let Some(row) = sqlx::query(
+            "SELECT name, description, created_at_ms, retired_at_ms FROM kg_namespaces WHERE name = $1",
+        )
+        .bind(name)
+        .fetch_optional(&mut *tx)
+        .await?
+        else {
+            return Ok(None);
+        };
+        let namespace = namespace_from(&row)?;
+        if let Some(retired_at_ms) = row.try_get::<Option<i64>, _>("retired_at_ms")? {
+            return Ok(Some(Retired {
+                namespace,
+                retired_at_ms,
+                grants_removed: 0,
+                denies_removed: 0,
+            }));
+        }
+        let grants_removed = sqlx::query("DELETE FROM kg_grants WHERE namespace = $1")
+            .bind(name)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        let denies_removed = sqlx::query("DELETE FROM kg_denies WHERE namespace = $1")
+            .bind(name)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        sqlx::query("UPDATE kg_namespaces SET retired_at_ms = $1 WHERE name = $2")
+            .bind(at_ms)
+            .bind(name)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(Some(Retired {
+            namespace,
+            retired_at_ms: at_ms,
+            grants_removed: i64::try_from(grants_removed).unwrap_or(i64::MAX),
+            denies_removed: i64::try_from(denies_removed).unwrap_or(i64::MAX),
+        }))
+    }
+
+    /// Forgets the retired namespace `name`, freeing its name; `false` when there is none.
+    /// Grants or denies put while it was being retired go with it.
+    pub(crate) async fn delete_namespace(&self, name: &str) -> Result<bool> {
+        let mut tx = self.sql.pool().begin().await?;
+        let Some(row) = sqlx::query("SELECT retired_at_ms FROM kg_namespaces WHERE name = $1")
+            .bind(name)
+            .fetch_optional(&mut *tx)
+            .await?
+        else {
+            return Ok(false);
+        };
+        if row.try_get::<Option<i64>, _>("retired_at_ms")?.is_none() {
+            return Err(AuthError::FailedPrecondition(format!(
+                "namespace `{name}` is live: retire it first (`kgmesh ns delete {name}` does both)"
+            )));
+        }
+        sqlx::query("DELETE FROM kg_grants WHERE namespace = $1")
+            .bind(name)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("DELETE FROM kg_denies WHERE namespace = $1")
+            .bind(name)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("DELETE FROM kg_namespaces WHERE name = $1")
+            .bind(name)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(true)
     }
 
     pub(crate) async fn namespace_names(&self) -> Result<Vec<String>> {
@@ -376,10 +484,12 @@ impl AuthStore {
     }
 
     pub(crate) async fn namespace_exists(&self, name: &str) -> Result<bool> {
-        let row = sqlx::query("SELECT COUNT(*) AS n FROM kg_namespaces WHERE name = $1")
-            .bind(name)
-            .fetch_one(self.sql.pool())
-            .await?;
+        let row = sqlx::query(
+            "SELECT COUNT(*) AS n FROM kg_namespaces WHERE name = $1 AND retired_at_ms IS NULL",
+        )
+        .bind(name)
+        .fetch_one(self.sql.pool())
+        .await?;
         Ok(row.try_get::<i64, _>("n")? > 0)
     }
 
@@ -486,7 +596,8 @@ impl AuthStore {
     ) -> Result<(Vec<GrantRow>, Vec<DenyRow>)> {
         let rows = sqlx::query(
             "SELECT 'grant' AS kind, namespace, permission, path_prefix, '' AS file_id FROM kg_grants \
-               WHERE principal_id = $1 OR group_id IN (SELECT group_id FROM kg_group_members WHERE principal_id = $1) \
+               WHERE (principal_id = $1 OR group_id IN (SELECT group_id FROM kg_group_members WHERE principal_id = $1)) \
+               AND namespace IN (SELECT name FROM kg_namespaces WHERE retired_at_ms IS NULL) \
              UNION ALL \
              SELECT 'deny' AS kind, namespace, '' AS permission, path_prefix, file_id FROM kg_denies \
                WHERE principal_id = $1 OR group_id IN (SELECT group_id FROM kg_group_members WHERE principal_id = $1) OR subject_key = '*'",

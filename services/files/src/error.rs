@@ -28,6 +28,19 @@ pub enum FilesError {
         "sweeping the blob store needs an admin of the deployment (blobs are shared by content across namespaces)"
     )]
     SweepDenied,
+    /// Deleting a namespace is for the deployment's admins.
+    #[error("deleting a namespace needs an admin of the deployment")]
+    PurgeDenied,
+    /// A write into a namespace whose deletion has not finished.
+    #[error(
+        "namespace `{0}` is being deleted: nothing can be written to it until the indexer has removed its graph and vectors; create it again once `kgmesh ns delete {0}` has finished"
+    )]
+    NamespacePurging(String),
+    /// A namespace's rows were removed but the indexer could not be asked to remove the rest.
+    #[error(
+        "the files of namespace `{0}` were removed from the registry, but the event bus refused the request to remove its graph and vectors; run the deletion again"
+    )]
+    PurgeUnqueued(String),
     /// A knowledge graph page over the payload limit even before its links.
     #[error(
         "the knowledge graph page is {bytes} bytes, over the {limit}-byte limit; narrow it with root_path or root_file_version_id and a lower max_depth, filters (search, type, tags) or a lower pagination.limit"
@@ -147,20 +160,23 @@ impl ErrorExt for FilesError {
             FilesError::WriteDenied(_)
             | FilesError::AdminDenied(_)
             | FilesError::SweepDenied
+            | FilesError::PurgeDenied
             | FilesError::ReindexDenied { .. } => ErrorCode::PermissionDenied,
             FilesError::Exists(_) => ErrorCode::AlreadyExists,
             FilesError::GraphTooLarge { .. } => ErrorCode::PayloadTooLarge,
             FilesError::TooLarge { .. } | FilesError::QueryTooLarge { .. } => {
                 ErrorCode::PayloadTooLarge
             }
-            FilesError::BadContent(_) => ErrorCode::FailedPrecondition,
+            FilesError::BadContent(_) | FilesError::NamespacePurging(_) => {
+                ErrorCode::FailedPrecondition
+            }
             FilesError::TooCostly(_) => ErrorCode::ResourceExhausted,
             FilesError::Timeout(_) => ErrorCode::Timeout,
             FilesError::Busy(_) => ErrorCode::Busy,
             FilesError::Engine(_) | FilesError::Io(_) => ErrorCode::Internal,
-            FilesError::QueueUnavailable | FilesError::ReindexInterrupted { .. } => {
-                ErrorCode::Unavailable
-            }
+            FilesError::QueueUnavailable
+            | FilesError::ReindexInterrupted { .. }
+            | FilesError::PurgeUnqueued(_) => ErrorCode::Unavailable,
             FilesError::Caller(e) => e.code(),
             FilesError::Name(e) => e.code(),
             FilesError::Store(e) => e.code(),

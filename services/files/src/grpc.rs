@@ -130,6 +130,28 @@ impl Files for FilesService {
         ))
     }
 
+    async fn purge_namespace(
+        &self,
+        request: Request<PurgeNamespaceRequest>,
+    ) -> Result<Response<NamespacePurge>, Status> {
+        let caller = require_writer(&request)?;
+        Ok(Response::new(
+            self.purge_namespace(&caller, &request.get_ref().namespace)
+                .await?,
+        ))
+    }
+
+    async fn get_namespace_purge(
+        &self,
+        request: Request<GetNamespacePurgeRequest>,
+    ) -> Result<Response<NamespacePurge>, Status> {
+        let caller = require_writer(&request)?;
+        Ok(Response::new(
+            self.namespace_purge(&caller, &request.get_ref().namespace)
+                .await?,
+        ))
+    }
+
     async fn create_branch(
         &self,
         request: Request<CreateBranchRequest>,

@@ -15,6 +15,7 @@ mod grpc;
 mod knowledge_graph;
 mod limits;
 mod links;
+mod purge;
 mod query;
 mod replay;
 mod service;
@@ -66,7 +67,8 @@ pub async fn serve(
     .await
 }
 
-/// Records indexing outcomes from `kg.index.v1.*.indexed` until `shutdown`.
+/// Records indexing outcomes from `kg.index.v1.*.indexed`, and the indexer's reports on
+/// deleted namespaces from `kg.index.v1.*.purged`, until `shutdown`.
 pub async fn run_status_consumer(
     service: FilesService,
     jetstream: async_nats::jetstream::Context,
@@ -79,20 +81,32 @@ pub async fn run_status_consumer(
         max_deliver: 20,
         ack_wait: Duration::from_secs(30),
     };
-    consumer::run(&jetstream, &spec, shutdown, |delivery| {
+    let outcomes = {
         let service = service.clone();
-        let payload = delivery.payload.to_vec();
+        let jetstream = jetstream.clone();
+        let shutdown = shutdown.clone();
         async move {
-            let Ok(event) = FileIndexed::decode(payload.as_slice()) else {
-                tracing::warn!("dropping undecodable index event");
-                return Handled::Ack;
-            };
-            match service.apply_indexed(&event).await {
-                Ok(_) => Handled::Ack,
-                Err(err) => Handled::Retry(err.to_string()),
-            }
+            consumer::run(&jetstream, &spec, shutdown, |delivery| {
+                let service = service.clone();
+                let payload = delivery.payload.to_vec();
+                async move {
+                    let Ok(event) = FileIndexed::decode(payload.as_slice()) else {
+                        tracing::warn!("dropping undecodable index event");
+                        return Handled::Ack;
+                    };
+                    match service.apply_indexed(&event).await {
+                        Ok(_) => Handled::Ack,
+                        Err(err) => Handled::Retry(err.to_string()),
+                    }
+                }
+            })
+            .await
+            .map_err(FilesError::from)
         }
-    })
-    .await?;
+    };
+    tokio::try_join!(
+        outcomes,
+        purge::run_purge_consumer(service, jetstream, shutdown)
+    )?;
     Ok(())
 }

@@ -5,7 +5,8 @@
 //! replay a deleted or hidden file could stay searchable. Each stream's incarnation (when it
 //! was created) is recorded in SQL, so a replay happens once per new stream, whichever
 //! service made it again and however often this one restarts. Preview-branch uploads not
-//! parsed yet are queued again too.
+//! parsed yet are queued again too, and so are namespace purges the indexer has not reported
+//! done.
 
 use std::time::Duration;
 
@@ -34,6 +35,9 @@ pub struct Replay {
     /// Preview-branch uploads queued again for parsing: those whose metadata and links the
     /// registry lacks (their parse events, or the outcomes, were in the lost stream).
     pub branch_uploads: usize,
+    /// Namespace purges asked for again: those the indexer has not reported done (the request,
+    /// or the report, was in the lost stream).
+    pub purges: usize,
 }
 
 impl FilesService {
@@ -72,6 +76,7 @@ impl FilesService {
                 self.replay_file(row, incarnation, &mut replay).await?;
             }
         }
+        replay.purges = self.republish_unconfirmed_purges().await?;
         // Branch uploads not parsed yet: their events (or outcomes) were in the lost stream,
         // and without them the branch and its releases show the files without title or links.
         let (mut after_branch, mut after_file) = (String::new(), String::new());
@@ -113,6 +118,7 @@ impl FilesService {
             deletes = replay.deletes,
             flags = replay.flags,
             branch_uploads = replay.branch_uploads,
+            purges = replay.purges,
             pending_only,
             "registry replayed into the event stream"
         );

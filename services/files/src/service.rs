@@ -179,6 +179,7 @@ impl FilesService {
         validate_namespace(namespace)?;
         let path = normalize_path(path)?;
         let access = Self::writable(caller, namespace, &path)?;
+        self.refuse_while_purging(namespace).await?;
         if content.len() > self.max_upload_bytes {
             return Err(FilesError::TooLarge {
                 size: content.len(),

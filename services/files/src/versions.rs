@@ -540,6 +540,8 @@ impl FilesService {
     ) -> Result<Branch> {
         require(caller, namespace, Permission::Write)?;
         check_name("branch name", name, &['/'])?;
+        // Releases and environments start from a branch, and branch uploads need one.
+        self.refuse_while_purging(namespace).await?;
         let exists = || {
             FilesError::Exists(format!(
                 "branch `{name}` already exists in namespace `{namespace}`"

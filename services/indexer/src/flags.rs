@@ -11,6 +11,7 @@
 
 use async_nats::jetstream::{self, kv};
 use bytes::Bytes;
+use futures::TryStreamExt as _;
 use kg_stores::StoreError;
 
 use crate::events_err;
@@ -75,6 +76,7 @@ impl NewestFlags {
 }
 
 /// The shared record of the newest flags change per file.
+#[derive(Clone)]
 pub(crate) struct FlagsLedger {
     bucket: kv::Store,
 }
@@ -144,6 +146,25 @@ impl FlagsLedger {
             .put(Self::key(namespace, file_id), flags.encode())
             .await
             .map_err(events_err)?;
+        Ok(())
+    }
+
+    /// Drops the entries of every file of the namespace (it is being deleted).
+    pub(crate) async fn forget_namespace(&self, namespace: &str) -> Result<(), StoreError> {
+        // Hex keeps byte order: every key of the namespace starts with this.
+        let prefix = hex::encode(format!("{namespace}\u{0}"));
+        let keys: Vec<String> = self
+            .bucket
+            .keys()
+            .await
+            .map_err(events_err)?
+            .try_filter(|key| std::future::ready(key.starts_with(&prefix)))
+            .try_collect()
+            .await
+            .map_err(events_err)?;
+        for key in keys {
+            self.bucket.delete(&key).await.map_err(events_err)?;
+        }
         Ok(())
     }
 

@@ -5,7 +5,8 @@
 //! outline, embeds the chunks into the vector index, and writes chunks, outline
 //! and file nodes to FalkorDB idempotently, then publishes `kg.index.v1.<ns>.indexed`.
 //! Deletes and flag changes apply to graph and vectors at once, on consumers of their own that
-//! do not wait behind an ingest backlog. Serves no request traffic.
+//! do not wait behind an ingest backlog. A deleted namespace's graph and vectors are removed,
+//! and its queued changes dropped (see `purge`). Serves no request traffic.
 
 #![recursion_limit = "256"]
 
@@ -18,6 +19,7 @@ mod flags;
 pub mod graph_writer;
 mod lanes;
 pub mod pipeline;
+mod purge;
 pub mod settings;
 pub mod sparse;
 pub mod vector_writer;

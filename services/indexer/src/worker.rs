@@ -84,6 +84,8 @@ struct Worker {
     tboxes: kg_stores::tbox::TboxBucket,
     /// The newest flags change applied per file.
     flags: FlagsLedger,
+    /// Deleted namespaces: their changes made before the purge are dropped.
+    purges: std::sync::Arc<crate::purge::Purges>,
     /// (namespace, `rebuild_at_ms`) of the reindex requests this process has begun.
     rebuilds_seen: std::sync::Mutex<std::collections::HashSet<(String, i64)>>,
 }
@@ -122,6 +124,7 @@ async fn run_worker(
     events::ensure_streams(&jetstream).await?;
     let tboxes = kg_stores::tbox::TboxBucket::open(&jetstream).await?;
     let flags = FlagsLedger::open(&jetstream).await?;
+    let purges = std::sync::Arc::new(crate::purge::Purges::open(&jetstream).await?);
     let spec = ConsumerSpec {
         stream: events::FILES_STREAM.to_owned(),
         durable: "indexer".to_owned(),
@@ -136,6 +139,7 @@ async fn run_worker(
         config,
         tboxes,
         flags,
+        purges,
         rebuilds_seen: std::sync::Mutex::default(),
     });
     let concurrency = worker.config.concurrency;
@@ -199,6 +203,18 @@ async fn run_worker(
         },
         shutdown.clone(),
     );
+    // Deleted namespaces, on a consumer of their own: a purge never waits behind a backlog.
+    let purge = crate::purge::run(
+        crate::purge::Purger {
+            graph: worker.graph.clone(),
+            vectors: worker.config.vectors.clone(),
+            sparse: worker.config.sparse.clone(),
+            flags: worker.flags.clone(),
+            purges: std::sync::Arc::clone(&worker.purges),
+            jetstream: jetstream.clone(),
+        },
+        shutdown.clone(),
+    );
     let main = lanes::run(
         &jetstream,
         &spec,
@@ -207,7 +223,7 @@ async fn run_worker(
         shutdown,
         worker,
     );
-    tokio::try_join!(main, branch, removals, flag_changes, tbox_watch)?;
+    tokio::try_join!(main, branch, removals, flag_changes, purge, tbox_watch)?;
     Ok(())
 }
 
@@ -313,7 +329,10 @@ impl LaneHandler for Worker {
     }
 
     fn repair(&self) -> futures::future::BoxFuture<'_, Result<(), StoreError>> {
-        Box::pin(self.flags.ensure_bucket(&self.jetstream))
+        Box::pin(async {
+            self.flags.ensure_bucket(&self.jetstream).await?;
+            self.purges.ensure_bucket(&self.jetstream).await
+        })
     }
 }
 
@@ -326,6 +345,12 @@ impl Worker {
             );
             return Handled::Ack;
         };
+        match self.outdated_by_purge(&event).await {
+            Ok(false) => {}
+            Ok(true) => return Handled::Ack,
+            Err(Failure::Retry(reason)) => return Handled::Retry(reason),
+            Err(Failure::Permanent(reason)) => return self.give_up(&event, &reason, false).await,
+        }
         let result = match event.op() {
             FileChangeOp::Upsert => self.upsert(&event, delivery.sequence).await,
             FileChangeOp::Delete => self.delete(&event).await,
@@ -344,6 +369,19 @@ impl Worker {
             }
             Err(Failure::Retry(reason)) => Handled::Retry(reason),
         }
+    }
+
+    /// Whether the event was made before its namespace was deleted (it is dropped then).
+    async fn outdated_by_purge(&self, event: &FileChanged) -> Result<bool, Failure> {
+        let outdated = self
+            .purges
+            .outdated(&self.graph, &event.namespace, event.changed_at_ms)
+            .await
+            .map_err(|e| Failure::Retry(e.detail()))?;
+        if outdated {
+            tracing::info!(namespace = %event.namespace, path = %event.path, "dropping a change made before its namespace was deleted");
+        }
+        Ok(outdated)
     }
 
     /// Indexes the event's version; `sequence` is the event's place in the stream.
@@ -446,6 +484,11 @@ impl Worker {
                     ErrorCode::InvalidArgument => Failure::Permanent(e.to_string()),
                     _ => Failure::Retry(e.to_string()),
                 })?;
+        }
+        // Checked again at the last moment: the namespace may have been deleted while the
+        // version was parsed and embedded (the purge removes whatever slips past, once more).
+        if self.outdated_by_purge(event).await? {
+            return Ok(());
         }
         let outcome = graph_writer::write_document(
             &self.graph,

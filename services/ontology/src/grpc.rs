@@ -11,9 +11,9 @@ use kg_proto::v1::ontology_server::Ontology;
 use kg_proto::v1::{
     CallGeneratedToolRequest, CallGeneratedToolResponse, CheckActionRequest, CheckActionResponse,
     CompiledVersion, GetPublishedTboxRequest, GetTboxDraftRequest, ListGeneratedToolsRequest,
-    ListGeneratedToolsResponse, PublishTboxRequest, PutTboxDraftRequest, ReloadProjectRequest,
-    ReloadProjectResponse, ReviewTboxDraftRequest, SignedCallerContext, Tbox, TboxDraft,
-    WatchCompiledRequest,
+    ListGeneratedToolsResponse, PublishTboxRequest, PurgeTboxRequest, PurgeTboxResponse,
+    PutTboxDraftRequest, ReloadProjectRequest, ReloadProjectResponse, ReviewTboxDraftRequest,
+    SignedCallerContext, Tbox, TboxDraft, WatchCompiledRequest,
 };
 use prost::Message as _;
 use tonic::{Request, Response, Status};
@@ -200,6 +200,19 @@ impl Ontology for OntologyService {
         Ok(Response::new(
             tbox_store(self)?
                 .publish(&request.into_inner().namespace, &caller.principal_id)
+                .await?,
+        ))
+    }
+
+    async fn purge_tbox(
+        &self,
+        request: Request<PurgeTboxRequest>,
+    ) -> Result<Response<PurgeTboxResponse>, Status> {
+        let caller = require_caller(&request)?;
+        require_admin(&caller).map_err(|e| kg_common::error::to_status(&e))?;
+        Ok(Response::new(
+            tbox_store(self)?
+                .purge(&request.into_inner().namespace)
                 .await?,
         ))
     }

@@ -4,7 +4,7 @@
 
 use base64::Engine as _;
 use kg_common::caller::now_ms;
-use kg_proto::v1::{Tbox, TboxDraft};
+use kg_proto::v1::{PurgeTboxResponse, Tbox, TboxDraft};
 use kg_stores::sql::SqlStore;
 use kg_stores::tbox::{DEFAULT_MAX_TBOX_BYTES, TboxBucket};
 use prost::Message as _;
@@ -305,6 +305,38 @@ impl TboxStore {
         tx.commit().await?;
         tracing::info!(namespace, version = tbox.version, by, "tbox published");
         Ok(tbox)
+    }
+
+    /// Removes the namespace's draft, every published version and the bus's copy (the namespace
+    /// is being deleted). The SQL rows go only once the bus's copy is gone, so a failure leaves
+    /// both and the call can run again.
+    pub async fn purge(&self, namespace: &str) -> Result<PurgeTboxResponse> {
+        kg_common::access::validate_namespace(namespace)
+            .map_err(|err| OntologyError::Invalid(vec![err.to_string()]))?;
+        let mut tx = self.sql.pool().begin().await?;
+        let versions_removed = sqlx::query("DELETE FROM kg_tbox_versions WHERE namespace = $1")
+            .bind(namespace.to_owned())
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        let drafts_removed = sqlx::query("DELETE FROM kg_tbox_drafts WHERE namespace = $1")
+            .bind(namespace.to_owned())
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+        if let Some(bucket) = &self.bucket {
+            bucket.remove(namespace).await?;
+        }
+        tx.commit().await?;
+        tracing::info!(
+            namespace,
+            versions_removed,
+            "tbox of a deleted namespace removed"
+        );
+        Ok(PurgeTboxResponse {
+            versions_removed: i64::try_from(versions_removed).unwrap_or(i64::MAX),
+            draft_removed: drafts_removed > 0,
+        })
     }
 
     /// Puts back into `KG_TBOX` each namespace's latest published TBox the bucket lacks (NATS

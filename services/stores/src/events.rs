@@ -3,8 +3,9 @@
 //! - `KG_FILES` holds `kg.files.v1.<ns>.changed` (files service publishes, indexer consumes),
 //!   `kg.files.v1.<ns>.removed` (a delete again, for the indexer's removals consumer, so it
 //!   never waits behind an ingest backlog) and `kg.files.v1.<ns>.dead` (messages the indexer
-//!   gave up on).
-//! - `KG_INDEX` holds `kg.index.v1.<ns>.indexed` (indexer publishes when a version is written).
+//!   gave up on), and `kg.files.v1.<ns>.purged` (a namespace being deleted).
+//! - `KG_INDEX` holds `kg.index.v1.<ns>.indexed` (indexer publishes when a version is written)
+//!   and `kg.index.v1.<ns>.purged` (when a deleted namespace's graph and vectors are gone).
 //!
 //! Both are file-backed with a 2 minute duplicate window: a publish carries `Nats-Msg-Id`
 //! (the file version id), so a retried publish is stored once. `KG_FILES` keeps every event
@@ -141,6 +142,17 @@ pub fn files_flags_subject(namespace: &str) -> Result<String, StoreError> {
     Ok(format!("kg.files.v1.{}.flags", token(namespace)?))
 }
 
+/// `kg.files.v1.<ns>.purged`: the namespace is being deleted; the indexer removes its graph,
+/// vectors and flags records, and drops its change events made before the request.
+pub fn files_purged_subject(namespace: &str) -> Result<String, StoreError> {
+    Ok(format!("kg.files.v1.{}.purged", token(namespace)?))
+}
+
+/// `kg.index.v1.<ns>.purged`: the indexer removed the namespace's graph and vectors.
+pub fn index_purged_subject(namespace: &str) -> Result<String, StoreError> {
+    Ok(format!("kg.index.v1.{}.purged", token(namespace)?))
+}
+
 /// `kg.index.v1.<ns>.indexed`: a file version's chunks, graph and vectors are written.
 pub fn indexed_subject(namespace: &str) -> Result<String, StoreError> {
     Ok(format!("kg.index.v1.{}.indexed", token(namespace)?))
@@ -256,6 +268,8 @@ mod tests {
         assert_eq!(dead_letter_subject("x").unwrap(), "kg.files.v1.x.dead");
         assert_eq!(files_removed_subject("x").unwrap(), "kg.files.v1.x.removed");
         assert_eq!(files_flags_subject("x").unwrap(), "kg.files.v1.x.flags");
+        assert_eq!(files_purged_subject("x").unwrap(), "kg.files.v1.x.purged");
+        assert_eq!(index_purged_subject("x").unwrap(), "kg.index.v1.x.purged");
         for bad in ["", "a.b", "a*", ">", "a b", "ns\n"] {
             assert!(files_changed_subject(bad).is_err(), "{bad:?}");
         }

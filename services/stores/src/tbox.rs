@@ -213,6 +213,18 @@ impl TboxBucket {
         Ok(revision)
     }
 
+    /// Removes the namespace's TBox and its history from the bucket (the namespace is being
+    /// deleted). Removing one the bucket does not hold is not an error.
+    pub async fn remove(&self, namespace: &str) -> Result<(), StoreError> {
+        let key = key(namespace)?;
+        self.kv
+            .purge(key)
+            .await
+            .map_err(|err| StoreError::unavailable(StoreKind::Events, err))?;
+        self.remember(namespace, None);
+        Ok(())
+    }
+
     /// The published TBox of `namespace`, read from NATS now; `None` when none was published.
     pub async fn get(&self, namespace: &str) -> Result<Option<Tbox>, StoreError> {
         let key = key(namespace)?;

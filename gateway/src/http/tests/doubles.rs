@@ -173,6 +173,18 @@ impl Auth for TestAuth {
     async fn create_namespace(&self, _: tonic::Request<CreateNamespaceRequest>) -> Res<Namespace> {
         unimplemented()
     }
+    async fn retire_namespace(
+        &self,
+        _: tonic::Request<RetireNamespaceRequest>,
+    ) -> Res<RetireNamespaceResponse> {
+        unimplemented()
+    }
+    async fn delete_namespace(
+        &self,
+        _: tonic::Request<DeleteNamespaceRequest>,
+    ) -> Res<DeleteNamespaceResponse> {
+        unimplemented()
+    }
     async fn list_namespaces(
         &self,
         request: tonic::Request<ListNamespacesRequest>,
@@ -441,6 +453,18 @@ impl Files for TestFiles {
         unimplemented()
     }
     async fn sweep_blobs(&self, _: tonic::Request<SweepBlobsRequest>) -> Res<SweepBlobsResponse> {
+        unimplemented()
+    }
+    async fn purge_namespace(
+        &self,
+        _: tonic::Request<PurgeNamespaceRequest>,
+    ) -> Res<NamespacePurge> {
+        unimplemented()
+    }
+    async fn get_namespace_purge(
+        &self,
+        _: tonic::Request<GetNamespacePurgeRequest>,
+    ) -> Res<NamespacePurge> {
         unimplemented()
     }
     async fn create_branch(&self, _: tonic::Request<CreateBranchRequest>) -> Res<Branch> {

@@ -112,6 +112,16 @@ pub async fn events_on(
     subject: &str,
     file_id: &str,
 ) -> Vec<FileChanged> {
+    payloads_on(js, subject)
+        .await
+        .iter()
+        .map(|payload| FileChanged::decode(payload.as_slice()).unwrap())
+        .filter(|event| event.file_id == file_id)
+        .collect()
+}
+
+/// The payloads on `subject` of `KG_FILES`, oldest first.
+pub async fn payloads_on(js: &async_nats::jetstream::Context, subject: &str) -> Vec<Vec<u8>> {
     use futures::StreamExt as _;
     let stream = js.get_stream(events::FILES_STREAM).await.unwrap();
     let reader = stream
@@ -126,10 +136,7 @@ pub async fn events_on(
     while let Ok(Some(message)) =
         tokio::time::timeout(std::time::Duration::from_millis(500), messages.next()).await
     {
-        let event = FileChanged::decode(message.unwrap().payload.as_ref()).unwrap();
-        if event.file_id == file_id {
-            found.push(event);
-        }
+        found.push(message.unwrap().payload.to_vec());
     }
     found
 }

@@ -101,6 +101,7 @@ async fn replays_the_registry_into_a_stream_made_again(postgres: bool) {
             deletes: 1,
             flags: 1,
             branch_uploads: 1,
+            purges: 0,
         })
     );
     let branch_events = async |file: &kg_proto::v1::BranchFile| {
@@ -169,6 +170,7 @@ async fn replays_the_registry_into_a_stream_made_again(postgres: bool) {
             deletes: 0,
             flags: 0,
             branch_uploads: 0,
+            purges: 0,
         })
     );
     assert_eq!(events_of(&js, &pending).await.len(), 2);

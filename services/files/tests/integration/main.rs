@@ -9,6 +9,7 @@ mod file_tools;
 mod knowledge_graph;
 mod lost_stream;
 mod mixed_access;
+mod namespace_purge;
 mod reindex;
 mod upload_race;
 mod version_links;

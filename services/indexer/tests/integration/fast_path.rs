@@ -8,8 +8,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::consumer;
-use futures::StreamExt as _;
 use kg_embed::HashingEmbedder;
 use kg_indexer::{IndexerConfig, Vectors};
 use kg_proto::v1::{AccessFilter, FileChangeOp, FileChanged, FileIndexed};
@@ -176,23 +174,12 @@ async fn index_the_secret(
 
 /// The versions the indexer reported written, in order.
 async fn indexed_versions(js: &async_nats::jetstream::Context) -> Vec<String> {
-    let stream = js.get_stream(events::INDEX_STREAM).await.unwrap();
-    let reader = stream
-        .create_consumer(consumer::pull::OrderedConfig {
-            filter_subject: events::indexed_subject(NS).unwrap(),
-            ..Default::default()
-        })
+    let subject = events::indexed_subject(NS).unwrap();
+    crate::stores::payloads_on(js, events::INDEX_STREAM, &subject)
         .await
-        .unwrap();
-    let mut messages = reader.messages().await.unwrap();
-    let mut versions = Vec::new();
-    while let Ok(Some(message)) =
-        tokio::time::timeout(Duration::from_millis(500), messages.next()).await
-    {
-        let indexed = FileIndexed::decode(message.unwrap().payload.as_ref()).unwrap();
-        versions.push(indexed.version_id);
-    }
-    versions
+        .iter()
+        .map(|payload| FileIndexed::decode(payload.as_slice()).unwrap().version_id)
+        .collect()
 }
 
 /// Events the main consumer has not settled yet.

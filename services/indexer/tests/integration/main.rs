@@ -8,6 +8,7 @@ mod fast_path;
 mod formats_graph;
 mod llm_extractor;
 mod lost_bus;
+mod namespace_purge;
 mod progress_acks;
 mod rebuild;
 mod stores;

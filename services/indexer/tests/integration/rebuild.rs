@@ -10,7 +10,6 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use futures::StreamExt as _;
 use kg_indexer::{IndexerConfig, Vectors};
 use kg_proto::v1::{FileChangeOp, FileChanged, FileIndexed, FileStatus};
 use kg_stores::blobs::BlobStore;
@@ -70,25 +69,16 @@ async fn single(graph: &GraphStore, cypher: &str) -> Value {
 /// The outcomes the indexer published for `deals-v1` that reached the stream: the request
 /// each answers (its `rebuild_at_ms`, 0 for the upload's own).
 async fn indexed_outcomes(js: &async_nats::jetstream::Context) -> Vec<i64> {
-    let stream = js.get_stream(events::INDEX_STREAM).await.unwrap();
-    let reader = stream
-        .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig {
-            filter_subject: events::indexed_subject(NS).unwrap(),
-            ..Default::default()
-        })
+    let subject = events::indexed_subject(NS).unwrap();
+    crate::stores::payloads_on(js, events::INDEX_STREAM, &subject)
         .await
-        .unwrap();
-    let mut messages = reader.messages().await.unwrap();
-    let mut found = Vec::new();
-    while let Ok(Some(message)) =
-        tokio::time::timeout(Duration::from_millis(500), messages.next()).await
-    {
-        let event = FileIndexed::decode(message.unwrap().payload.as_ref()).unwrap();
-        if event.version_id == "deals-v1" && event.status == FileStatus::Indexed as i32 {
-            found.push(event.rebuild_at_ms);
-        }
-    }
-    found
+        .iter()
+        .map(|payload| FileIndexed::decode(payload.as_slice()).unwrap())
+        .filter(|event| {
+            event.version_id == "deals-v1" && event.status == FileStatus::Indexed as i32
+        })
+        .map(|event| event.rebuild_at_ms)
+        .collect()
 }
 
 /// The TBox bucket, holding a published TBox whose one organization is Acme.

@@ -38,6 +38,31 @@ pub async fn start() -> Stores {
     }
 }
 
+/// The payloads on `subject` of `stream`, oldest first: what a reader of the stream finds.
+pub async fn payloads_on(
+    js: &async_nats::jetstream::Context,
+    stream: &str,
+    subject: &str,
+) -> Vec<Vec<u8>> {
+    use futures::StreamExt as _;
+    let stream = js.get_stream(stream).await.unwrap();
+    let reader = stream
+        .create_consumer(async_nats::jetstream::consumer::pull::OrderedConfig {
+            filter_subject: subject.to_owned(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut messages = reader.messages().await.unwrap();
+    let mut found = Vec::new();
+    while let Ok(Some(message)) =
+        tokio::time::timeout(std::time::Duration::from_millis(500), messages.next()).await
+    {
+        found.push(message.unwrap().payload.to_vec());
+    }
+    found
+}
+
 /// Embeds any batch with `marker` in a text `delay` late, like a large file, and the rest at
 /// once (hashing embeddings).
 #[derive(Debug)]

@@ -170,6 +170,17 @@ async fn a_tbox_the_bus_cannot_carry_is_refused_and_a_failed_publish_records_not
 /// loses it (restarted without its volume), the ontology service puts every namespace's latest
 /// TBox back; one the bucket holds at an older version (a bus restored from an old backup) is
 /// replaced when versions are compared; and what the bucket holds current is left alone.
+/// Drafts, reviews and publishes a TBox of `instances` plants as `namespace`'s next version.
+async fn publish(store: &TboxStore, namespace: &str, instances: usize) -> Tbox {
+    let draft = Tbox {
+        namespace: namespace.into(),
+        ..tbox(instances)
+    };
+    store.put_draft(&draft, "usr_admin").await.unwrap();
+    store.review(namespace, "usr_reviewer", None).await.unwrap();
+    store.publish(namespace, "usr_admin").await.unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn published_tboxes_the_bus_lost_are_put_back() {
     let Fixture {
@@ -179,18 +190,9 @@ async fn published_tboxes_the_bus_lost_are_put_back() {
         nats: _running,
         _dir: _kept,
     } = fixture().await;
-    let publish = async |namespace: &str, instances: usize| {
-        let draft = Tbox {
-            namespace: namespace.into(),
-            ..tbox(instances)
-        };
-        store.put_draft(&draft, "usr_admin").await.unwrap();
-        store.review(namespace, "usr_reviewer", None).await.unwrap();
-        store.publish(namespace, "usr_admin").await.unwrap()
-    };
-    publish("plants", 2).await;
-    publish("plants", 3).await;
-    publish("ships", 1).await;
+    publish(&store, "plants", 2).await;
+    publish(&store, "plants", 3).await;
+    publish(&store, "ships", 1).await;
     assert!(store.restore_bus_copies(true).await.unwrap().is_empty());
 
     // NATS loses the bucket with both TBoxes.
@@ -215,4 +217,35 @@ async fn published_tboxes_the_bus_lost_are_put_back() {
     assert_eq!(store.restore_bus_copies(true).await.unwrap(), ["plants"]);
     assert_eq!(bucket.get("plants").await.unwrap().unwrap().version, 2);
     assert!(store.restore_bus_copies(true).await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_namespace_takes_its_tbox_with_it() {
+    let Fixture {
+        store,
+        bucket,
+        nats: _running,
+        _dir: _kept,
+        ..
+    } = fixture().await;
+    publish(&store, "plants", 1).await;
+    publish(&store, "plants", 2).await;
+    publish(&store, "ships", 1).await;
+    // A draft of a third version beside the two published.
+    store.put_draft(&tbox(3), "usr_admin").await.unwrap();
+
+    let purged = store.purge("plants").await.unwrap();
+    assert_eq!((purged.versions_removed, purged.draft_removed), (2, true));
+    assert_eq!(bucket.get("plants").await.unwrap(), None);
+    let draft = store.draft("plants").await.unwrap_err();
+    assert_eq!(draft.code(), ErrorCode::NotFound, "{draft}");
+    let published = store.published("plants").await.unwrap_err();
+    assert_eq!(published.code(), ErrorCode::NotFound, "{published}");
+    // Nothing to put back: SQL no longer lists it.
+    assert!(store.restore_bus_copies(true).await.unwrap().is_empty());
+    assert_eq!(bucket.get("plants").await.unwrap(), None);
+    // The other namespace keeps its TBox; purging again changes nothing.
+    assert_eq!(bucket.get("ships").await.unwrap().unwrap().version, 1);
+    let again = store.purge("plants").await.unwrap();
+    assert_eq!((again.versions_removed, again.draft_removed), (0, false));
 }

@@ -303,13 +303,24 @@ impl EdgeIndex {
 
     /// Deletes every point of a file, in both shards.
     pub async fn delete_file(&self, namespace: &str, file_id: &str) -> Result<(), VectorError> {
-        let by_file = filter::to_edge(&filter::file_clause(namespace, file_id));
+        self.delete_where(&filter::file_clause(namespace, file_id))
+            .await
+    }
+
+    /// Deletes every point of a namespace, in both shards.
+    pub async fn delete_namespace(&self, namespace: &str) -> Result<(), VectorError> {
+        self.delete_where(&filter::namespace_clause(namespace))
+            .await
+    }
+
+    async fn delete_where(&self, clause: &filter::Clause) -> Result<(), VectorError> {
+        let selected = filter::to_edge(clause);
         for shard in self.shards() {
-            let by_file = by_file.clone();
+            let selected = selected.clone();
             write(shard, move |shard| {
                 shard
                     .update(UpdateOperation::PointOperation(
-                        PointOperations::DeletePointsByFilter(by_file),
+                        PointOperations::DeletePointsByFilter(selected),
                     ))
                     .map_err(engine)
             })

@@ -183,6 +183,17 @@ pub(crate) fn file_clause(namespace: &str, file_id: &str) -> Clause {
     }
 }
 
+/// Every point of one namespace, of any kind.
+pub(crate) fn namespace_clause(namespace: &str) -> Clause {
+    Clause {
+        must: vec![Node::Leaf(Leaf::Keyword(
+            schema::NAMESPACE,
+            namespace.to_owned(),
+        ))],
+        ..Default::default()
+    }
+}
+
 /// Compiles `filter` into a qdrant-edge filter.
 pub fn access_filter(filter: &AccessFilter) -> qdrant_edge::Filter {
     to_edge(&access_clause(filter))

@@ -344,6 +344,14 @@ impl VectorIndex {
         }
     }
 
+    /// Deletes every point of a namespace (it is being deleted).
+    pub async fn delete_namespace(&self, namespace: &str) -> Result<(), VectorError> {
+        match self {
+            VectorIndex::Edge(i) => i.delete_namespace(namespace).await,
+            VectorIndex::Server(i) => i.delete_namespace(namespace).await,
+        }
+    }
+
     /// Sets the enabled and hidden flags on every point of a file.
     pub async fn set_file_flags(
         &self,

@@ -178,6 +178,15 @@ impl ServerIndex {
         Ok(())
     }
 
+    /// Deletes every point of a namespace.
+    pub async fn delete_namespace(&self, namespace: &str) -> Result<(), VectorError> {
+        self.client
+            .delete_points(delete_namespace_request(&self.collection, namespace))
+            .await
+            .map_err(client_error)?;
+        Ok(())
+    }
+
     /// Sets the enabled and hidden flags on every point of a file.
     pub async fn set_file_flags(
         &self,
@@ -379,6 +388,19 @@ fn file_selector(namespace: &str, file_id: &str) -> PointsSelector {
         points_selector_one_of: Some(PointsSelectorOneOf::Filter(filter::to_client(
             &filter::file_clause(namespace, file_id),
         ))),
+    }
+}
+
+pub(crate) fn delete_namespace_request(collection: &str, namespace: &str) -> DeletePoints {
+    DeletePoints {
+        collection_name: collection.to_owned(),
+        wait: Some(true),
+        points: Some(PointsSelector {
+            points_selector_one_of: Some(PointsSelectorOneOf::Filter(filter::to_client(
+                &filter::namespace_clause(namespace),
+            ))),
+        }),
+        ..Default::default()
     }
 }
 
@@ -630,6 +652,22 @@ mod tests {
         let d = delete_file_request("kg", "alpha", "f1");
         assert_eq!(d.points, want);
         assert_eq!(d.wait, Some(true));
+        // A namespace's deletion selects by the namespace alone.
+        let n = delete_namespace_request("kg", "alpha");
+        let Some(PointsSelectorOneOf::Filter(by_namespace)) =
+            n.points.and_then(|p| p.points_selector_one_of)
+        else {
+            panic!("a namespace is deleted by filter");
+        };
+        assert_eq!(
+            (
+                by_namespace.must.len(),
+                by_namespace.should.len(),
+                by_namespace.must_not.len()
+            ),
+            (1, 0, 0)
+        );
+        assert_eq!((n.collection_name.as_str(), n.wait), ("kg", Some(true)));
         let s = set_flags_request("kg", "alpha", "f1", false, true);
         assert_eq!(s.points_selector, want);
         assert_eq!(

@@ -45,7 +45,10 @@ use qdrant_edge::{
 use serde_json::{Map, Value};
 
 use super::filter;
-use super::server::{client_error, delete_file_request, field_index_requests, set_flags_request};
+use super::server::{
+    client_error, delete_file_request, delete_namespace_request, field_index_requests,
+    set_flags_request,
+};
 use super::{
     FieldValue, HIT_FIELDS, MAX_SEARCH_LIMIT, PointKind, Scope, UPSERT_BATCH, VectorError,
     VectorHit, VectorPoint, payload_fields, validate_point,
@@ -245,6 +248,14 @@ impl SparseIndex {
         }
     }
 
+    /// Deletes every point of a namespace (it is being deleted).
+    pub async fn delete_namespace(&self, namespace: &str) -> Result<(), VectorError> {
+        match self {
+            SparseIndex::Edge(i) => i.delete_where(&filter::namespace_clause(namespace)).await,
+            SparseIndex::Server(i) => i.delete_namespace(namespace).await,
+        }
+    }
+
     /// Sets the enabled and hidden flags on every point of a file.
     pub async fn set_file_flags(
         &self,
@@ -416,11 +427,16 @@ impl EdgeSparse {
     }
 
     async fn delete_file(&self, namespace: &str, file_id: &str) -> Result<(), VectorError> {
-        let by_file = filter::to_edge(&filter::file_clause(namespace, file_id));
+        self.delete_where(&filter::file_clause(namespace, file_id))
+            .await
+    }
+
+    async fn delete_where(&self, clause: &filter::Clause) -> Result<(), VectorError> {
+        let selected = filter::to_edge(clause);
         self.write(move |shard| {
             shard
                 .update(UpdateOperation::PointOperation(
-                    PointOperations::DeletePointsByFilter(by_file),
+                    PointOperations::DeletePointsByFilter(selected),
                 ))
                 .map_err(engine)
         })
@@ -595,6 +611,14 @@ impl ServerSparse {
     async fn delete_file(&self, namespace: &str, file_id: &str) -> Result<(), VectorError> {
         self.client
             .delete_points(delete_file_request(&self.collection, namespace, file_id))
+            .await
+            .map_err(client_error)?;
+        Ok(())
+    }
+
+    async fn delete_namespace(&self, namespace: &str) -> Result<(), VectorError> {
+        self.client
+            .delete_points(delete_namespace_request(&self.collection, namespace))
             .await
             .map_err(client_error)?;
         Ok(())
@@ -881,6 +905,17 @@ mod tests {
             ..everything()
         };
         assert_eq!(index.count(&other, &Scope::chunks()).await.unwrap(), 0);
+
+        // A deleted namespace's points go, another's stay.
+        let mut elsewhere = point("else", "else.md", "the other namespace's vault");
+        elsewhere.namespace = "other".into();
+        index.upsert(vec![elsewhere]).await.unwrap();
+        index.delete_namespace("demo").await.unwrap();
+        assert_eq!(
+            index.count(&everything(), &Scope::chunks()).await.unwrap(),
+            0
+        );
+        assert_eq!(index.count(&other, &Scope::chunks()).await.unwrap(), 1);
 
         // qdrant-edge 0.6.0 cannot score sparse vectors: a clear refusal, not a panic.
         let err = index

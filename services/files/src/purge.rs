@@ -1,0 +1,304 @@
+//! Deleting a namespace, the registry's part. The gateway retires the namespace in auth
+//! first (no token reaches it from then on), then calls [`FilesService::purge_namespace`]:
+//! every registry row of the namespace goes in one transaction, the purge is recorded, and
+//! the indexer is asked (`kg.files.v1.<ns>.purged`) to remove the graph, vectors and flags
+//! records. Until the indexer reports them gone (`kg.index.v1.<ns>.purged`, recorded by
+//! [`run_purge_consumer`]) nothing can be written to the namespace and the gateway refuses to
+//! create it again, so a namespace made later under the same name never meets the old one's
+//! graph. The blob sweep removes the content once no version names it.
+
+use std::time::Duration;
+
+use kg_common::access::validate_namespace;
+use kg_common::caller::{now_ms, require_admin};
+use kg_proto::v1::{CallerContext, NamespacePurge, NamespacePurged};
+use kg_stores::consumer::{self, ConsumerSpec, Handled};
+use kg_stores::events;
+use prost::Message as _;
+use sqlx::{AssertSqlSafe, Row as _};
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{FilesError, Result};
+use crate::service::FilesService;
+use crate::store::FilesStore;
+
+/// Rows one purge removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Purged {
+    pub files: i64,
+    pub versions: i64,
+    pub branches: i64,
+    pub releases: i64,
+    pub environments: i64,
+}
+
+/// The registry's tables in the order a purge empties them (children before the rows their
+/// foreign keys name), each with the condition that selects the namespace's rows (`$1`).
+/// Constant text, never input.
+const PURGE_STATEMENTS: [(&str, &str); 10] = [
+    (
+        "kg_file_version_links",
+        "version_id IN (SELECT version_id FROM kg_file_version_meta WHERE namespace = $1)",
+    ),
+    ("kg_file_version_meta", "namespace = $1"),
+    (
+        "kg_environment_deploys",
+        "environment_id IN (SELECT environment_id FROM kg_environments WHERE namespace = $1)",
+    ),
+    ("kg_environments", "namespace = $1"),
+    (
+        "kg_release_files",
+        "release_id IN (SELECT release_id FROM kg_releases WHERE namespace = $1)",
+    ),
+    ("kg_releases", "namespace = $1"),
+    (
+        "kg_branch_files",
+        "branch_id IN (SELECT branch_id FROM kg_branches WHERE namespace = $1)",
+    ),
+    ("kg_branches", "namespace = $1"),
+    (
+        "kg_file_versions",
+        "file_id IN (SELECT file_id FROM kg_files WHERE namespace = $1)",
+    ),
+    ("kg_files", "namespace = $1"),
+];
+
+fn count(rows: u64) -> i64 {
+    i64::try_from(rows).unwrap_or(i64::MAX)
+}
+
+impl FilesStore {
+    /// Removes every row of `namespace` and records its purge as asked for at
+    /// `requested_at_ms` and unconfirmed, in one transaction.
+    pub(crate) async fn purge_namespace(
+        &self,
+        namespace: &str,
+        requested_at_ms: i64,
+    ) -> Result<Purged> {
+        let mut tx = self.sql().pool().begin().await?;
+        let mut purged = Purged::default();
+        for (table, condition) in PURGE_STATEMENTS {
+            let sql = format!("DELETE FROM {table} WHERE {condition}");
+            let removed = sqlx::query(AssertSqlSafe(sql))
+                .bind(namespace)
+                .execute(&mut *tx)
+                .await?
+                .rows_affected();
+            match table {
+                "kg_files" => purged.files = count(removed),
+                "kg_file_versions" => purged.versions = count(removed),
+                "kg_branches" => purged.branches = count(removed),
+                "kg_releases" => purged.releases = count(removed),
+                "kg_environments" => purged.environments = count(removed),
+                _ => {}
+            }
+        }
+        let updated = sqlx::query(
+            "UPDATE kg_namespace_purges SET requested_at_ms = $1, purged_at_ms = 0 WHERE namespace = $2",
+        )
+        .bind(requested_at_ms)
+        .bind(namespace)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if updated == 0 {
+            sqlx::query(
+                "INSERT INTO kg_namespace_purges (namespace, requested_at_ms, purged_at_ms) VALUES ($1, $2, 0)",
+            )
+            .bind(namespace)
+            .bind(requested_at_ms)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(purged)
+    }
+
+    /// The namespace's last purge: (asked for at, confirmed at or 0); `None` when never purged.
+    pub(crate) async fn namespace_purge(&self, namespace: &str) -> Result<Option<(i64, i64)>> {
+        let row = sqlx::query(
+            "SELECT requested_at_ms, purged_at_ms FROM kg_namespace_purges WHERE namespace = $1",
+        )
+        .bind(namespace)
+        .fetch_optional(self.sql().pool())
+        .await?;
+        row.map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+            .transpose()
+    }
+
+    /// Records the indexer's report on the purge asked for at `requested_at_ms`; `false` when a
+    /// later purge was asked for since (its own report is still to come).
+    pub(crate) async fn confirm_purge(
+        &self,
+        namespace: &str,
+        requested_at_ms: i64,
+        at_ms: i64,
+    ) -> Result<bool> {
+        let updated = sqlx::query(
+            "UPDATE kg_namespace_purges SET purged_at_ms = $1 \
+             WHERE namespace = $2 AND requested_at_ms = $3 AND purged_at_ms = 0",
+        )
+        .bind(at_ms)
+        .bind(namespace)
+        .bind(requested_at_ms)
+        .execute(self.sql().pool())
+        .await?
+        .rows_affected();
+        Ok(updated > 0)
+    }
+
+    /// The purges the indexer has not reported done: (namespace, asked for at).
+    pub(crate) async fn unconfirmed_purges(&self) -> Result<Vec<(String, i64)>> {
+        let rows = sqlx::query(
+            "SELECT namespace, requested_at_ms FROM kg_namespace_purges WHERE purged_at_ms = 0 ORDER BY namespace",
+        )
+        .fetch_all(self.sql().pool())
+        .await?;
+        rows.iter()
+            .map(|row| Ok((row.try_get(0)?, row.try_get(1)?)))
+            .collect()
+    }
+}
+
+/// Purges are for the deployment's admins, on a valid namespace name.
+fn deployment_admin(caller: &CallerContext, namespace: &str) -> Result<()> {
+    require_admin(caller).map_err(|_| FilesError::PurgeDenied)?;
+    validate_namespace(namespace)?;
+    Ok(())
+}
+
+fn purge_answer(namespace: &str, requested_at_ms: i64, purged_at_ms: i64) -> NamespacePurge {
+    NamespacePurge {
+        namespace: namespace.to_owned(),
+        requested_at_ms,
+        purged_at_ms,
+        ..NamespacePurge::default()
+    }
+}
+
+impl FilesService {
+    /// Admin of the deployment: removes the namespace's registry rows and asks the indexer to
+    /// remove its graph and vectors (see the module). Called again, it removes whatever was
+    /// registered since and asks again.
+    pub async fn purge_namespace(
+        &self,
+        caller: &CallerContext,
+        namespace: &str,
+    ) -> Result<NamespacePurge> {
+        deployment_admin(caller, namespace)?;
+        let requested_at_ms = now_ms();
+        let purged = self
+            .store
+            .purge_namespace(namespace, requested_at_ms)
+            .await?;
+        self.publish_purge(namespace, requested_at_ms).await?;
+        tracing::info!(
+            namespace,
+            files = purged.files,
+            versions = purged.versions,
+            branches = purged.branches,
+            releases = purged.releases,
+            environments = purged.environments,
+            "namespace purged from the registry; the indexer is asked to remove its graph and vectors"
+        );
+        Ok(NamespacePurge {
+            files_removed: purged.files,
+            versions_removed: purged.versions,
+            branches_removed: purged.branches,
+            releases_removed: purged.releases,
+            environments_removed: purged.environments,
+            ..purge_answer(namespace, requested_at_ms, 0)
+        })
+    }
+
+    /// Admin of the deployment: where the namespace's last purge stands.
+    pub async fn namespace_purge(
+        &self,
+        caller: &CallerContext,
+        namespace: &str,
+    ) -> Result<NamespacePurge> {
+        deployment_admin(caller, namespace)?;
+        match self.store.namespace_purge(namespace).await? {
+            Some((requested, purged)) => Ok(purge_answer(namespace, requested, purged)),
+            None => Err(FilesError::TargetNotFound(format!(
+                "a purge of namespace `{namespace}`"
+            ))),
+        }
+    }
+
+    /// Refuses a write into a namespace whose purge the indexer has not reported done.
+    pub(crate) async fn refuse_while_purging(&self, namespace: &str) -> Result<()> {
+        match self.store.namespace_purge(namespace).await? {
+            Some((_, 0)) => Err(FilesError::NamespacePurging(namespace.to_owned())),
+            _ => Ok(()),
+        }
+    }
+
+    /// Records the indexer's report that a namespace's graph and vectors are gone.
+    pub async fn apply_purged(&self, event: &NamespacePurged) -> Result<bool> {
+        let confirmed = self
+            .store
+            .confirm_purge(&event.namespace, event.requested_at_ms, now_ms())
+            .await?;
+        if confirmed {
+            tracing::info!(namespace = %event.namespace, "the indexer removed a deleted namespace's graph and vectors");
+        }
+        Ok(confirmed)
+    }
+
+    /// Asks the indexer to remove the namespace's graph and vectors.
+    pub(crate) async fn publish_purge(&self, namespace: &str, requested_at_ms: i64) -> Result<()> {
+        let event = NamespacePurged {
+            namespace: namespace.to_owned(),
+            requested_at_ms,
+        };
+        let subject = events::files_purged_subject(namespace)?;
+        let msg_id = format!("purge:{namespace}:{requested_at_ms}");
+        events::publish(&self.jetstream, &subject, &msg_id, event.encode_to_vec())
+            .await
+            .map_err(|err| {
+                tracing::error!(error = %err.detail(), namespace, "could not ask the indexer to remove a deleted namespace");
+                FilesError::PurgeUnqueued(namespace.to_owned())
+            })
+    }
+
+    /// Asks again for every purge the indexer has not reported done (after a stream was lost).
+    pub(crate) async fn republish_unconfirmed_purges(&self) -> Result<usize> {
+        let pending = self.store.unconfirmed_purges().await?;
+        for (namespace, requested_at_ms) in &pending {
+            self.publish_purge(namespace, *requested_at_ms).await?;
+        }
+        Ok(pending.len())
+    }
+}
+
+/// Records the indexer's purge reports from `kg.index.v1.*.purged` until `shutdown`.
+pub(crate) async fn run_purge_consumer(
+    service: FilesService,
+    jetstream: async_nats::jetstream::Context,
+    shutdown: CancellationToken,
+) -> Result<()> {
+    let spec = ConsumerSpec {
+        stream: events::INDEX_STREAM.to_owned(),
+        durable: "files-purges".to_owned(),
+        filter_subject: "kg.index.v1.*.purged".to_owned(),
+        max_deliver: 20,
+        ack_wait: Duration::from_secs(30),
+    };
+    consumer::run(&jetstream, &spec, shutdown, |delivery| {
+        let service = service.clone();
+        let payload = delivery.payload.to_vec();
+        async move {
+            let Ok(event) = NamespacePurged::decode(payload.as_slice()) else {
+                tracing::warn!("dropping an undecodable purge report");
+                return Handled::Ack;
+            };
+            match service.apply_purged(&event).await {
+                Ok(_) => Handled::Ack,
+                Err(err) => Handled::Retry(err.to_string()),
+            }
+        }
+    })
+    .await?;
+    Ok(())
+}
