@@ -840,6 +840,15 @@ mod tests {
         ]));
         assert!(!parses(&["grant", "put", "--namespace", "demo"]));
         assert!(parses(&["grant", "list"]));
+        assert!(parses(&["ns", "delete", "handbook", "--yes", "--no-wait"]));
+        assert!(parses(&[
+            "ns",
+            "delete",
+            "handbook",
+            "--timeout-seconds",
+            "60"
+        ]));
+        assert!(!parses(&["ns", "delete"]));
         assert!(!parses(&[
             "grant",
             "list",

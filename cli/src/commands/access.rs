@@ -20,7 +20,29 @@ pub(crate) enum NsCommand {
         #[command(flatten)]
         remote: Remote,
     },
+    /// Delete a namespace and everything in it: files, versions, branches, releases,
+    /// environments, grants, denies, its TBox, graph and vectors. No token reaches it from the
+    /// first moment; the stored content goes at the next blob sweep. Run it again to finish a
+    /// deletion that stopped halfway.
+    Delete {
+        name: String,
+        /// Confirm: the namespace cannot be restored.
+        #[arg(long)]
+        yes: bool,
+        /// Return once the request is made, without waiting for the indexer to remove the
+        /// graph and vectors (`GET /api/v1/namespaces/{ns}/purge` reports it).
+        #[arg(long)]
+        no_wait: bool,
+        /// How long to wait for the indexer, in seconds.
+        #[arg(long, default_value_t = 300)]
+        timeout_seconds: u64,
+        #[command(flatten)]
+        remote: Remote,
+    },
 }
+
+/// How often `ns delete` asks whether the indexer is done.
+const PURGE_POLL: std::time::Duration = std::time::Duration::from_millis(500);
 
 pub(crate) async fn ns(command: NsCommand) -> anyhow::Result<()> {
     match command {
@@ -41,6 +63,42 @@ pub(crate) async fn ns(command: NsCommand) -> anyhow::Result<()> {
         NsCommand::List { remote } => {
             let v = remote.client()?.get(&["namespaces"], &[]).await?;
             remote.print(&v)
+        }
+        NsCommand::Delete {
+            name,
+            yes,
+            no_wait,
+            timeout_seconds,
+            remote,
+        } => {
+            if !yes {
+                anyhow::bail!(
+                    "deleting namespace `{name}` removes every file, grant, TBox, graph and vector \
+                     in it for good; run again with --yes to confirm"
+                );
+            }
+            let client = remote.client()?;
+            let mut deleted = client.delete(&["namespaces", &name]).await?;
+            if !no_wait {
+                let deadline =
+                    std::time::Instant::now() + std::time::Duration::from_secs(timeout_seconds);
+                loop {
+                    let purge = client.get(&["namespaces", &name, "purge"], &[]).await?;
+                    if purge["done"] == json!(true) {
+                        deleted["purge"] = purge;
+                        break;
+                    }
+                    if std::time::Instant::now() >= deadline {
+                        anyhow::bail!(
+                            "namespace `{name}` is deleted, but the indexer has not removed its \
+                             graph and vectors within {timeout_seconds} s (is it running?); \
+                             `kgmesh ns delete {name} --yes` again asks it again"
+                        );
+                    }
+                    tokio::time::sleep(PURGE_POLL).await;
+                }
+            }
+            remote.print(&deleted)
         }
     }
 }

@@ -86,9 +86,9 @@ impl IntoResponse for ApiError {
     }
 }
 
-type ApiResult = Result<Response, ApiError>;
+pub(crate) type ApiResult = Result<Response, ApiError>;
 
-fn backend(service: &'static str) -> impl Fn(tonic::Status) -> ApiError {
+pub(crate) fn backend(service: &'static str) -> impl Fn(tonic::Status) -> ApiError {
     move |status| ApiError(ClientError::from_status(service, &status))
 }
 
@@ -141,7 +141,7 @@ fn created(body: serde_json::Value) -> Response {
     (StatusCode::CREATED, Json(body)).into_response()
 }
 
-fn ok(body: serde_json::Value) -> Response {
+pub(crate) fn ok(body: serde_json::Value) -> Response {
     Json(body).into_response()
 }
 
@@ -179,6 +179,7 @@ async fn create_namespace(
     body: Result<Json<CreateNamespaceBody>, JsonRejection>,
 ) -> ApiResult {
     let body = json_body(body)?;
+    super::namespaces::refuse_while_purging(&state, &caller, &body.name).await?;
     let ns = state
         .backends
         .auth

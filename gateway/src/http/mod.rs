@@ -7,6 +7,7 @@ mod approvals;
 mod dto;
 pub(crate) mod guard;
 mod knowledge_graph;
+mod namespaces;
 mod session_calls;
 mod tbox;
 mod versions;
@@ -73,6 +74,7 @@ pub fn router(state: GatewayState) -> Router {
             ))
     };
     let admin = admin_api(admin::routes(state.clone()));
+    let namespaces = admin_api(namespaces::routes(state.clone()));
     let approvals = admin_api(approvals::routes(&state));
     let versions = admin_api(versions::routes(state.clone()));
     let tbox = admin_api(tbox::routes(&state));
@@ -99,6 +101,7 @@ pub fn router(state: GatewayState) -> Router {
         .with_state(state)
         .merge(mcp)
         .merge(admin)
+        .merge(namespaces)
         .merge(versions)
         .merge(graph)
         .merge(approvals)

@@ -41,10 +41,13 @@ pub(crate) struct TboxState {
     graph: GraphClient<Channel>,
 }
 
-/// The TBox routes; the bearer middleware is added by the caller.
-pub(crate) fn routes(state: &GatewayState) -> Router {
-    let client = state.config.ontology_addr.as_deref().and_then(|addr| {
-        match kg_common::grpc::channel(addr) {
+/// A client of the ontology service, when the gateway is configured with one.
+pub(crate) fn ontology_client(state: &GatewayState) -> Option<OntologyClient<Channel>> {
+    state
+        .config
+        .ontology_addr
+        .as_deref()
+        .and_then(|addr| match kg_common::grpc::channel(addr) {
             Ok(channel) => Some(
                 OntologyClient::new(channel)
                     .max_decoding_message_size(kg_common::grpc::MAX_MESSAGE_BYTES)
@@ -54,8 +57,12 @@ pub(crate) fn routes(state: &GatewayState) -> Router {
                 tracing::error!(addr, error = %err, "ontology service address unusable");
                 None
             }
-        }
-    });
+        })
+}
+
+/// The TBox routes; the bearer middleware is added by the caller.
+pub(crate) fn routes(state: &GatewayState) -> Router {
+    let client = ontology_client(state);
     Router::new()
         .route("/api/v1/namespaces/{ns}/tbox", get(published))
         .route(
