@@ -7,7 +7,9 @@
 //! 4. auth forgets it.
 //!
 //! Each step is idempotent, and step 1 answers a namespace already retired, so a deletion that
-//! stopped halfway (a service down) is finished by sending it again. The indexer's removal is
+//! stopped halfway (a service down) is finished by sending it again; sent again once auth has
+//! forgotten the namespace but before the indexer reported its part, steps 2 and 3 run again
+//! (which asks the indexer again). The indexer's removal is
 //! asynchronous: `GET /api/v1/namespaces/{ns}/purge` reports it, and creating the namespace
 //! again is refused until it is done, so a new namespace of the same name never meets the old
 //! one's graph.
@@ -48,14 +50,26 @@ async fn delete_namespace(
     Path(ns): Path<String>,
 ) -> ApiResult {
     valid_namespace(&ns)?;
-    let retired = state
+    let answer = state
         .backends
         .auth
         .clone()
         .retire_namespace(caller.request(RetireNamespaceRequest { name: ns.clone() }))
-        .await
-        .map_err(backend("auth"))?
-        .into_inner();
+        .await;
+    let retired = match answer {
+        Ok(retired) => Some(retired.into_inner()),
+        // Auth forgot it already, but the indexer has not reported its part: the steps after
+        // auth's run again, which asks the indexer again.
+        Err(status)
+            if status.code() == tonic::Code::NotFound
+                && purge_of(&state, &caller, &ns)
+                    .await
+                    .is_some_and(|purge| purge.purged_at_ms == 0) =>
+        {
+            None
+        }
+        Err(status) => return Err(backend("auth")(status)),
+    };
     let purge = state
         .backends
         .files
@@ -83,13 +97,16 @@ async fn delete_namespace(
         // No ontology service, no TBox to remove: publishing one goes through it.
         None => json!({"skipped": "no ontology service is configured for this gateway"}),
     };
-    state
-        .backends
-        .auth
-        .clone()
-        .delete_namespace(caller.request(DeleteNamespaceRequest { name: ns.clone() }))
-        .await
-        .map_err(backend("auth"))?;
+    let retired = retired.unwrap_or_default();
+    if retired.namespace.is_some() {
+        state
+            .backends
+            .auth
+            .clone()
+            .delete_namespace(caller.request(DeleteNamespaceRequest { name: ns.clone() }))
+            .await
+            .map_err(backend("auth"))?;
+    }
     Ok(ok(json!({
         "namespace": ns,
         "retiredAtMs": retired.retired_at_ms,
@@ -124,6 +141,20 @@ async fn purge_status(
     let mut body = purge_json(&purge);
     body["namespace"] = json!(ns);
     Ok(ok(body))
+}
+
+/// The namespace's last purge, when files has one to show this caller.
+async fn purge_of(state: &GatewayState, caller: &Caller, ns: &str) -> Option<NamespacePurge> {
+    state
+        .backends
+        .files
+        .clone()
+        .get_namespace_purge(caller.request(GetNamespacePurgeRequest {
+            namespace: ns.to_owned(),
+        }))
+        .await
+        .ok()
+        .map(tonic::Response::into_inner)
 }
 
 /// Refuses to create `ns` while the indexer is still removing a deleted namespace of that
