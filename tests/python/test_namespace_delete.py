@@ -1,14 +1,14 @@
 """Deleting a namespace, as an operator does it: `kgmesh ns delete NAME --yes` on the shared mesh.
 
-A namespace with files, a published TBox and a reader is deleted. From then on no token reaches
-it, not even an admin's, and no listing shows it. Its FalkorDB graph and its TBox are gone. Its
-name stays taken until the indexer reports the graph and vectors gone
-(`GET /api/v1/namespaces/{ns}/purge`). Made again under the same name, it starts empty: nothing of
-the old files is found, and the old reader's grant is gone. Deleted once more, the command waits
-for the indexer itself.
+A namespace with files, a published TBox and a reader is deleted without waiting for the indexer;
+`GET /api/v1/namespaces/{ns}/purge` then reports its part done. From then on no token reaches the
+namespace, not even an admin's, and no listing shows it. Its FalkorDB graph and its TBox are gone.
+Made again under the same name, it starts empty: nothing of the old files is found, and the old
+reader's grant is gone. Deleted once more, the command waits for the indexer itself.
 
-Also checked: the confirmation flag, a non-admin refused, a deletion sent again before the indexer
-reported (it asks again), and an unknown name. Each deletion is in the audit log.
+Also checked: the confirmation flag, a non-admin refused, and an unknown name. Each deletion is in
+the audit log. The name held while the indexer works, and a deletion sent again meanwhile, are
+checked against test doubles in the gateway's tests: here the indexer's part takes milliseconds.
 """
 
 from __future__ import annotations
@@ -92,18 +92,12 @@ async def test_a_deleted_namespace_is_gone_from_every_store_and_its_name_starts_
     assert deleted["tbox"] == {"versionsRemoved": 1, "draftRemoved": True}, deleted
     assert deleted["purge"]["done"] is False, deleted
 
-    # The name stays taken until the indexer has removed the graph and vectors (it removes them
-    # twice, seconds apart, so this is well within that time).
-    early = mesh.run("ns", "create", ns)
-    assert early.returncode != 0 and "still removing its graph and vectors" in early.stderr, early.stderr
-    # Sent again meanwhile, the deletion asks the indexer again (auth has forgotten the name).
-    resent = mesh.cli("ns", "delete", ns, "--yes", "--no-wait")
-    assert (resent["filesRemoved"], resent["retiredAtMs"], resent["purge"]["done"]) == (0, 0, False), resent
+    # The indexer's part ends on its own: the purge status says when.
     deadline = time.monotonic() + 60
     while not (status := purge_status(mesh, ns))["done"]:
         assert time.monotonic() < deadline, status
         time.sleep(0.2)
-    assert status["purgedAtMs"] >= status["requestedAtMs"] == resent["purge"]["requestedAtMs"], status
+    assert status["purgedAtMs"] >= status["requestedAtMs"] == deleted["purge"]["requestedAtMs"], status
 
     # Gone from every store, for every token.
     assert ns not in namespaces(mesh)
@@ -141,7 +135,7 @@ async def test_a_deleted_namespace_is_gone_from_every_store_and_its_name_starts_
     while True:
         audit = mesh.cli("audit", "--tool", "admin:DELETE /api/v1/namespaces/{ns}")
         outcomes = sorted(e["outcome"] for e in audit["events"] if ns in e["namespaces"])
-        if len(outcomes) >= 5 or time.monotonic() > deadline:
+        if len(outcomes) >= 4 or time.monotonic() > deadline:
             break
         time.sleep(0.5)
-    assert outcomes == ["not_found", "ok", "ok", "ok", "permission_denied"], audit
+    assert outcomes == ["not_found", "ok", "ok", "permission_denied"], audit

@@ -31,7 +31,8 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
 use in_flight::{InFlight, Pending};
-use leases::{Lease, Leases};
+use leases::Lease;
+pub(crate) use leases::Leases;
 
 /// How long one pull request waits for messages before a new one is sent.
 const PULL_EXPIRES: Duration = Duration::from_secs(10);

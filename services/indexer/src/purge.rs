@@ -3,13 +3,14 @@
 //! reports it to the files service, which lets the name be used again only then.
 //!
 //! Change events of the namespace may still be queued behind the purge (it travels on a
-//! consumer of its own) or running on another replica. So the purge is recorded first, in a
-//! KV bucket every replica reads before each event: an event made at or before the request
+//! consumer of its own) or running on a replica. So the purge is recorded first, in a KV
+//! bucket every replica reads before each event: an event made at or before the request
 //! (`changed_at_ms` against `requested_at_ms`, both the files service's clock) is dropped,
-//! however late it comes, and even once a namespace of the same name exists again. A write
-//! already past that check when the record lands is caught by a second removal a few seconds
-//! after the first ([`PURGE_SETTLE`]): an upsert checks again just before its graph write,
-//! and what remains after that check takes well under that.
+//! however late it comes, and even once a namespace of the same name exists again. An event
+//! already past that check when the record lands (an upsert checks again just before its first
+//! write) still holds its file's lease: the purge removes everything once, waits until no lease
+//! of the namespace is held on any replica, and removes everything again before it reports.
+//! An event that takes a lease after that wait began reads the record and is dropped.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -33,8 +34,11 @@ use crate::flags::FlagsLedger;
 /// One entry per deleted namespace: when its last purge was asked for.
 const PURGES_BUCKET: &str = "kg_indexer_purges";
 
-/// How long after the first removal the second one runs (see the module).
-pub(crate) const PURGE_SETTLE: Duration = Duration::from_secs(5);
+/// How often the purge asks whether events of the namespace still run.
+const RUNNING_POLL: Duration = Duration::from_millis(200);
+/// How long one delivery of a purge may take before it is redelivered: the wait for running
+/// events lasts as long as the slowest of them (a large file's LLM extraction).
+const PURGE_ACK_WAIT: Duration = Duration::from_secs(15 * 60);
 
 /// The shared record of deleted namespaces, and what this process last saw of it.
 pub(crate) struct Purges {
@@ -152,6 +156,8 @@ pub(crate) struct Purger {
     pub flags: FlagsLedger,
     pub purges: std::sync::Arc<Purges>,
     pub jetstream: jetstream::Context,
+    /// The scope of the lanes' leases (the main consumer's durable name).
+    pub lease_scope: String,
 }
 
 impl Purger {
@@ -183,6 +189,27 @@ impl Purger {
         Ok(())
     }
 
+    /// Waits until no event of the namespace runs on any replica (see the module).
+    async fn wait_while_running(&self, namespace: &str) -> Result<(), String> {
+        let prefix = format!("{namespace}\u{0}");
+        let started = std::time::Instant::now();
+        loop {
+            let running = crate::lanes::Leases::held(&self.jetstream, &self.lease_scope, &prefix)
+                .await
+                .map_err(|e| e.detail())?;
+            if running == 0 {
+                return Ok(());
+            }
+            tracing::debug!(
+                namespace,
+                running,
+                waited_ms = started.elapsed().as_millis(),
+                "waiting for events of a deleted namespace to end"
+            );
+            tokio::time::sleep(RUNNING_POLL).await;
+        }
+    }
+
     async fn purge(&self, event: &NamespacePurged) -> Result<(), String> {
         let namespace = event.namespace.as_str();
         self.purges
@@ -190,7 +217,7 @@ impl Purger {
             .await
             .map_err(|e| e.detail())?;
         self.remove(namespace).await?;
-        tokio::time::sleep(PURGE_SETTLE).await;
+        self.wait_while_running(namespace).await?;
         self.remove(namespace).await?;
         let subject = events::index_purged_subject(namespace).map_err(|e| e.detail())?;
         let msg_id = format!("purged:{namespace}:{}", event.requested_at_ms);
@@ -215,7 +242,7 @@ pub(crate) async fn run(purger: Purger, shutdown: CancellationToken) -> Result<(
         filter_subject: "kg.files.v1.*.purged".to_owned(),
         // A purge must happen: a store that is down is waited for (the backoff caps at 60 s).
         max_deliver: 1000,
-        ack_wait: PURGE_SETTLE * 6,
+        ack_wait: PURGE_ACK_WAIT,
     };
     let jetstream = purger.jetstream.clone();
     let purger = &purger;

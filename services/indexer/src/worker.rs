@@ -212,6 +212,7 @@ async fn run_worker(
             flags: worker.flags.clone(),
             purges: std::sync::Arc::clone(&worker.purges),
             jetstream: jetstream.clone(),
+            lease_scope: spec.durable.clone(),
         },
         shutdown.clone(),
     );
@@ -345,17 +346,15 @@ impl Worker {
             );
             return Handled::Ack;
         };
-        match self.outdated_by_purge(&event).await {
-            Ok(false) => {}
-            Ok(true) => return Handled::Ack,
-            Err(Failure::Retry(reason)) => return Handled::Retry(reason),
-            Err(Failure::Permanent(reason)) => return self.give_up(&event, &reason, false).await,
-        }
-        let result = match event.op() {
-            FileChangeOp::Upsert => self.upsert(&event, delivery.sequence).await,
-            FileChangeOp::Delete => self.delete(&event).await,
-            FileChangeOp::Flags => self.set_flags(&event, delivery.sequence).await,
-            FileChangeOp::Unspecified => Ok(()),
+        let result = match self.outdated_by_purge(&event).await {
+            Ok(true) => Ok(()),
+            Ok(false) => match event.op() {
+                FileChangeOp::Upsert => self.upsert(&event, delivery.sequence).await,
+                FileChangeOp::Delete => self.delete(&event).await,
+                FileChangeOp::Flags => self.set_flags(&event, delivery.sequence).await,
+                FileChangeOp::Unspecified => Ok(()),
+            },
+            Err(failure) => Err(failure),
         };
         match result {
             Ok(()) => Handled::Ack,
@@ -485,8 +484,9 @@ impl Worker {
                     _ => Failure::Retry(e.to_string()),
                 })?;
         }
-        // Checked again at the last moment: the namespace may have been deleted while the
-        // version was parsed and embedded (the purge removes whatever slips past, once more).
+        // Checked again before the first write: the namespace may have been deleted while the
+        // version was parsed and embedded (what slips past is removed by the purge, which
+        // waits for this event to end).
         if self.outdated_by_purge(event).await? {
             return Ok(());
         }

@@ -170,20 +170,47 @@ impl Auth for TestAuth {
     async fn signing_key(&self, _: tonic::Request<SigningKeyRequest>) -> Res<SigningKeyResponse> {
         unimplemented()
     }
-    async fn create_namespace(&self, _: tonic::Request<CreateNamespaceRequest>) -> Res<Namespace> {
-        unimplemented()
+    async fn create_namespace(
+        &self,
+        request: tonic::Request<CreateNamespaceRequest>,
+    ) -> Res<Namespace> {
+        self.recorded.note(&request)?;
+        let r = request.into_inner();
+        Ok(Response::new(Namespace {
+            name: r.name,
+            description: r.description,
+            created_at_ms: 1,
+        }))
     }
+    /// Only `live` exists.
     async fn retire_namespace(
         &self,
-        _: tonic::Request<RetireNamespaceRequest>,
+        request: tonic::Request<RetireNamespaceRequest>,
     ) -> Res<RetireNamespaceResponse> {
-        unimplemented()
+        self.recorded.note(&request)?;
+        let name = request.into_inner().name;
+        if name != "live" {
+            return Err(status_with_code(
+                ErrorCode::NotFound,
+                format!("namespace `{name}` not found"),
+            ));
+        }
+        Ok(Response::new(RetireNamespaceResponse {
+            namespace: Some(Namespace {
+                name,
+                ..Default::default()
+            }),
+            retired_at_ms: 3,
+            grants_removed: 2,
+            denies_removed: 1,
+        }))
     }
     async fn delete_namespace(
         &self,
-        _: tonic::Request<DeleteNamespaceRequest>,
+        request: tonic::Request<DeleteNamespaceRequest>,
     ) -> Res<DeleteNamespaceResponse> {
-        unimplemented()
+        self.recorded.note(&request)?;
+        Ok(Response::new(DeleteNamespaceResponse { deleted: true }))
     }
     async fn list_namespaces(
         &self,
@@ -457,15 +484,39 @@ impl Files for TestFiles {
     }
     async fn purge_namespace(
         &self,
-        _: tonic::Request<PurgeNamespaceRequest>,
+        request: tonic::Request<PurgeNamespaceRequest>,
     ) -> Res<NamespacePurge> {
-        unimplemented()
+        self.recorded.note(&request)?;
+        Ok(Response::new(NamespacePurge {
+            namespace: request.into_inner().namespace,
+            requested_at_ms: 7,
+            files_removed: 4,
+            ..Default::default()
+        }))
     }
+    /// `purging` waits for the indexer, `purged` was purged; no other was.
     async fn get_namespace_purge(
         &self,
-        _: tonic::Request<GetNamespacePurgeRequest>,
+        request: tonic::Request<GetNamespacePurgeRequest>,
     ) -> Res<NamespacePurge> {
-        unimplemented()
+        self.recorded.note(&request)?;
+        let namespace = request.into_inner().namespace;
+        let purged_at_ms = match namespace.as_str() {
+            "purging" => 0,
+            "purged" => 9,
+            _ => {
+                return Err(status_with_code(
+                    ErrorCode::NotFound,
+                    "a purge of the namespace not found",
+                ));
+            }
+        };
+        Ok(Response::new(NamespacePurge {
+            namespace,
+            requested_at_ms: 5,
+            purged_at_ms,
+            ..Default::default()
+        }))
     }
     async fn create_branch(&self, _: tonic::Request<CreateBranchRequest>) -> Res<Branch> {
         unimplemented()

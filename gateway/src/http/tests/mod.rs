@@ -775,6 +775,91 @@ async fn admin_rest_forwards_the_signed_context() {
     assert_eq!(response.status(), StatusCode::BAD_REQUEST);
 }
 
+#[tokio::test]
+async fn a_namespace_deletion_runs_across_the_services_and_holds_its_name() {
+    let fixture = start_auth().await;
+    let app = app(full_config(&fixture).await);
+    let recorded = &fixture.recorded;
+    let send = async |method: &str, uri: &str, body: Option<&str>| {
+        let builder = request(method, uri).header(header::AUTHORIZATION, format!("Bearer {GOOD}"));
+        let request = match body {
+            Some(json) => builder
+                .header(header::CONTENT_TYPE, "application/json")
+                .body(Body::from(json.to_owned())),
+            None => builder.body(Body::empty()),
+        };
+        let response = app.clone().oneshot(request.unwrap()).await.unwrap();
+        (response.status(), body_json(response).await)
+    };
+
+    // Auth retires it, files purges it, auth forgets it; no ontology service, no TBox step.
+    let (status, body) = send("DELETE", "/api/v1/namespaces/live", None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        (
+            &body["retiredAtMs"],
+            &body["grantsRemoved"],
+            &body["filesRemoved"]
+        ),
+        (&json!(3), &json!(2), &json!(4))
+    );
+    assert_eq!(
+        body["purge"],
+        json!({"requestedAtMs": 7, "purgedAtMs": 0, "done": false})
+    );
+    assert!(body["tbox"]["skipped"].is_string(), "{body}");
+    assert!(recorded.saw(&kg_proto::v1::DeleteNamespaceRequest {
+        name: "live".into()
+    }));
+
+    // Auth forgot it but the indexer has not reported: files is asked again, auth is not.
+    let (status, body) = send("DELETE", "/api/v1/namespaces/purging", None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["retiredAtMs"], json!(0));
+    assert!(recorded.saw(&kg_proto::v1::PurgeNamespaceRequest {
+        namespace: "purging".into()
+    }));
+    assert!(!recorded.saw(&kg_proto::v1::DeleteNamespaceRequest {
+        name: "purging".into()
+    }));
+    // Purged and reported, or never there: not found.
+    for gone in ["purged", "never"] {
+        let (status, body) = send("DELETE", &format!("/api/v1/namespaces/{gone}"), None).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{gone}: {body}");
+        assert!(!recorded.saw(&kg_proto::v1::PurgeNamespaceRequest {
+            namespace: gone.into()
+        }));
+    }
+    let (status, _) = send("DELETE", "/api/v1/namespaces/bad.name", None).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+
+    // The name stays taken until the indexer has reported.
+    let (status, body) = send("POST", "/api/v1/namespaces", Some(r#"{"name":"purging"}"#)).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("still removing its graph and vectors"),
+        "{body}"
+    );
+    assert!(!recorded.saw(&kg_proto::v1::CreateNamespaceRequest {
+        name: "purging".into(),
+        description: String::new()
+    }));
+    for free in ["purged", "fresh"] {
+        let json = format!(r#"{{"name":"{free}"}}"#);
+        let (status, body) = send("POST", "/api/v1/namespaces", Some(&json)).await;
+        assert_eq!(status, StatusCode::CREATED, "{free}: {body}");
+    }
+    let (status, body) = send("GET", "/api/v1/namespaces/purging/purge", None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        body,
+        json!({"namespace": "purging", "requestedAtMs": 5, "purgedAtMs": 0, "done": false})
+    );
+}
+
 /// Reads JSON-RPC lines until the response with `id` arrives.
 async fn read_response<R: tokio::io::AsyncBufRead + Unpin>(
     lines: &mut tokio::io::Lines<R>,

@@ -105,6 +105,27 @@ impl Leases {
         format!("{scope}.{}", hex::encode(key.as_bytes()))
     }
 
+    /// How many leases of `scope` are held now on lane keys starting with `key_prefix`: the
+    /// events of those keys running on any replica.
+    pub(crate) async fn held(
+        js: &jetstream::Context,
+        scope: &str,
+        key_prefix: &str,
+    ) -> Result<usize, StoreError> {
+        use futures::TryStreamExt as _;
+        let bucket = js.get_key_value(LEASE_BUCKET).await.map_err(events_err)?;
+        // Hex keeps byte order: the bucket keys of the prefix's lane keys start with this.
+        let prefix = Self::bucket_key(scope, key_prefix);
+        bucket
+            .keys()
+            .await
+            .map_err(events_err)?
+            .try_filter(|key| std::future::ready(key.starts_with(&prefix)))
+            .try_fold(0, |held, _| std::future::ready(Ok(held + 1)))
+            .await
+            .map_err(events_err)
+    }
+
     /// Waits until this replica holds the lease of `key`; `None` if `shutdown` came first.
     pub(crate) async fn acquire(
         &self,

@@ -26,7 +26,7 @@ const NS: &str = "llmx";
 
 /// The `/metrics` counters are process-wide: the tests that call an LLM take turns, so
 /// each sees only its own counts (under `cargo test` they share one process).
-static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+pub(crate) static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The `kgmesh_llm_*` samples of the encoded registry, in a fixed order: requests,
 /// prompt tokens, completion tokens, failed batches, dropped items, skipped chunks.

@@ -1,8 +1,9 @@
 //! A deleted namespace's purge: its graph, vectors and flags records go while a backlog of
 //! other files is still being embedded, the files service hears it done, an upload of the
 //! namespace queued before the purge never brings it back, and one made after it (the
-//! namespace created again) is indexed. Another namespace is untouched. Real NATS, FalkorDB
-//! and qdrant-edge.
+//! namespace created again) is indexed. Another namespace is untouched. An upload already
+//! writing when the purge comes (its LLM extraction slow) is waited for, and nothing of the
+//! namespace is left after it. Real NATS, FalkorDB and qdrant-edge.
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,7 +23,7 @@ use crate::stores::{SlowOn, Stores};
 const DOOMED: &str = "doomed";
 const KEPT: &str = "kept";
 const SLOW: Duration = Duration::from_millis(1500);
-/// Slow files queued before the purge: together longer than its settle time (5 s).
+/// Slow files queued before the purge.
 const BACKLOG: u32 = 5;
 
 /// An upsert of `file_id` in `namespace` with `text`, made at `changed_at_ms`.
@@ -63,6 +64,24 @@ async fn hide(stores: &Stores, namespace: &str, file_id: &str, version_id: &str)
     events::publish_file_change(&stores.js, &event, &msg_id)
         .await
         .unwrap();
+}
+
+/// Asks for the namespace's purge as the files service does; when it was asked for.
+async fn ask_purge(js: &async_nats::jetstream::Context, namespace: &str) -> i64 {
+    let requested_at_ms = now_ms();
+    let purge = NamespacePurged {
+        namespace: namespace.into(),
+        requested_at_ms,
+    };
+    events::publish(
+        js,
+        &events::files_purged_subject(namespace).unwrap(),
+        &format!("purge:{namespace}:{requested_at_ms}"),
+        purge.encode_to_vec(),
+    )
+    .await
+    .unwrap();
+    requested_at_ms
 }
 
 /// The file's chunks in the namespace's graph.
@@ -182,8 +201,8 @@ async fn a_deleted_namespace_leaves_every_lane_and_its_backlog_stays_out() {
     assert!(points(&index, DOOMED).await > 0);
 
     // A backlog of slow files, then an upload of the doomed namespace behind it, then the
-    // namespace's purge. The backlog outlasts the purge's second removal, so only the check
-    // of each event against the purge can keep the upload out.
+    // namespace's purge. The upload runs after the purge has ended (nothing of the namespace
+    // was running), so only the check of each event against the purge can keep it out.
     for file in 0..BACKLOG {
         let text = format!("# File {file}\n\nThe backlogtext of file {file}.\n");
         upsert(&stores, KEPT, &format!("slow{file}"), &text, now_ms()).await;
@@ -197,19 +216,7 @@ async fn a_deleted_namespace_leaves_every_lane_and_its_backlog_stays_out() {
     )
     .await;
     tokio::time::sleep(Duration::from_millis(5)).await;
-    let requested_at_ms = now_ms();
-    let purge = NamespacePurged {
-        namespace: DOOMED.into(),
-        requested_at_ms,
-    };
-    events::publish(
-        js,
-        &events::files_purged_subject(DOOMED).unwrap(),
-        &format!("purge:{DOOMED}:{requested_at_ms}"),
-        purge.encode_to_vec(),
-    )
-    .await
-    .unwrap();
+    let requested_at_ms = ask_purge(js, DOOMED).await;
 
     wait_for("the graph dropped", SLOW * 2, async || {
         !graph.graph_exists(DOOMED).await.unwrap()
@@ -252,6 +259,137 @@ async fn a_deleted_namespace_leaves_every_lane_and_its_backlog_stays_out() {
     .await;
     assert!(points(&index, DOOMED).await > 0);
     assert_eq!(chunks(graph, DOOMED, "b").await, 0);
+
+    stop.cancel();
+    worker.await.unwrap().unwrap();
+}
+
+/// What the slow LLM was asked and has answered.
+#[derive(Default)]
+struct LlmCalls {
+    asked: std::sync::atomic::AtomicUsize,
+    answered: std::sync::atomic::AtomicUsize,
+}
+
+/// Answers every chat completion after `delay`, with no entity: an LLM working on a large file.
+async fn slow_llm(delay: Duration) -> (String, Arc<LlmCalls>) {
+    use std::sync::atomic::Ordering;
+    let calls = Arc::new(LlmCalls::default());
+    let counted = Arc::clone(&calls);
+    let app = axum::Router::new().route(
+        "/v1/chat/completions",
+        axum::routing::post(move || {
+            let calls = Arc::clone(&counted);
+            async move {
+                calls.asked.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(delay).await;
+                calls.answered.fetch_add(1, Ordering::SeqCst);
+                axum::Json(serde_json::json!({
+                    "id": "chatcmpl-slow",
+                    "object": "chat.completion",
+                    "created": 1_700_000_000,
+                    "model": "extractor-1",
+                    "choices": [{
+                        "index": 0,
+                        "message": {"role": "assistant", "content": "{\"chunks\": []}"},
+                        "finish_reason": "stop"
+                    }],
+                    "usage": {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12}
+                }))
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (format!("http://{addr}/v1"), calls)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_purge_waits_for_an_upload_already_writing_before_it_reports() {
+    use std::sync::atomic::Ordering;
+    // The LLM metrics are process-wide (see llm_extractor).
+    let _turn = crate::llm_extractor::SERIAL.lock().await;
+    let stores = crate::stores::start().await;
+    let (graph, js) = (&stores.graph, &stores.js);
+    let (endpoint, llm_calls) = slow_llm(SLOW * 4).await;
+    let llm = kg_indexer::entities::llm::LlmExtractor::from_config(
+        &kg_indexer::entities::llm::LlmConfig {
+            enabled: true,
+            endpoint: Some(endpoint),
+            model: Some("extractor-1".to_owned()),
+            max_retries: 0,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+    .unwrap()
+    .with_api_key("sk-test");
+    // The LLM extracts only under a published TBox.
+    let tbox = kg_proto::v1::Tbox {
+        namespace: DOOMED.into(),
+        version: 1,
+        entity_types: vec![kg_proto::v1::EntityType {
+            type_id: "Person".into(),
+            label: "Person".into(),
+            side: "published".into(),
+            ..Default::default()
+        }],
+        published_at_ms: now_ms(),
+        ..Default::default()
+    };
+    kg_stores::tbox::TboxBucket::open(js)
+        .await
+        .unwrap()
+        .put(&tbox)
+        .await
+        .unwrap();
+    let config = IndexerConfig {
+        llm: Some(Arc::new(llm)),
+        ..IndexerConfig::default()
+    };
+    let stop = CancellationToken::new();
+    let worker = tokio::spawn(kg_indexer::run(
+        config,
+        stores.graph.clone(),
+        stores.blobs.clone(),
+        stores.js.clone(),
+        stop.clone(),
+    ));
+
+    // The upload is past every check and written to the graph: the LLM has it.
+    upsert(
+        &stores,
+        DOOMED,
+        "big",
+        "# Big\n\nAda Lovelace wrote it.\n",
+        now_ms(),
+    )
+    .await;
+    wait_for("the LLM asked", Duration::from_secs(30), async || {
+        llm_calls.asked.load(Ordering::SeqCst) > 0
+    })
+    .await;
+    assert!(chunks(graph, DOOMED, "big").await > 0);
+    ask_purge(js, DOOMED).await;
+    wait_for("the graph dropped", Duration::from_secs(10), async || {
+        !graph.graph_exists(DOOMED).await.unwrap()
+    })
+    .await;
+
+    // The report waits for the upload to end, which is after the LLM answered.
+    wait_for("the purge reported", Duration::from_secs(60), async || {
+        !purge_reports(js, DOOMED).await.is_empty()
+    })
+    .await;
+    assert!(
+        llm_calls.answered.load(Ordering::SeqCst) > 0,
+        "the purge was reported while an upload of the namespace was still running"
+    );
+    assert!(
+        !graph.graph_exists(DOOMED).await.unwrap(),
+        "what the upload wrote after the first removal is gone too"
+    );
 
     stop.cancel();
     worker.await.unwrap().unwrap();
