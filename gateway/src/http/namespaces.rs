@@ -7,12 +7,11 @@
 //! 4. auth forgets it.
 //!
 //! Each step is idempotent, and step 1 answers a namespace already retired, so a deletion that
-//! stopped halfway (a service down) is finished by sending it again; sent again once auth has
-//! forgotten the namespace but before the indexer reported its part, steps 2 and 3 run again
-//! (which asks the indexer again). The indexer's removal is
-//! asynchronous: `GET /api/v1/namespaces/{ns}/purge` reports it, and creating the namespace
-//! again is refused until it is done, so a new namespace of the same name never meets the old
-//! one's graph.
+//! stopped halfway (a service down) is finished by sending it again. Sent again once auth has
+//! forgotten the namespace but before the indexer reported its part, steps 2 and 3 run again,
+//! which asks the indexer again. The indexer's removal is asynchronous:
+//! `GET /api/v1/namespaces/{ns}/purge` reports it, and creating the namespace again is refused
+//! until it is done, so a new namespace of the same name never meets the old one's graph.
 
 use axum::Router;
 use axum::extract::{Extension, Path, State};
@@ -128,23 +127,20 @@ async fn purge_status(
     Path(ns): Path<String>,
 ) -> ApiResult {
     valid_namespace(&ns)?;
-    let purge = state
-        .backends
-        .files
-        .clone()
-        .get_namespace_purge(caller.request(GetNamespacePurgeRequest {
-            namespace: ns.clone(),
-        }))
+    let purge = last_purge(&state, &caller, &ns)
         .await
-        .map_err(backend("files"))?
-        .into_inner();
+        .map_err(backend("files"))?;
     let mut body = purge_json(&purge);
     body["namespace"] = json!(ns);
     Ok(ok(body))
 }
 
-/// The namespace's last purge, when files has one to show this caller.
-async fn purge_of(state: &GatewayState, caller: &Caller, ns: &str) -> Option<NamespacePurge> {
+/// The namespace's last purge, as files answers this caller.
+async fn last_purge(
+    state: &GatewayState,
+    caller: &Caller,
+    ns: &str,
+) -> Result<NamespacePurge, tonic::Status> {
     state
         .backends
         .files
@@ -153,8 +149,12 @@ async fn purge_of(state: &GatewayState, caller: &Caller, ns: &str) -> Option<Nam
             namespace: ns.to_owned(),
         }))
         .await
-        .ok()
         .map(tonic::Response::into_inner)
+}
+
+/// The namespace's last purge, when files has one to show this caller.
+async fn purge_of(state: &GatewayState, caller: &Caller, ns: &str) -> Option<NamespacePurge> {
+    last_purge(state, caller, ns).await.ok()
 }
 
 /// Refuses to create `ns` while the indexer is still removing a deleted namespace of that
@@ -165,21 +165,13 @@ pub(crate) async fn refuse_while_purging(
     caller: &Caller,
     ns: &str,
 ) -> Result<(), ApiError> {
-    let answer = state
-        .backends
-        .files
-        .clone()
-        .get_namespace_purge(caller.request(GetNamespacePurgeRequest {
-            namespace: ns.to_owned(),
-        }))
-        .await;
-    match answer {
-        Ok(purge) if purge.get_ref().purged_at_ms == 0 => Err(ApiError::from(ClientError::new(
+    match last_purge(state, caller, ns).await {
+        Ok(purge) if purge.purged_at_ms == 0 => Err(ApiError::from(ClientError::new(
             ErrorCode::FailedPrecondition,
             format!(
                 "namespace `{ns}` was deleted and the indexer is still removing its graph and \
-                     vectors; create it again once `GET /api/v1/namespaces/{ns}/purge` says done \
-                     (`kgmesh ns delete` waits for it)"
+                 vectors; create it again once `GET /api/v1/namespaces/{ns}/purge` says done \
+                 (`kgmesh ns delete` waits for it)"
             ),
         ))),
         Ok(_) => Ok(()),
