@@ -309,7 +309,8 @@ impl TboxStore {
 
     /// Removes the namespace's draft, every published version and the bus's copy (the namespace
     /// is being deleted). The SQL rows go only once the bus's copy is gone, so a failure leaves
-    /// both and the call can run again.
+    /// both and the call can run again; the copy goes once more after the commit, against a
+    /// concurrent [`TboxStore::restore_bus_copies`].
     pub async fn purge(&self, namespace: &str) -> Result<PurgeTboxResponse> {
         kg_common::access::validate_namespace(namespace)
             .map_err(|err| OntologyError::Invalid(vec![err.to_string()]))?;
@@ -328,6 +329,11 @@ impl TboxStore {
             bucket.remove(namespace).await?;
         }
         tx.commit().await?;
+        // Once more after the commit: a restore that read SQL before it may have put the copy
+        // back since (it checks SQL again after each put, so one after this finds nothing).
+        if let Some(bucket) = &self.bucket {
+            bucket.remove(namespace).await?;
+        }
         tracing::info!(
             namespace,
             versions_removed,
@@ -373,8 +379,19 @@ impl TboxStore {
             if current.is_some_and(|c| c.version >= latest) {
                 continue;
             }
-            let tbox = self.published(&namespace).await?;
+            let tbox = match self.published(&namespace).await {
+                Ok(tbox) => tbox,
+                // Purged since the listing: the namespace is being deleted.
+                Err(OntologyError::NotFound(_)) => continue,
+                Err(err) => return Err(err),
+            };
             if bucket.replace(&tbox, current).await? {
+                // A purge that committed meanwhile left nothing in SQL: its removal may have
+                // come before this put, so the copy goes again (see `purge`).
+                if self.latest_version(&namespace).await? == 0 {
+                    bucket.remove(&namespace).await?;
+                    continue;
+                }
                 tracing::warn!(
                     namespace,
                     version = tbox.version,
