@@ -89,6 +89,11 @@ pub struct Metrics {
     /// When a sweep of the blob store last completed (Unix seconds), for an alert on a sweep
     /// that keeps failing.
     pub blob_sweep_completed: Gauge,
+    /// Namespace purges the indexer completed and reported (a namespace was deleted).
+    pub namespaces_purged: Counter,
+    /// Change events the indexer dropped because their namespace was deleted after they were
+    /// made (a backlog of a deleted namespace draining).
+    pub purged_events_dropped: Counter,
 }
 
 impl Metrics {
@@ -138,6 +143,8 @@ pub fn metrics() -> &'static Metrics {
         let blobs_swept = Counter::default();
         let blob_bytes_swept = Counter::default();
         let blob_sweep_completed = Gauge::default();
+        let namespaces_purged = Counter::default();
+        let purged_events_dropped = Counter::default();
         registry.register(
             "grpc_requests",
             "gRPC requests served",
@@ -209,6 +216,16 @@ pub fn metrics() -> &'static Metrics {
             "when a sweep of the blob store last completed, in Unix seconds",
             blob_sweep_completed.clone(),
         );
+        registry.register(
+            "namespaces_purged",
+            "namespace purges the indexer completed: graph, vectors and flags removed and reported",
+            namespaces_purged.clone(),
+        );
+        registry.register(
+            "purged_events_dropped",
+            "change events the indexer dropped because their namespace was deleted after them",
+            purged_events_dropped.clone(),
+        );
         Metrics {
             registry: Mutex::new(registry),
             grpc_requests,
@@ -226,6 +243,8 @@ pub fn metrics() -> &'static Metrics {
             blobs_swept,
             blob_bytes_swept,
             blob_sweep_completed,
+            namespaces_purged,
+            purged_events_dropped,
         }
     })
 }

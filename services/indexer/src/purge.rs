@@ -224,6 +224,7 @@ impl Purger {
         events::publish(&self.jetstream, &subject, &msg_id, event.encode_to_vec())
             .await
             .map_err(|e| e.detail())?;
+        kg_common::metrics::metrics().namespaces_purged.inc();
         tracing::info!(
             namespace,
             requested_at_ms = event.requested_at_ms,

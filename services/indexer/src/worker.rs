@@ -378,6 +378,7 @@ impl Worker {
             .await
             .map_err(|e| Failure::Retry(e.detail()))?;
         if outdated {
+            kg_common::metrics::metrics().purged_events_dropped.inc();
             tracing::info!(namespace = %event.namespace, path = %event.path, "dropping a change made before its namespace was deleted");
         }
         Ok(outdated)
