@@ -14,6 +14,7 @@ use kg_common::caller::{now_ms, require_admin};
 use kg_proto::v1::{CallerContext, NamespacePurge, NamespacePurged};
 use kg_stores::consumer::{self, ConsumerSpec, Handled};
 use kg_stores::events;
+use kg_stores::sql::SqlBackend;
 use prost::Message as _;
 use sqlx::{AssertSqlSafe, Row as _};
 use tokio_util::sync::CancellationToken;
@@ -63,19 +64,79 @@ const PURGE_STATEMENTS: [(&str, &str); 10] = [
     ("kg_files", "namespace = $1"),
 ];
 
+/// The PostgreSQL advisory lock of a namespace's registry rows: an upload takes it shared for
+/// its transaction, a purge exclusive, so a purge waits for the uploads already writing (and
+/// removes their rows) and the uploads after it find the purge. SQLite needs none: its writers
+/// take turns, and both transactions write before they read.
+fn namespace_lock_key(namespace: &str) -> i64 {
+    use sha2::{Digest as _, Sha256};
+    let digest = Sha256::digest(format!("kg_namespace\u{0}{namespace}").as_bytes());
+    let mut key = [0u8; 8];
+    key.copy_from_slice(&digest[..8]);
+    i64::from_be_bytes(key)
+}
+
+/// Takes the namespace's advisory lock for the transaction of `conn` (PostgreSQL only).
+async fn lock_namespace(
+    store: &FilesStore,
+    conn: &mut sqlx::AnyConnection,
+    namespace: &str,
+    exclusive: bool,
+) -> Result<()> {
+    if store.sql().backend() != SqlBackend::Postgres {
+        return Ok(());
+    }
+    let statement = if exclusive {
+        "SELECT pg_advisory_xact_lock($1)"
+    } else {
+        "SELECT pg_advisory_xact_lock_shared($1)"
+    };
+    sqlx::query(statement)
+        .bind(namespace_lock_key(namespace))
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
 fn count(rows: u64) -> i64 {
     i64::try_from(rows).unwrap_or(i64::MAX)
 }
 
 impl FilesStore {
-    /// Removes every row of `namespace` and records its purge as asked for at
-    /// `requested_at_ms` and unconfirmed, in one transaction.
-    pub(crate) async fn purge_namespace(
+    /// Inside an upload's transaction, before its first write: waits for a purge of the
+    /// namespace that is committing (PostgreSQL; SQLite's writers take turns anyway).
+    pub(crate) async fn hold_namespace(
         &self,
+        conn: &mut sqlx::AnyConnection,
         namespace: &str,
-        requested_at_ms: i64,
-    ) -> Result<Purged> {
+    ) -> Result<()> {
+        lock_namespace(self, conn, namespace, false).await
+    }
+
+    /// Inside an upload's transaction, after its first write: refuses it while the
+    /// namespace's purge is unconfirmed. Dropping the transaction rolls the write back.
+    pub(crate) async fn refuse_if_purging(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        namespace: &str,
+    ) -> Result<()> {
+        let row = sqlx::query("SELECT purged_at_ms FROM kg_namespace_purges WHERE namespace = $1")
+            .bind(namespace)
+            .fetch_optional(conn)
+            .await?;
+        match row.map(|row| row.try_get::<i64, _>(0)).transpose()? {
+            Some(0) => Err(FilesError::NamespacePurging(namespace.to_owned())),
+            _ => Ok(()),
+        }
+    }
+
+    /// Removes every row of `namespace` and records its purge as unconfirmed, in one
+    /// transaction; returns what it removed and when the purge was asked for. That time is read
+    /// once the transaction holds the namespace (after every upload already writing committed),
+    /// so each change those uploads published was made before it.
+    pub(crate) async fn purge_namespace(&self, namespace: &str) -> Result<(Purged, i64)> {
         let mut tx = self.sql().pool().begin().await?;
+        lock_namespace(self, &mut tx, namespace, true).await?;
         let mut purged = Purged::default();
         for (table, condition) in PURGE_STATEMENTS {
             let sql = format!("DELETE FROM {table} WHERE {condition}");
@@ -93,6 +154,8 @@ impl FilesStore {
                 _ => {}
             }
         }
+        // On SQLite the first delete made this transaction the writer.
+        let requested_at_ms = now_ms();
         let updated = sqlx::query(
             "UPDATE kg_namespace_purges SET requested_at_ms = $1, purged_at_ms = 0 WHERE namespace = $2",
         )
@@ -111,7 +174,7 @@ impl FilesStore {
             .await?;
         }
         tx.commit().await?;
-        Ok(purged)
+        Ok((purged, requested_at_ms))
     }
 
     /// The namespace's last purge: (asked for at, confirmed at or 0); `None` when never purged.
@@ -186,11 +249,7 @@ impl FilesService {
         namespace: &str,
     ) -> Result<NamespacePurge> {
         deployment_admin(caller, namespace)?;
-        let requested_at_ms = now_ms();
-        let purged = self
-            .store
-            .purge_namespace(namespace, requested_at_ms)
-            .await?;
+        let (purged, requested_at_ms) = self.store.purge_namespace(namespace).await?;
         self.publish_purge(namespace, requested_at_ms).await?;
         tracing::info!(
             namespace,

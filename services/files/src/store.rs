@@ -498,6 +498,7 @@ impl FilesStore {
         refuse_hidden: bool,
     ) -> Result<FlagsSnapshot> {
         let mut tx = self.sql.pool().begin().await?;
+        self.hold_namespace(&mut tx, &file.namespace).await?;
         let updated = sqlx::query(
             "UPDATE kg_files SET version_id = $1, content_sha256 = $2, size = $3, mime = $4, status = $5, status_reason = '', chunk_count = 0, index_requested_at_ms = 0, updated_at_ms = $6 WHERE file_id = $7",
         )
@@ -530,6 +531,9 @@ impl FilesStore {
             .execute(&mut *tx)
             .await?;
         }
+        // After the first write: on SQLite this transaction is the writer now, so a purge
+        // committed before it is seen, and none can commit until it ends.
+        self.refuse_if_purging(&mut tx, &file.namespace).await?;
         let exists = sqlx::query("SELECT version_id FROM kg_file_versions WHERE version_id = $1")
             .bind(&file.version_id)
             .fetch_optional(&mut *tx)

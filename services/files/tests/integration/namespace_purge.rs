@@ -257,3 +257,54 @@ async fn purges_a_namespace_on_sqlite() {
 async fn purges_a_namespace_on_postgres() {
     purges_a_namespace(true).await;
 }
+
+/// The advisory lock key of a namespace, as the files service computes it.
+fn namespace_lock_key(namespace: &str) -> i64 {
+    use sha2::{Digest as _, Sha256};
+    let digest = Sha256::digest(format!("kg_namespace\u{0}{namespace}").as_bytes());
+    i64::from_be_bytes(digest[..8].try_into().unwrap())
+}
+
+/// On PostgreSQL an upload already past every check when a purge starts must not leave a row
+/// behind: it waits for the purge's transaction and then finds the purge.
+#[tokio::test]
+async fn an_upload_racing_a_purge_waits_for_it_and_is_refused_on_postgres() {
+    let env = env(true).await;
+    let sql = SqlStore::connect(&env.pg.as_ref().unwrap().url)
+        .await
+        .unwrap();
+    let admin = deployment_admin();
+
+    // A purge mid-transaction: the namespace held, its record written, not committed yet.
+    let mut purge = sql.pool().begin().await.unwrap();
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(namespace_lock_key(DOOMED))
+        .execute(&mut *purge)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO kg_namespace_purges (namespace, requested_at_ms, purged_at_ms) VALUES ($1, $2, 0)",
+    )
+    .bind(DOOMED)
+    .bind(now_ms())
+    .execute(&mut *purge)
+    .await
+    .unwrap();
+
+    let files = env.files.clone();
+    let caller = admin.clone();
+    let upload = tokio::spawn(async move {
+        files
+            .upload(&caller, DOOMED, "late.md", b"# Late\n", "")
+            .await
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert!(
+        !upload.is_finished(),
+        "the upload must wait for the purge's transaction"
+    );
+    purge.commit().await.unwrap();
+    let refused = upload.await.unwrap().unwrap_err();
+    assert_eq!(refused.code(), ErrorCode::FailedPrecondition, "{refused}");
+    assert_eq!(row_counts(&sql).await[0], ("kg_files", 0));
+}
