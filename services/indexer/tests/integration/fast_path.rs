@@ -224,14 +224,7 @@ async fn start_indexer(
         vectors: Some(Vectors::new(index.clone().into(), embedder).unwrap()),
         ..IndexerConfig::default()
     };
-    let stop = CancellationToken::new();
-    let worker = tokio::spawn(kg_indexer::run(
-        config,
-        stores.graph.clone(),
-        stores.blobs.clone(),
-        stores.js.clone(),
-        stop.clone(),
-    ));
+    let (stop, worker) = crate::stores::spawn_indexer(stores, config);
     (index, stop, worker)
 }
 

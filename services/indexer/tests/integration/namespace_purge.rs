@@ -16,7 +16,6 @@ use kg_stores::events;
 use kg_stores::graph::{GraphStore, Params};
 use kg_stores::vector::{EdgeIndex, Scope};
 use prost::Message as _;
-use tokio_util::sync::CancellationToken;
 
 use crate::stores::{SlowOn, Stores};
 
@@ -181,14 +180,7 @@ async fn a_deleted_namespace_leaves_every_lane_and_its_backlog_stays_out() {
         vectors: Some(Vectors::new(index.clone().into(), embedder).unwrap()),
         ..IndexerConfig::default()
     };
-    let stop = CancellationToken::new();
-    let worker = tokio::spawn(kg_indexer::run(
-        config,
-        stores.graph.clone(),
-        stores.blobs.clone(),
-        stores.js.clone(),
-        stop.clone(),
-    ));
+    let (stop, worker) = crate::stores::spawn_indexer(&stores, config);
 
     let purged_before = counter("kgmesh_namespaces_purged_total");
     let dropped_before = counter("kgmesh_purged_events_dropped_total");
@@ -366,14 +358,7 @@ async fn the_purge_waits_for_an_upload_already_writing_before_it_reports() {
         llm: Some(Arc::new(llm)),
         ..IndexerConfig::default()
     };
-    let stop = CancellationToken::new();
-    let worker = tokio::spawn(kg_indexer::run(
-        config,
-        stores.graph.clone(),
-        stores.blobs.clone(),
-        stores.js.clone(),
-        stop.clone(),
-    ));
+    let (stop, worker) = crate::stores::spawn_indexer(&stores, config);
 
     // The upload is past every check and written to the graph: the LLM has it.
     upsert(

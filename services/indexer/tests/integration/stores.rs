@@ -38,6 +38,25 @@ pub async fn start() -> Stores {
     }
 }
 
+/// An indexer with `config` on these stores, until the token is cancelled; its task.
+pub fn spawn_indexer(
+    stores: &Stores,
+    config: kg_indexer::IndexerConfig,
+) -> (
+    tokio_util::sync::CancellationToken,
+    tokio::task::JoinHandle<Result<(), kg_indexer::IndexerError>>,
+) {
+    let stop = tokio_util::sync::CancellationToken::new();
+    let worker = tokio::spawn(kg_indexer::run(
+        config,
+        stores.graph.clone(),
+        stores.blobs.clone(),
+        stores.js.clone(),
+        stop.clone(),
+    ));
+    (stop, worker)
+}
+
 /// The payloads on `subject` of `stream`, oldest first: what a reader of the stream finds.
 pub async fn payloads_on(
     js: &async_nats::jetstream::Context,
