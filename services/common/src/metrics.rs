@@ -94,6 +94,11 @@ pub struct Metrics {
     /// Change events the indexer dropped because their namespace was deleted after they were
     /// made (a backlog of a deleted namespace draining).
     pub purged_events_dropped: Counter,
+    /// Chunk texts the indexer sent to the embedder.
+    pub chunks_embedded: Counter,
+    /// Chunks the indexer gave a vector its file already held for the same text and embedder,
+    /// instead of embedding them again (edits, reindexes).
+    pub chunk_vectors_reused: Counter,
 }
 
 impl Metrics {
@@ -145,6 +150,8 @@ pub fn metrics() -> &'static Metrics {
         let blob_sweep_completed = Gauge::default();
         let namespaces_purged = Counter::default();
         let purged_events_dropped = Counter::default();
+        let chunks_embedded = Counter::default();
+        let chunk_vectors_reused = Counter::default();
         registry.register(
             "grpc_requests",
             "gRPC requests served",
@@ -226,6 +233,16 @@ pub fn metrics() -> &'static Metrics {
             "change events the indexer dropped because their namespace was deleted after them",
             purged_events_dropped.clone(),
         );
+        registry.register(
+            "chunks_embedded",
+            "chunk texts the indexer sent to the embedder",
+            chunks_embedded.clone(),
+        );
+        registry.register(
+            "chunk_vectors_reused",
+            "chunks given the vector their file already held for the same text and embedder",
+            chunk_vectors_reused.clone(),
+        );
         Metrics {
             registry: Mutex::new(registry),
             grpc_requests,
@@ -245,6 +262,8 @@ pub fn metrics() -> &'static Metrics {
             blob_sweep_completed,
             namespaces_purged,
             purged_events_dropped,
+            chunks_embedded,
+            chunk_vectors_reused,
         }
     })
 }

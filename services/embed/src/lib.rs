@@ -39,6 +39,13 @@ pub trait Embedder: Send + Sync + std::fmt::Debug {
     fn model_id(&self) -> &str;
     /// Length of every vector this embedder returns.
     fn dims(&self) -> usize;
+    /// What decides this embedder's vectors besides the text: `<model>|<dims>`, then any
+    /// setting that changes them. Equal identities give equal vectors for equal texts, so
+    /// a vector stored under the same identity is reused instead of embedded again, and a
+    /// changed identity marks every stored vector stale.
+    fn identity(&self) -> String {
+        format!("{}|{}", self.model_id(), self.dims())
+    }
     /// Embeds `texts` at [`Priority::Ingest`] (indexed chunks), splitting them into the
     /// provider's batches. Each vector has [`dims`](Embedder::dims) entries and unit
     /// length (all zeros for an empty text the provider cannot embed is never returned:

@@ -82,6 +82,7 @@ pub struct MiniLm {
     model: Arc<Model>,
     gate: PriorityGate,
     batch_size: usize,
+    max_tokens: usize,
     source: PathBuf,
 }
 
@@ -224,6 +225,7 @@ impl MiniLm {
             model: Arc::new(model),
             gate: PriorityGate::new(options.concurrency),
             batch_size: options.batch_size,
+            max_tokens: options.max_tokens,
             source,
         })
     }
@@ -364,6 +366,19 @@ impl Embedder for MiniLm {
 
     fn dims(&self) -> usize {
         MINILM_DIMS
+    }
+
+    /// A lower `max_tokens` sees less of a long text, so it is part of the identity; the
+    /// default is left out, keeping the identity of every index written before it counted.
+    fn identity(&self) -> String {
+        if self.max_tokens == MINILM_MAX_TOKENS {
+            format!("{MINILM_MODEL_ID}|{MINILM_DIMS}")
+        } else {
+            format!(
+                "{MINILM_MODEL_ID}|{MINILM_DIMS}|max_tokens={}",
+                self.max_tokens
+            )
+        }
     }
 
     async fn embed(&self, texts: Vec<String>) -> Result<Vec<Vec<f32>>, EmbedError> {

@@ -31,20 +31,17 @@ use crate::vector_writer::Vectors;
 /// How long the stream scan waits for the next message before it calls the scan done.
 const SCAN_IDLE: Duration = Duration::from_secs(2);
 
-/// `<versionId>|<model>|<dims>`: what the FileRef's `vectorStamp` must say for a version's
-/// vectors to count as written by this embedder.
+/// `<versionId>|<embedder identity>` (`<model>|<dims>`, then any setting that changes the
+/// vectors): what the FileRef's `vectorStamp` must say for a version's vectors to count as
+/// written by this embedder.
 pub fn vector_stamp(vectors: &Vectors, version_id: &str) -> String {
-    format!(
-        "{version_id}|{}|{}",
-        vectors.embedder.model_id(),
-        vectors.embedder.dims()
-    )
+    format!("{version_id}|{}", vectors.embedder.identity())
 }
 
 /// What the graph says about a file.
 pub(crate) struct FileState {
     pub(crate) version_id: Option<String>,
-    /// `<versionId>|<model>|<dims>` of the vectors written, see [`vector_stamp`].
+    /// `<versionId>|<embedder identity>` of the vectors written, see [`vector_stamp`].
     pub(crate) vector_stamp: Option<String>,
     pub(crate) changed_at_ms: Option<i64>,
     /// `(enabled, hidden)`: the newest flags applied to the file, by its upserts or changes.
@@ -268,11 +265,7 @@ pub async fn requeue_stale(
                     if text(2).is_none() && has_file_point(vectors, &ns, file_id).await {
                         mark_written(graph, event, Some(&stamp)).await?;
                     } else {
-                        reasons.push(format!(
-                            "backfill:{}:{}",
-                            vectors.embedder.model_id(),
-                            vectors.embedder.dims()
-                        ));
+                        reasons.push(format!("backfill:{}", vectors.embedder.identity()));
                         queued.vectors += 1;
                     }
                 }

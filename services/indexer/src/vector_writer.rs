@@ -5,7 +5,7 @@
 
 use kg_common::error::{ErrorCode, ErrorExt};
 use kg_embed::{EmbedError, SharedEmbedder, normalized_mean};
-use kg_stores::chunk_text::text_hash;
+use kg_stores::chunk_text::{embed_hash, text_hash};
 use kg_stores::vector::{PointKind, VectorError, VectorIndex, VectorPoint};
 
 use crate::pipeline::IndexedDocument;
@@ -75,27 +75,71 @@ pub fn embedding_text(context_header: &str, text: &str) -> String {
     }
 }
 
-/// Embeds the document's chunks and replaces the file's points. Returns the number of
-/// points written (chunks + the file point).
+/// What writing one version's vectors took.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct VectorsWritten {
+    /// Points written: the chunks, and the file point.
+    pub points: usize,
+    /// Texts sent to the embedder: the chunks no stored vector of the file fits, each distinct
+    /// text once.
+    pub embedded: usize,
+    /// Chunks given a vector the file's previous points already held for the same text and
+    /// embedder.
+    pub reused: usize,
+}
+
+/// Embeds the document's chunks and replaces the file's points. A chunk whose embedded
+/// text (context header and text) the file's stored points already hold under this
+/// embedder's identity keeps that vector: an edit embeds only the chunks it changed, and a
+/// reindex of unchanged files embeds nothing.
 pub async fn write_vectors(
     vectors: &Vectors,
     doc: &IndexedDocument,
-) -> Result<usize, VectorWriteError> {
+) -> Result<VectorsWritten, VectorWriteError> {
+    let file = &doc.file;
+    let identity = vectors.embedder.identity();
     let texts: Vec<String> = doc
         .chunks
         .iter()
         .map(|c| embedding_text(&c.context_header, &c.text))
         .collect();
-    let embedded = vectors.embedder.embed(texts).await?;
-    if embedded.len() != doc.chunks.len() {
-        return Err(VectorWriteError::Mismatch {
-            got: embedded.len(),
-            want: doc.chunks.len(),
-        });
+    let hashes: Vec<String> = texts
+        .iter()
+        .map(|text| embed_hash(&identity, text))
+        .collect();
+    let mut known = vectors
+        .index
+        .stored_chunk_vectors(&file.namespace, &file.file_id)
+        .await?;
+    let reused = hashes.iter().filter(|h| known.contains_key(*h)).count();
+    // Each distinct missing text once: a file repeating a paragraph embeds it once.
+    let mut asked = std::collections::HashSet::new();
+    let mut missing: Vec<(String, String)> = Vec::new();
+    for (hash, text) in hashes.iter().zip(texts) {
+        if !known.contains_key(hash) && asked.insert(hash) {
+            missing.push((hash.clone(), text));
+        }
     }
-    let file = &doc.file;
-    let point =
-        |kind: PointKind, chunk_key: String, text_hash: Option<String>, vector| VectorPoint {
+    let embedded = missing.len();
+    if !missing.is_empty() {
+        let (missing_hashes, missing_texts): (Vec<String>, Vec<String>) =
+            missing.into_iter().unzip();
+        let fresh = vectors.embedder.embed(missing_texts).await?;
+        if fresh.len() != missing_hashes.len() {
+            return Err(VectorWriteError::Mismatch {
+                got: fresh.len(),
+                want: missing_hashes.len(),
+            });
+        }
+        known.extend(missing_hashes.into_iter().zip(fresh));
+    }
+    let chunk_vectors: Vec<Vec<f32>> = hashes
+        .iter()
+        .map(|hash| known.get(hash).cloned().unwrap_or_default())
+        .collect();
+    let point = |kind: PointKind, chunk_key: String, hashes: Option<(String, String)>, vector| {
+        let (text_hash, embed_hash) = hashes.unzip();
+        VectorPoint {
             namespace: file.namespace.clone(),
             kind,
             chunk_key,
@@ -107,26 +151,37 @@ pub async fn write_vectors(
             document_date: file.document_date.clone(),
             vector,
             text_hash,
-        };
+            embed_hash,
+        }
+    };
     let mut points: Vec<VectorPoint> = Vec::with_capacity(doc.chunks.len() + 1);
-    if let Some(mean) = normalized_mean(&embedded) {
+    if let Some(mean) = normalized_mean(&chunk_vectors) {
         points.push(point(PointKind::File, String::new(), None, mean));
     }
-    points.extend(doc.chunks.iter().zip(embedded).map(|(chunk, vector)| {
-        point(
-            PointKind::Chunk,
-            chunk.chunk_key.clone(),
-            Some(text_hash(&chunk.text)),
-            vector,
-        )
-    }));
+    points.extend(doc.chunks.iter().zip(hashes).zip(chunk_vectors).map(
+        |((chunk, embed_hash), vector)| {
+            point(
+                PointKind::Chunk,
+                chunk.chunk_key.clone(),
+                Some((text_hash(&chunk.text), embed_hash)),
+                vector,
+            )
+        },
+    ));
     let written = points.len();
     vectors
         .index
         .delete_file(&file.namespace, &file.file_id)
         .await?;
     vectors.index.upsert(points).await?;
-    Ok(written)
+    let metrics = kg_common::metrics::metrics();
+    metrics.chunks_embedded.inc_by(embedded as u64);
+    metrics.chunk_vectors_reused.inc_by(reused as u64);
+    Ok(VectorsWritten {
+        points: written,
+        embedded,
+        reused,
+    })
 }
 
 #[cfg(test)]
@@ -141,6 +196,11 @@ mod tests {
     use super::*;
     use crate::document::ChunkOptions;
     use crate::pipeline::{FileMeta, index_document};
+
+    /// Three sections, a chunk each at the tests' chunk size.
+    const RUNBOOK: &str = "# Deploy\n\nThe blue-green cutover moves traffic to the new pods in one step.\n\n\
+                           ## Rollback\n\nRoll back fast by pointing the service at the old pods again.\n\n\
+                           ## Checks\n\nWatch error rates and latency for ten minutes after the cutover.\n";
 
     fn doc(version: &str, text: &str) -> IndexedDocument {
         let meta = FileMeta {
@@ -172,13 +232,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let index: VectorIndex = EdgeIndex::open(dir.path(), 64).await.unwrap().into();
         let vectors = Vectors::new(index.clone(), Arc::new(HashingEmbedder::new(64))).unwrap();
-        let long = "# Deploy\n\nThe blue-green cutover moves traffic to the new pods in one step.\n\n\
-                    ## Rollback\n\nRoll back fast by pointing the service at the old pods again.\n\n\
-                    ## Checks\n\nWatch error rates and latency for ten minutes after the cutover.\n";
-        let first = doc("v1", long);
+        let first = doc("v1", RUNBOOK);
         assert!(first.chunks.len() >= 2, "{}", first.chunks.len());
         let written = write_vectors(&vectors, &first).await.unwrap();
-        assert_eq!(written, first.chunks.len() + 1);
+        assert_eq!(written.points, first.chunks.len() + 1);
         assert_eq!(
             index.count(&everything(), &Scope::chunks()).await.unwrap(),
             first.chunks.len() as u64
@@ -234,6 +291,166 @@ mod tests {
             index.count(&enabled_only, &Scope::chunks()).await.unwrap(),
             0
         );
+    }
+
+    /// The test embedder under a chosen model name, keeping every text it was sent.
+    #[derive(Debug)]
+    struct Recording {
+        model: &'static str,
+        inner: HashingEmbedder,
+        sent: std::sync::Mutex<Vec<String>>,
+    }
+
+    impl Recording {
+        fn new(model: &'static str) -> Arc<Self> {
+            Arc::new(Recording {
+                model,
+                inner: HashingEmbedder::new(64),
+                sent: std::sync::Mutex::default(),
+            })
+        }
+
+        fn take_sent(&self) -> Vec<String> {
+            std::mem::take(&mut *self.sent.lock().unwrap())
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl kg_embed::Embedder for Recording {
+        fn model_id(&self) -> &str {
+            self.model
+        }
+        fn dims(&self) -> usize {
+            64
+        }
+        async fn embed(&self, texts: Vec<String>) -> Result<Vec<Vec<f32>>, EmbedError> {
+            self.sent.lock().unwrap().extend(texts.iter().cloned());
+            self.inner.embed(texts).await
+        }
+    }
+
+    fn embedded_texts(doc: &IndexedDocument) -> Vec<String> {
+        doc.chunks
+            .iter()
+            .map(|c| embedding_text(&c.context_header, &c.text))
+            .collect()
+    }
+
+    /// Every chunk point of the file holds the vector embedding its text afresh would give.
+    async fn assert_vectors_are_fresh(index: &VectorIndex, doc: &IndexedDocument) {
+        let hashing = HashingEmbedder::new(64);
+        for (chunk, text) in doc.chunks.iter().zip(embedded_texts(doc)) {
+            let hits = index
+                .search(&everything(), &Scope::chunks(), hashing.vector(&text), 1)
+                .await
+                .unwrap();
+            assert_eq!(hits[0].chunk_key.as_deref(), Some(chunk.chunk_key.as_str()));
+            assert!(hits[0].score > 0.999, "{text:?} scores {}", hits[0].score);
+        }
+        let stored = index.stored_chunk_vectors("demo", "f1").await.unwrap();
+        assert_eq!(
+            stored.len(),
+            doc.chunks.len(),
+            "one stored vector per distinct text"
+        );
+    }
+
+    /// An empty index in a temp dir, fed by a recording embedder named `model-a`.
+    async fn recorded_index() -> (tempfile::TempDir, VectorIndex, Arc<Recording>, Vectors) {
+        let dir = tempfile::tempdir().unwrap();
+        let index: VectorIndex = EdgeIndex::open(dir.path(), 64).await.unwrap().into();
+        let recording = Recording::new("model-a");
+        let vectors = Vectors::new(index.clone(), recording.clone()).unwrap();
+        (dir, index, recording, vectors)
+    }
+
+    #[tokio::test]
+    async fn an_edit_embeds_only_the_chunks_it_changed() {
+        let (_dir, index, recording, vectors) = recorded_index().await;
+        let original = RUNBOOK;
+        let first = doc("v1", original);
+        assert!(first.chunks.len() >= 3, "{}", first.chunks.len());
+        let written = write_vectors(&vectors, &first).await.unwrap();
+        assert_eq!((written.embedded, written.reused), (first.chunks.len(), 0));
+        assert_eq!(recording.take_sent(), embedded_texts(&first));
+
+        // The same version again (a reindex): nothing embedded, the same vectors.
+        let again = write_vectors(&vectors, &first).await.unwrap();
+        assert_eq!((again.embedded, again.reused), (0, first.chunks.len()));
+        assert!(recording.take_sent().is_empty());
+        assert_vectors_are_fresh(&index, &first).await;
+
+        // One paragraph rewritten and one added before the rest: every later chunk moved, so
+        // its key changed, but its text did not. Only the new and the rewritten are embedded.
+        let edited = original
+            .replace(
+                "# Deploy\n\n",
+                "# Deploy\n\nRead the checklist before you start.\n\n",
+            )
+            .replace("Roll back fast", "Roll back at once");
+        let second = doc("v2", &edited);
+        let changed: Vec<String> = embedded_texts(&second)
+            .into_iter()
+            .filter(|text| !embedded_texts(&first).contains(text))
+            .collect();
+        let checks_key = |doc: &IndexedDocument| {
+            let checks = doc
+                .chunks
+                .iter()
+                .find(|c| c.text.contains("Watch error rates"));
+            checks.unwrap().chunk_key.clone()
+        };
+        assert_ne!(
+            checks_key(&first),
+            checks_key(&second),
+            "the last chunk moved"
+        );
+        assert!(
+            changed
+                .iter()
+                .all(|text| !text.contains("Watch error rates"))
+        );
+        let written = write_vectors(&vectors, &second).await.unwrap();
+        assert_eq!(recording.take_sent(), changed);
+        assert_eq!(
+            (written.embedded, written.reused),
+            (changed.len(), second.chunks.len() - changed.len())
+        );
+        assert!(written.reused >= 1, "{written:?}");
+        assert_vectors_are_fresh(&index, &second).await;
+
+        // A renamed heading changes what its chunk is embedded from, though not its text.
+        let renamed = doc("v3", &edited.replace("## Checks", "## Verification"));
+        write_vectors(&vectors, &renamed).await.unwrap();
+        let sent = recording.take_sent();
+        assert_eq!(sent.len(), 1, "{sent:?}");
+        assert!(sent[0].contains("Verification") && sent[0].contains("Watch error rates"));
+
+        // Another model of the same size reuses nothing.
+        let other = Recording::new("model-b");
+        let vectors = Vectors::new(index.clone(), other.clone()).unwrap();
+        let written = write_vectors(&vectors, &renamed).await.unwrap();
+        assert_eq!(
+            (written.embedded, written.reused),
+            (renamed.chunks.len(), 0)
+        );
+        assert_eq!(other.take_sent(), embedded_texts(&renamed));
+    }
+
+    #[tokio::test]
+    async fn a_text_repeated_in_a_file_is_embedded_once() {
+        let (_dir, _index, recording, vectors) = recorded_index().await;
+        let note = "Keep the old pods for an hour after every cutover, in case of a rollback.";
+        let repeated = doc("v1", &format!("{note}\n\n{note}\n\n{note}\n"));
+        let texts = embedded_texts(&repeated);
+        assert!(
+            texts.len() >= 2 && texts.iter().all(|t| *t == texts[0]),
+            "{texts:?}"
+        );
+        let written = write_vectors(&vectors, &repeated).await.unwrap();
+        assert_eq!((written.embedded, written.reused), (1, 0));
+        assert_eq!(recording.take_sent(), [texts[0].clone()]);
+        assert_eq!(written.points, texts.len() + 1);
     }
 
     #[test]

@@ -466,14 +466,14 @@ impl Worker {
         if let Some(vectors) = &self.config.vectors
             && !vectors_written
         {
-            let points = vector_writer::write_vectors(vectors, &indexed)
+            let written = vector_writer::write_vectors(vectors, &indexed)
                 .await
                 .map_err(|e| match e.code() {
                     ErrorCode::InvalidArgument => Failure::Permanent(e.to_string()),
                     // Embedder down or out of retries: redeliver, never drop.
                     _ => Failure::Retry(e.to_string()),
                 })?;
-            tracing::debug!(namespace = %event.namespace, path = %event.path, points, "vectors written");
+            tracing::debug!(namespace = %event.namespace, path = %event.path, points = written.points, embedded = written.embedded, reused = written.reused, "vectors written");
         }
         if let Some(sparse) = &self.config.sparse
             && !graph_is_current(&self.graph, &indexed).await

@@ -1,6 +1,7 @@
 //! What the indexer stores about a chunk's text for search: its identity, the hash search
 //! collapses identical texts by (the graph's `Chunk.textHash`, the vector payload's
-//! `textHash`), and its length in words as BM25 counts them (`Chunk.wordCount`).
+//! `textHash`), the hash of what its vector was embedded from (the vector payload's
+//! `embedHash`), and its length in words as BM25 counts them (`Chunk.wordCount`).
 
 use sha2::{Digest, Sha256};
 
@@ -15,6 +16,20 @@ pub fn text_hash(text: &str) -> String {
             hasher.update(b" ");
         }
         hasher.update(word.as_bytes());
+    }
+    hex::encode(&hasher.finalize()[..16])
+}
+
+/// Hex of the first 128 bits of SHA-256 over what decides a chunk's vector: the embedder's
+/// identity (model, dimensions and any setting that changes its output) and the exact text
+/// it embedded. Two equal hashes mean embedding again would give the stored vector, so an
+/// edit of a file embeds only its changed chunks. Fields are length-prefixed, so no split
+/// of the same bytes between them collides.
+pub fn embed_hash(embedder_identity: &str, embedded_text: &str) -> String {
+    let mut hasher = Sha256::new();
+    for field in ["kgmesh-embed-v1", embedder_identity, embedded_text] {
+        hasher.update((field.len() as u64).to_le_bytes());
+        hasher.update(field.as_bytes());
     }
     hex::encode(&hasher.finalize()[..16])
 }
@@ -36,6 +51,20 @@ pub fn word_count(context_header: &str, text: &str) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_embed_hash_changes_with_the_embedder_and_every_byte_of_the_text() {
+        let base = embed_hash("model|384", "Guide › Install\n\nRun it.");
+        assert_eq!(base.len(), 32);
+        assert_eq!(base, embed_hash("model|384", "Guide › Install\n\nRun it."));
+        // A vector depends on whitespace and on the embedder's settings, unlike a copy check.
+        assert_ne!(base, embed_hash("model|384", "Guide › Install\n\nRun  it."));
+        assert_ne!(
+            base,
+            embed_hash("model|384|max_tokens=128", "Guide › Install\n\nRun it.")
+        );
+        assert_ne!(base, embed_hash("model|38", "4Guide › Install\n\nRun it."));
+    }
 
     #[test]
     fn whitespace_runs_and_ends_do_not_change_the_hash_but_words_and_case_do() {

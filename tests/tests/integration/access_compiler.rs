@@ -250,6 +250,7 @@ async fn load_vectors(index: &EdgeIndex) {
     for (i, (ns, path, id, enabled, hidden)) in FILES.iter().enumerate() {
         let chunk = VectorPoint {
             text_hash: None,
+            embed_hash: None,
             namespace: (*ns).to_owned(),
             kind: PointKind::Chunk,
             chunk_key: format!("ch_{id}"),

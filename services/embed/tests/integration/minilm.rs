@@ -115,6 +115,16 @@ async fn a_lower_token_cap_embeds_only_the_start_of_a_text() {
     // The model's own cap sees the whole text, which means something else.
     let whole = model().embed(strings(&[start, &long])).await.unwrap();
     assert!(cosine(&whole[0], &whole[1]) < 0.99);
+    // So the cap is part of the identity stored vectors are reused and stamped under; the
+    // default cap leaves it as it was before the cap counted.
+    assert_eq!(
+        capped.identity(),
+        "sentence-transformers/all-MiniLM-L6-v2|384|max_tokens=8"
+    );
+    assert_eq!(
+        model().identity(),
+        "sentence-transformers/all-MiniLM-L6-v2|384"
+    );
 
     for max_tokens in [7, 257] {
         let refused = MiniLm::load(MiniLmOptions {

@@ -100,6 +100,7 @@ async fn fixture(store: &GraphStore, index: &VectorIndex) {
         if let Some(vector) = vector {
             points.push(VectorPoint {
                 text_hash: None,
+                embed_hash: None,
                 namespace: NS.into(),
                 kind: PointKind::File,
                 chunk_key: String::new(),

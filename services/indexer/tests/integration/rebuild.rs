@@ -132,12 +132,16 @@ async fn a_rebuild_rewrites_what_the_stores_lost() {
     assert_eq!(mentioned(&graph).await, ["Acme"]);
 
     // The graph lost: chunks, the full-text index, the TBox's types and the mentions return.
+    // The vectors were kept, so the rebuild rewrites them without embedding anything.
+    let embedded = embedder.texts.load(Ordering::SeqCst);
     graph.delete_graph(NS).await.unwrap();
     rebuild(&js, &blobs, 6_000).await;
     wait_for("the graph written again", async || {
         file_refs(&graph).await.len() == 1 && mentioned(&graph).await == ["Acme"]
     })
     .await;
+    assert_eq!(embedder.texts.load(Ordering::SeqCst), embedded);
+    assert_eq!(chunk_vectors(&vectors).await, chunks);
     let hits = single(
         &graph,
         "CALL db.idx.fulltext.queryNodes('Chunk', 'acquired') YIELD node RETURN count(node)",
@@ -168,6 +172,81 @@ async fn a_rebuild_rewrites_what_the_stores_lost() {
     stop.cancel();
     indexer.await.unwrap().unwrap();
     assert_eq!(embedder.texts.load(Ordering::SeqCst), embedded);
+}
+
+const HANDBOOK: &str = "# Handbook\n\n## Deploys\n\nShip on Tuesdays, after the review.\n\n\
+                        ## Rollback\n\nRoll back by pointing traffic at the old pods.\n\n\
+                        ## On call\n\nThe pager rotates every Monday at noon.\n";
+
+/// An edit embeds only the chunks it changed: the file's other chunks keep the vectors its
+/// previous version stored, though their keys moved, and its points are the new version's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_edit_embeds_only_the_chunks_it_changed() {
+    let stores = crate::stores::start().await;
+    let (graph, js, blobs) = (
+        stores.graph.clone(),
+        stores.js.clone(),
+        stores.blobs.clone(),
+    );
+    let (embedder, vectors) = counting_vectors(stores.dir.path()).await;
+    let config = IndexerConfig {
+        vectors: Some(vectors.clone()),
+        ..IndexerConfig::default()
+    };
+    let (stop, indexer) = spawn_indexer(config, &graph, &blobs, &js);
+    let indexed = |version: &'static str| {
+        let graph = graph.clone();
+        async move || {
+            let refs = file_refs(&graph).await;
+            refs.len() == 1 && refs[0][1] == json!(version) && !refs[0][2].is_null()
+        }
+    };
+    upload(
+        &js,
+        &blobs,
+        "handbook",
+        "handbook-v1",
+        HANDBOOK,
+        1_000,
+        "h1",
+    )
+    .await;
+    wait_for("the first version indexed", indexed("handbook-v1")).await;
+    let chunks = chunk_vectors(&vectors).await;
+    assert!(chunks >= 3, "{chunks} chunks");
+    assert_eq!(embedder.texts.load(Ordering::SeqCst) as u64, chunks);
+
+    // One section rewritten, and a line added above all of them, which moves every chunk.
+    let edited = HANDBOOK
+        .replace("# Handbook\n\n", "# Handbook\n\nAsk in #ops first.\n\n")
+        .replace("every Monday", "every other Monday");
+    upload(&js, &blobs, "handbook", "handbook-v2", &edited, 2_000, "h2").await;
+    wait_for("the edit indexed", indexed("handbook-v2")).await;
+    let embedded = embedder.texts.load(Ordering::SeqCst) as u64 - chunks;
+    let now = chunk_vectors(&vectors).await;
+    assert_eq!(
+        (embedded, now),
+        (2, chunks),
+        "the two chunks that changed (the added line's and the rewritten section's) embedded"
+    );
+    let pager = vectors
+        .index
+        .search(
+            &everything(),
+            &Scope::chunks(),
+            embedder.inner.vector(
+                "Handbook › On call\n\n## On call\n\nThe pager rotates every other Monday at noon.",
+            ),
+            1,
+        )
+        .await
+        .unwrap();
+    assert!(
+        pager[0].score > 0.99,
+        "the rewritten section's new vector: {pager:?}"
+    );
+    stop.cancel();
+    indexer.await.unwrap().unwrap();
 }
 
 /// The same version chunked again under other settings (here a redelivery after the chunk

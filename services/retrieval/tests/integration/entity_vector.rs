@@ -37,6 +37,7 @@ async fn file(
     index
         .upsert(vec![VectorPoint {
             text_hash: None,
+            embed_hash: None,
             namespace: NS.into(),
             kind: PointKind::Chunk,
             chunk_key: format!("{id}#0"),
@@ -121,6 +122,7 @@ async fn entities_are_found_by_vector_similarity_under_access() {
     index
         .upsert(vec![VectorPoint {
             text_hash: None,
+            embed_hash: None,
             namespace: NS.into(),
             kind: PointKind::Chunk,
             chunk_key: "gone#0".into(),

@@ -73,6 +73,7 @@ async fn a_missing_fulltext_index_fails_the_lane_instead_of_finding_nothing() {
     index
         .upsert(vec![VectorPoint {
             text_hash: None,
+            embed_hash: None,
             namespace: NS.into(),
             kind: PointKind::Chunk,
             chunk_key: "ci#0".into(),

@@ -557,6 +557,7 @@ async fn vector_widening_reports_the_cap(env: &Env) {
                 let id = format!("stale{batch}_{i}");
                 VectorPoint {
                     text_hash: None,
+                    embed_hash: None,
                     namespace: ns.into(),
                     kind: PointKind::Chunk,
                     chunk_key: format!("{id}#0"),

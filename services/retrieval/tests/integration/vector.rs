@@ -36,6 +36,7 @@ async fn file(
     index
         .upsert(vec![VectorPoint {
             text_hash: Some(kg_stores::chunk_text::text_hash(text)),
+            embed_hash: None,
             namespace: NS.into(),
             kind: PointKind::Chunk,
             chunk_key: format!("{id}#0"),

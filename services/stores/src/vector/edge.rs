@@ -429,6 +429,52 @@ impl EdgeIndex {
         dense_vector(record.vector).map(Some)
     }
 
+    /// The vectors of a file's chunk points by embed hash, a page of [`UPSERT_BATCH`] per
+    /// engine call (see
+    /// [`VectorIndex::stored_chunk_vectors`](super::VectorIndex::stored_chunk_vectors)).
+    pub async fn stored_chunk_vectors(
+        &self,
+        namespace: &str,
+        file_id: &str,
+    ) -> Result<HashMap<String, Vec<f32>>, VectorError> {
+        let selected = filter::to_edge(&filter::file_chunks_clause(namespace, file_id));
+        let shard = Arc::clone(&self.chunks);
+        blocking(move || {
+            let mut stored = HashMap::new();
+            let mut offset = None;
+            loop {
+                let request = ScrollRequest {
+                    offset,
+                    limit: Some(UPSERT_BATCH),
+                    filter: Some(selected.clone()),
+                    with_payload: Some(WithPayloadInterface::Fields(vec![filter::json_path(
+                        schema::EMBED_HASH,
+                    )])),
+                    with_vector: WithVector::Bool(true),
+                    order_by: None,
+                };
+                let (records, next) = shard.shard.scroll(request).map_err(engine)?;
+                for record in records {
+                    let hash = record
+                        .payload
+                        .as_ref()
+                        .and_then(|payload| payload.0.get(schema::EMBED_HASH))
+                        .and_then(Value::as_str)
+                        .map(str::to_owned);
+                    // A point without a hash or a dense vector is embedded again, not an error.
+                    if let (Some(hash), Ok(vector)) = (hash, dense_vector(record.vector)) {
+                        stored.insert(hash, vector);
+                    }
+                }
+                match next {
+                    Some(next) => offset = Some(next),
+                    None => return Ok(stored),
+                }
+            }
+        })
+        .await
+    }
+
     /// Runs the shard optimizers (merge small segments, build HNSW, vacuum deletes)
     /// until none has work, now. The background optimizer does this after writes settle;
     /// this is for callers that need it done before they go on. Returns whether anything
@@ -791,6 +837,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let point = |kind: PointKind, i: usize| VectorPoint {
             text_hash: None,
+            embed_hash: None,
             namespace: "alpha".into(),
             kind,
             chunk_key: format!("c{i}"),
@@ -901,6 +948,7 @@ mod tests {
         let points: Vec<VectorPoint> = (0..600)
             .map(|i| VectorPoint {
                 text_hash: None,
+                embed_hash: None,
                 namespace: "alpha".into(),
                 kind: super::super::PointKind::Chunk,
                 chunk_key: format!("c{i}"),

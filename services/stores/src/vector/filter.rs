@@ -183,6 +183,16 @@ pub(crate) fn file_clause(namespace: &str, file_id: &str) -> Clause {
     }
 }
 
+/// The chunk points of one file (no access filter: the indexer's own reads).
+pub(crate) fn file_chunks_clause(namespace: &str, file_id: &str) -> Clause {
+    let mut clause = file_clause(namespace, file_id);
+    clause.must.push(Node::Leaf(Leaf::Keyword(
+        schema::KIND,
+        super::PointKind::Chunk.as_str().to_owned(),
+    )));
+    clause
+}
+
 /// Every point of one namespace, of any kind.
 pub(crate) fn namespace_clause(namespace: &str) -> Clause {
     Clause {

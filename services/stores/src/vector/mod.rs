@@ -19,6 +19,8 @@ pub mod filter;
 mod server;
 pub mod sparse;
 
+use std::collections::HashMap;
+
 use kg_proto::v1::AccessFilter;
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
@@ -63,6 +65,10 @@ pub mod schema {
     /// The chunk's [`text_hash`](crate::chunk_text::text_hash) (chunk points written since
     /// it existed).
     pub const TEXT_HASH: &str = "textHash";
+    /// What the chunk's vector was embedded from, as an
+    /// [`embed_hash`](crate::chunk_text::embed_hash) (chunk points written since it
+    /// existed): a later version of the file reuses the vector of an equal hash.
+    pub const EMBED_HASH: &str = "embedHash";
 }
 
 /// Starts [`schema::ANCHORED_PATH`]. A control character: `normalize_path` refuses them,
@@ -113,6 +119,9 @@ pub struct VectorPoint {
     pub vector: Vec<f32>,
     /// The chunk's [`text_hash`](crate::chunk_text::text_hash); ignored for files.
     pub text_hash: Option<String>,
+    /// The [`embed_hash`](crate::chunk_text::embed_hash) of what `vector` was embedded
+    /// from; ignored for files.
+    pub embed_hash: Option<String>,
 }
 
 impl VectorPoint {
@@ -224,6 +233,9 @@ pub(crate) fn payload_fields(point: &VectorPoint) -> Vec<(&'static str, FieldVal
         fields.push((schema::CHUNK_KEY, Str(point.chunk_key.clone())));
         if let Some(hash) = &point.text_hash {
             fields.push((schema::TEXT_HASH, Str(hash.clone())));
+        }
+        if let Some(hash) = &point.embed_hash {
+            fields.push((schema::EMBED_HASH, Str(hash.clone())));
         }
     }
     if let Some(date) = &point.document_date {
@@ -388,6 +400,24 @@ impl VectorIndex {
         }
     }
 
+    /// The vectors of a file's chunk points, by the [`schema::EMBED_HASH`] they were written
+    /// with (points written without one are left out): what a new version of the file can
+    /// reuse instead of embedding the same text again. The indexer's own read, so no access
+    /// filter; a vector of another length than the index's is left out too.
+    pub async fn stored_chunk_vectors(
+        &self,
+        namespace: &str,
+        file_id: &str,
+    ) -> Result<HashMap<String, Vec<f32>>, VectorError> {
+        let mut stored = match self {
+            VectorIndex::Edge(i) => i.stored_chunk_vectors(namespace, file_id).await?,
+            VectorIndex::Server(i) => i.stored_chunk_vectors(namespace, file_id).await?,
+        };
+        let dimension = self.dimension();
+        stored.retain(|_, vector| vector.len() == dimension);
+        Ok(stored)
+    }
+
     /// The file-level vector of `file_id` (the normalised mean of its chunk vectors), when
     /// the file has a file point that `access` admits. `None` for an unknown, unreadable
     /// or (under `enabled_only`) disabled file, and for a file indexed without embeddings.
@@ -498,6 +528,7 @@ mod tests {
     fn point(path: &str) -> VectorPoint {
         VectorPoint {
             text_hash: None,
+            embed_hash: None,
             namespace: "demo".into(),
             kind: PointKind::Chunk,
             chunk_key: "c1".into(),

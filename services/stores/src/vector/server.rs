@@ -273,6 +273,47 @@ impl ServerIndex {
         };
         dense_vector(point.vectors).map(Some)
     }
+    /// The vectors of a file's chunk points by embed hash, a page of [`UPSERT_BATCH`] per
+    /// request (see
+    /// [`VectorIndex::stored_chunk_vectors`](super::VectorIndex::stored_chunk_vectors)).
+    pub async fn stored_chunk_vectors(
+        &self,
+        namespace: &str,
+        file_id: &str,
+    ) -> Result<HashMap<String, Vec<f32>>, VectorError> {
+        let mut stored = HashMap::new();
+        let mut offset = None;
+        loop {
+            let response = self
+                .client
+                .scroll(stored_chunk_vectors_request(
+                    &self.collection,
+                    namespace,
+                    file_id,
+                    offset,
+                ))
+                .await
+                .map_err(client_error)?;
+            for point in response.result {
+                let hash = match point
+                    .payload
+                    .get(schema::EMBED_HASH)
+                    .and_then(|v| v.kind.as_ref())
+                {
+                    Some(Kind::StringValue(hash)) => hash.clone(),
+                    _ => continue,
+                };
+                // A point without a dense vector is embedded again, not an error.
+                if let Ok(vector) = dense_vector(point.vectors) {
+                    stored.insert(hash, vector);
+                }
+            }
+            match response.next_page_offset {
+                Some(next) => offset = Some(next),
+                None => return Ok(stored),
+            }
+        }
+    }
 }
 
 fn check_existing(
@@ -478,6 +519,31 @@ pub(crate) fn file_vector_request(
     }
 }
 
+pub(crate) fn stored_chunk_vectors_request(
+    collection: &str,
+    namespace: &str,
+    file_id: &str,
+    offset: Option<client::PointId>,
+) -> ScrollPoints {
+    ScrollPoints {
+        collection_name: collection.to_owned(),
+        filter: Some(filter::to_client(&filter::file_chunks_clause(
+            namespace, file_id,
+        ))),
+        offset,
+        limit: Some(UPSERT_BATCH as u32),
+        with_payload: Some(WithPayloadSelector {
+            selector_options: Some(SelectorOptions::Include(PayloadIncludeSelector {
+                fields: vec![schema::EMBED_HASH.to_owned()],
+            })),
+        }),
+        with_vectors: Some(WithVectorsSelector {
+            selector_options: Some(with_vectors_selector::SelectorOptions::Enable(true)),
+        }),
+        ..Default::default()
+    }
+}
+
 /// The unnamed dense vector of a retrieved point.
 fn dense_vector(vectors: Option<VectorsOutput>) -> Result<Vec<f32>, VectorError> {
     match vectors.and_then(|v| v.vectors_options) {
@@ -507,6 +573,7 @@ mod tests {
     fn point(i: usize) -> VectorPoint {
         VectorPoint {
             text_hash: None,
+            embed_hash: None,
             namespace: "alpha".into(),
             kind: PointKind::Chunk,
             chunk_key: format!("c{i}"),
@@ -721,6 +788,39 @@ mod tests {
         let sparse = client::vector_output::Vector::Sparse(client::SparseVector::default());
         assert!(dense_vector(output(sparse)).is_err());
         assert!(dense_vector(None).is_err());
+    }
+
+    #[test]
+    fn a_files_stored_vectors_are_paged_with_their_embed_hash() {
+        let first = stored_chunk_vectors_request("kg", "alpha", "f1", None);
+        assert_eq!(first.collection_name, "kg");
+        assert_eq!(
+            first.filter,
+            Some(filter::to_client(&filter::file_chunks_clause(
+                "alpha", "f1"
+            )))
+        );
+        let text = format!("{:?}", first.filter);
+        for value in ["\"alpha\"", "\"f1\"", "\"chunk\""] {
+            assert!(text.contains(value), "{value} in {text}");
+        }
+        assert_eq!(
+            (first.offset, first.limit),
+            (None, Some(UPSERT_BATCH as u32))
+        );
+        assert_eq!(
+            first.with_payload.and_then(|w| w.selector_options),
+            Some(SelectorOptions::Include(PayloadIncludeSelector {
+                fields: vec![schema::EMBED_HASH.to_owned()],
+            }))
+        );
+        assert_eq!(
+            first.with_vectors.and_then(|w| w.selector_options),
+            Some(with_vectors_selector::SelectorOptions::Enable(true))
+        );
+        let next = client::PointId::from("0190a3c2-0000-7000-8000-000000000000".to_owned());
+        let second = stored_chunk_vectors_request("kg", "alpha", "f1", Some(next.clone()));
+        assert_eq!(second.offset, Some(next));
     }
 
     #[test]

@@ -183,6 +183,7 @@ impl SparsePoint {
             document_date: self.document_date.clone(),
             vector: Vec::new(),
             text_hash: self.text_hash.clone(),
+            embed_hash: None,
         }
     }
 

@@ -8,6 +8,7 @@ const DIM: usize = 4;
 fn point(kind: PointKind, file: &str, path: &str, vector: [f32; DIM]) -> VectorPoint {
     VectorPoint {
         text_hash: None,
+        embed_hash: None,
         namespace: "alpha".into(),
         kind,
         chunk_key: match kind {

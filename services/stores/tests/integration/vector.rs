@@ -10,6 +10,7 @@ const DIM: usize = 4;
 fn chunk(file: usize, index: usize, path: &str) -> VectorPoint {
     VectorPoint {
         text_hash: None,
+        embed_hash: None,
         namespace: "alpha".into(),
         kind: PointKind::Chunk,
         chunk_key: format!("f{file}-c{index}"),
@@ -290,5 +291,61 @@ async fn batches_and_optimisation_keep_filters_exact() {
     assert!(
         hits.iter()
             .all(|h| !["f1", "f2", "f4"].contains(&h.file_id.as_str()))
+    );
+}
+
+#[tokio::test]
+async fn a_files_stored_vectors_are_read_by_embed_hash_across_pages() {
+    let dir = tempfile::tempdir().unwrap();
+    let index = VectorIndex::from(
+        EdgeIndex::open(dir.path().join("vectors"), DIM)
+            .await
+            .unwrap(),
+    );
+    let hashed = |file: usize, i: usize| VectorPoint {
+        embed_hash: Some(format!("h{file}-{i}")),
+        ..chunk(file, i, "guides/a.md")
+    };
+    // More chunks than a page holds, so the read must follow the scroll's offset.
+    let many = UPSERT_BATCH + 44;
+    let mut points: Vec<VectorPoint> = (0..many).map(|i| hashed(1, i)).collect();
+    points.push(chunk(1, many, "guides/a.md")); // written before hashes existed
+    points.push(VectorPoint {
+        kind: PointKind::File,
+        chunk_key: String::new(),
+        embed_hash: Some("file-point".into()),
+        ..chunk(1, 0, "guides/a.md")
+    });
+    points.push(hashed(2, 0)); // another file
+    points.push(VectorPoint {
+        namespace: "beta".into(),
+        embed_hash: Some("beta".into()),
+        ..chunk(1, 0, "guides/a.md")
+    }); // the same file id in another namespace
+    index.upsert(points).await.unwrap();
+
+    let stored = index.stored_chunk_vectors("alpha", "f1").await.unwrap();
+    assert_eq!(
+        stored.len(),
+        many,
+        "every hashed chunk of the file, nothing else"
+    );
+    // A cosine index stores unit vectors; the indexer only writes those.
+    let unit = |v: Vec<f32>| {
+        let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt();
+        v.into_iter().map(|x| x / norm).collect::<Vec<f32>>()
+    };
+    let close = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-6);
+    for i in [0, many - 1] {
+        let want = unit(chunk(1, i, "guides/a.md").vector);
+        assert!(close(&stored[&format!("h1-{i}")], &want), "chunk {i}");
+    }
+    assert!(!stored.contains_key("file-point") && !stored.contains_key("beta"));
+    assert!(
+        index
+            .stored_chunk_vectors("alpha", "f9")
+            .await
+            .unwrap()
+            .is_empty()
     );
 }
