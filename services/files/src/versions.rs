@@ -563,6 +563,10 @@ impl FilesService {
             created_by: caller.principal_id.clone(),
             changed_files: 0,
         };
+        // In a transaction like an upload's: a purge committing meanwhile is waited for (the
+        // namespace's lock on PostgreSQL) and then seen, so no branch outlives its namespace.
+        let mut tx = self.versions.sql.pool().begin().await?;
+        self.store.hold_namespace(&mut tx, namespace).await?;
         sqlx::query(
             "INSERT INTO kg_branches (branch_id, namespace, name, created_at_ms, created_by) VALUES ($1, $2, $3, $4, $5)",
         )
@@ -571,13 +575,15 @@ impl FilesService {
         .bind(name)
         .bind(branch.created_at_ms)
         .bind(&branch.created_by)
-        .execute(self.versions.sql.pool())
+        .execute(&mut *tx)
         .await
         // Created by another call since the check above.
         .map_err(|err| match FilesError::from(err) {
             err if err.is_unique_violation() => exists(),
             err => err,
         })?;
+        self.store.refuse_if_purging(&mut tx, namespace).await?;
+        tx.commit().await?;
         Ok(branch)
     }
 

@@ -265,8 +265,8 @@ fn namespace_lock_key(namespace: &str) -> i64 {
     i64::from_be_bytes(digest[..8].try_into().unwrap())
 }
 
-/// On PostgreSQL an upload already past every check when a purge starts must not leave a row
-/// behind: it waits for the purge's transaction and then finds the purge.
+/// On PostgreSQL an upload, or a new branch, already past every check when a purge starts must
+/// not leave a row behind: it waits for the purge's transaction and then finds the purge.
 #[tokio::test]
 async fn an_upload_racing_a_purge_waits_for_it_and_is_refused_on_postgres() {
     let env = env(true).await;
@@ -298,13 +298,23 @@ async fn an_upload_racing_a_purge_waits_for_it_and_is_refused_on_postgres() {
             .upload(&caller, DOOMED, "late.md", b"# Late\n", "")
             .await
     });
+    let (files, caller) = (env.files.clone(), admin.clone());
+    let branch = tokio::spawn(async move { files.create_branch(&caller, DOOMED, "late").await });
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     assert!(
         !upload.is_finished(),
         "the upload must wait for the purge's transaction"
     );
+    assert!(
+        !branch.is_finished(),
+        "the new branch must wait for the purge's transaction"
+    );
     purge.commit().await.unwrap();
     let refused = upload.await.unwrap().unwrap_err();
     assert_eq!(refused.code(), ErrorCode::FailedPrecondition, "{refused}");
-    assert_eq!(row_counts(&sql).await[0], ("kg_files", 0));
+    let refused = branch.await.unwrap().unwrap_err();
+    assert_eq!(refused.code(), ErrorCode::FailedPrecondition, "{refused}");
+    let counts = row_counts(&sql).await;
+    assert!(counts.contains(&("kg_files", 0)), "{counts:?}");
+    assert!(counts.contains(&("kg_branches", 0)), "{counts:?}");
 }
