@@ -6,11 +6,16 @@
    `kgmesh ingest`, timed: the baseline.
 2. Searches a few questions, deletes the namespace's graph in FalkorDB (as a store lost without
    a backup would), checks that the same questions now find nothing, then runs
-   `kgmesh file reindex --wait`, timed, and checks that they find the same top 5 again.
-3. Times the queueing alone: one `POST .../reindex` of the namespace, then the wait until no
+   `kgmesh file reindex --wait`, timed, and checks that they find the same top 5 again. The
+   vectors were kept, so the chunks embedded and the stored vectors reused are counted too
+   (the indexer's /metrics, read through the gateway of the one `up` process).
+3. An edit: the file with the most bytes, one paragraph in its middle rewritten, ingested
+   again, timed until indexed and counted; against the same edited text ingested as a new
+   file (every chunk embedded), in the same run.
+4. Times the queueing alone: one `POST .../reindex` of the namespace, then the wait until no
    file is pending; and the same for --bulk small files in a namespace of their own, a page
    of 1,000 per call.
-4. Prints each figure and the reindex / ingest ratio.
+5. Prints each figure and the reindex / ingest ratio.
 
 Not part of `make test`.
 """
@@ -86,6 +91,35 @@ def wait_until_none_pending(mesh: Mesh, namespace: str) -> tuple[float, int, int
             time.sleep(0.2)
 
 
+def embed_counters(mesh: Mesh) -> tuple[int, int]:
+    """The indexer's chunks embedded and stored vectors reused, so far."""
+    with httpx2.Client(timeout=30) as http:
+        text = http.get(f"{mesh.base_url}/metrics").text
+    values = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in ("kgmesh_chunks_embedded_total", "kgmesh_chunk_vectors_reused_total"):
+            values[name] = int(float(value))
+    return values.get("kgmesh_chunks_embedded_total", 0), values.get("kgmesh_chunk_vectors_reused_total", 0)
+
+
+def edited_copy(docs: Path, into: Path, as_new: bool) -> str:
+    """The largest file of `docs` with the middle one of its paragraphs rewritten, written under
+    `into` at its own relative path (an edit) or at a new one (`as_new`); the path used."""
+    largest = max((p for p in docs.rglob("*.md")), key=lambda p: p.stat().st_size)
+    paragraphs = largest.read_text().split("\n\n")
+    prose = [i for i, p in enumerate(paragraphs) if p.strip() and not p.lstrip().startswith(("#", "`", "|", "-"))]
+    middle = prose[len(prose) // 2]
+    paragraphs[middle] = paragraphs[middle].rstrip() + " This sentence was added by the edit benchmark."
+    relative = largest.relative_to(docs)
+    if as_new:
+        relative = relative.with_name(f"edited-copy-{relative.name}")
+    target = into / relative
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text("\n\n".join(paragraphs))
+    return str(relative)
+
+
 def queue_all(mesh: Mesh, namespace: str) -> tuple[int, list[float]]:
     """Queues every file of `namespace` a page at a time; files queued and each call's seconds."""
     headers = {"Authorization": f"Bearer {mesh.admin_token}"}
@@ -131,11 +165,26 @@ def main() -> None:
             chunks = redis(port, "GRAPH.QUERY", graph_key(NAMESPACE), "MATCH (c:Chunk) RETURN count(c)")[1][0][0]
             redis(port, "GRAPH.DELETE", graph_key(NAMESPACE))
             lost = asyncio.run(top_paths(mesh))
+            embedded_before, reused_before = embed_counters(mesh)
             reindex_s, summary = timed_cli(mesh, "file", "reindex", "--namespace", NAMESPACE, "--wait")
             after = asyncio.run(top_paths(mesh))
             chunks_after = redis(
                 port, "GRAPH.QUERY", graph_key(NAMESPACE), "MATCH (c:Chunk) RETURN count(c)"
             )[1][0][0]
+            embedded_after, reused_after = embed_counters(mesh)
+
+            edits = {}
+            for as_new in (False, True):
+                folder = work / ("new-file" if as_new else "edit")
+                relative = edited_copy(args.docs, folder, as_new)
+                counted = embed_counters(mesh)
+                started = time.monotonic()
+                timed_cli(mesh, "ingest", str(folder), "--namespace", NAMESPACE)
+                wait_until_none_pending(mesh, NAMESPACE)
+                seconds = time.monotonic() - started
+                now = embed_counters(mesh)
+                edits[as_new] = (relative, seconds, now[0] - counted[0], now[1] - counted[1])
+
             queued, calls = queue_all(mesh, NAMESPACE)
             drained = wait_until_none_pending(mesh, NAMESPACE)
 
@@ -147,6 +196,15 @@ def main() -> None:
                 f"{summary['indexed']} indexed, {len(summary['failed'])} failed; {chunks_after} chunks; "
                 f"same top 5 for every question: {before == after}"
             )
+            if args.provider != "none":
+                print(
+                    f"reindex: {embedded_after - embedded_before} chunks embedded, "
+                    f"{reused_after - reused_before} stored vectors reused"
+                )
+                for as_new, label in ((False, "edit of"), (True, "the edited text as a new file,")):
+                    relative, seconds, embedded, reused = edits[as_new]
+                    print(f"{label} {relative}: {seconds:.2f} s to indexed; {embedded} embedded, {reused} reused")
+                print(f"edit / new file: {edits[False][1] / edits[True][1]:.2f}x the time")
             print(
                 f"queueing {queued} files: {sum(calls):.3f} s in {len(calls)} call(s); "
                 f"indexed again {drained[0]:.1f} s later ({drained[2]} failed)"
