@@ -31,7 +31,6 @@ pub(crate) static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new
 /// The `kgmesh_llm_*` samples of the encoded registry, in a fixed order: requests,
 /// prompt tokens, completion tokens, failed batches, dropped items, skipped chunks.
 fn llm_metrics() -> [u64; 6] {
-    let text = kg_common::metrics::encode_text();
     [
         "kgmesh_llm_requests_total",
         r#"kgmesh_llm_tokens_total{kind="prompt"}"#,
@@ -40,14 +39,7 @@ fn llm_metrics() -> [u64; 6] {
         "kgmesh_llm_dropped_total",
         "kgmesh_llm_skipped_chunks_total",
     ]
-    .map(|series| {
-        text.lines()
-            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
-            .unwrap_or_else(|| panic!("{series} is not on /metrics:\n{text}"))
-            .trim()
-            .parse()
-            .unwrap()
-    })
+    .map(crate::stores::metric)
 }
 
 fn metrics_delta(before: [u64; 6]) -> [u64; 6] {

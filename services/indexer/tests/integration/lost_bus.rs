@@ -10,7 +10,6 @@ use kg_indexer::IndexerConfig;
 use kg_proto::v1::{FileChangeOp, FileChanged};
 use kg_stores::events;
 use kg_stores::graph::{GraphStore, Params};
-use tokio_util::sync::CancellationToken;
 
 const NS: &str = "lostbus";
 
@@ -69,29 +68,10 @@ async fn wait_for_version(graph: &GraphStore, file_id: &str, version: &str) {
     }
 }
 
-/// An indexer on `stores` with `config`; its stop token and its task.
-fn spawn_indexer(
-    stores: &crate::stores::Stores,
-    config: IndexerConfig,
-) -> (
-    CancellationToken,
-    tokio::task::JoinHandle<Result<(), kg_indexer::IndexerError>>,
-) {
-    let stop = CancellationToken::new();
-    let worker = tokio::spawn(kg_indexer::run(
-        config,
-        stores.graph.clone(),
-        stores.blobs.clone(),
-        stores.js.clone(),
-        stop.clone(),
-    ));
-    (stop, worker)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_indexer_follows_streams_and_buckets_made_again_while_it_runs() {
     let stores = crate::stores::start().await;
-    let (stop, worker) = spawn_indexer(
+    let (stop, worker) = crate::stores::spawn_indexer(
         &stores,
         IndexerConfig {
             concurrency: 2,
@@ -173,7 +153,7 @@ async fn a_file_indexed_while_the_bus_lacks_its_tbox_waits_for_it() {
     };
     tboxes.put(&acme).await.unwrap();
     // One delivery: a delivery that failed for want of the TBox would leave the file failed.
-    let (stop, worker) = spawn_indexer(
+    let (stop, worker) = crate::stores::spawn_indexer(
         &stores,
         IndexerConfig {
             max_deliver: 1,

@@ -137,17 +137,6 @@ async fn purge_reports(js: &async_nats::jetstream::Context, namespace: &str) -> 
         .collect()
 }
 
-/// The value of a counter on `/metrics` (process-wide: other tests in the process add to it).
-fn counter(series: &str) -> u64 {
-    let text = kg_common::metrics::encode_text();
-    text.lines()
-        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
-        .unwrap_or_else(|| panic!("{series} is not on /metrics:\n{text}"))
-        .trim()
-        .parse()
-        .unwrap()
-}
-
 /// Events the main consumer has not settled yet.
 async fn unsettled(js: &async_nats::jetstream::Context) -> u64 {
     let stream = js.get_stream(events::FILES_STREAM).await.unwrap();
@@ -182,8 +171,8 @@ async fn a_deleted_namespace_leaves_every_lane_and_its_backlog_stays_out() {
     };
     let (stop, worker) = crate::stores::spawn_indexer(&stores, config);
 
-    let purged_before = counter("kgmesh_namespaces_purged_total");
-    let dropped_before = counter("kgmesh_purged_events_dropped_total");
+    let purged_before = crate::stores::metric("kgmesh_namespaces_purged_total");
+    let dropped_before = crate::stores::metric("kgmesh_purged_events_dropped_total");
     let start = now_ms();
     upsert(&stores, DOOMED, "a", "# A\n\nAlpha text.\n", start).await;
     upsert(&stores, DOOMED, "b", "# B\n\nBeta text.\n", start).await;
@@ -248,9 +237,9 @@ async fn a_deleted_namespace_leaves_every_lane_and_its_backlog_stays_out() {
         "an upload queued before the purge wrote the namespace again"
     );
     assert_eq!(points(&index, DOOMED).await, 0);
-    assert!(counter("kgmesh_namespaces_purged_total") > purged_before);
+    assert!(crate::stores::metric("kgmesh_namespaces_purged_total") > purged_before);
     assert!(
-        counter("kgmesh_purged_events_dropped_total") > dropped_before,
+        crate::stores::metric("kgmesh_purged_events_dropped_total") > dropped_before,
         "the queued upload is counted as dropped"
     );
     assert!(

@@ -57,6 +57,17 @@ pub fn spawn_indexer(
     (stop, worker)
 }
 
+/// The value of a series on `/metrics` (process-wide: other tests in the process add to it).
+pub fn metric(series: &str) -> u64 {
+    let text = kg_common::metrics::encode_text();
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("{series} is not on /metrics:\n{text}"))
+        .trim()
+        .parse()
+        .unwrap()
+}
+
 /// The payloads on `subject` of `stream`, oldest first: what a reader of the stream finds.
 pub async fn payloads_on(
     js: &async_nats::jetstream::Context,
