@@ -102,9 +102,8 @@ pub async fn write_sparse(
     let written = points.len();
     sparse
         .index
-        .delete_file(&file.namespace, &file.file_id)
+        .replace_file(&file.namespace, &file.file_id, points)
         .await?;
-    sparse.index.upsert(points).await?;
     Ok(written)
 }
 

@@ -1,7 +1,8 @@
 //! Writes one file version's vectors: a point per chunk (embedding of its context
 //! header and text) and a file point (the normalised mean of its chunk vectors, for
-//! `similarFiles`), with the payload the vector index defines. The file's old points
-//! are removed first, so a changed version replaces them and removed chunks vanish.
+//! `similarFiles`), with the payload the vector index defines. The new points are
+//! written before the file's others are removed, so a search never finds the file
+//! without points while a version replaces the last, and removed chunks vanish.
 
 use kg_common::error::{ErrorCode, ErrorExt};
 use kg_embed::{EmbedError, SharedEmbedder, normalized_mean};
@@ -171,9 +172,8 @@ pub async fn write_vectors(
     let written = points.len();
     vectors
         .index
-        .delete_file(&file.namespace, &file.file_id)
+        .replace_file(&file.namespace, &file.file_id, points)
         .await?;
-    vectors.index.upsert(points).await?;
     let metrics = kg_common::metrics::metrics();
     metrics.chunks_embedded.inc_by(embedded as u64);
     metrics.chunk_vectors_reused.inc_by(reused as u64);

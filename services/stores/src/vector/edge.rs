@@ -283,19 +283,40 @@ impl EdgeIndex {
         for point in &points {
             validate_point(point, self.dimension())?;
         }
-        let (file_points, chunk_points): (Vec<_>, Vec<_>) = points
-            .into_iter()
-            .partition(|point| point.kind == PointKind::File);
-        for (kind, points) in [
-            (PointKind::Chunk, chunk_points),
-            (PointKind::File, file_points),
-        ] {
+        for (kind, points) in by_kind(points) {
             if points.is_empty() {
                 continue;
             }
             let shard = self.shard_of(kind);
             let written = points.len();
             write(shard, move |shard| upsert_points(shard, &points)).await?;
+            wrote(shard, written);
+        }
+        Ok(())
+    }
+
+    /// [`super::VectorIndex::replace_file`]: in each shard, under its write lock, the
+    /// shard's new points are written and then the file's others deleted.
+    pub async fn replace_file(
+        &self,
+        namespace: &str,
+        file_id: &str,
+        points: Vec<VectorPoint>,
+    ) -> Result<(), VectorError> {
+        let keep = super::replacement_ids(namespace, file_id, &points, self.dimension())?;
+        let stale = filter::to_edge(&filter::file_points_except(namespace, file_id, &keep));
+        for (kind, points) in by_kind(points) {
+            let shard = self.shard_of(kind);
+            let (stale, written) = (stale.clone(), points.len());
+            write(shard, move |shard| {
+                upsert_points(shard, &points)?;
+                shard
+                    .update(UpdateOperation::PointOperation(
+                        PointOperations::DeletePointsByFilter(stale),
+                    ))
+                    .map_err(engine)
+            })
+            .await?;
             wrote(shard, written);
         }
         Ok(())
@@ -529,6 +550,17 @@ pub(crate) fn file_flags_update(
 
 /// Upserts points into one shard, [`UPSERT_BATCH`] per engine call. The caller holds the
 /// shard's write lock.
+/// The chunk points and the file points, each for its shard.
+fn by_kind(points: Vec<VectorPoint>) -> [(PointKind, Vec<VectorPoint>); 2] {
+    let (file_points, chunk_points): (Vec<_>, Vec<_>) = points
+        .into_iter()
+        .partition(|point| point.kind == PointKind::File);
+    [
+        (PointKind::Chunk, chunk_points),
+        (PointKind::File, file_points),
+    ]
+}
+
 fn upsert_points(shard: &EdgeShard, points: &[VectorPoint]) -> Result<(), VectorError> {
     for batch in points.chunks(UPSERT_BATCH) {
         let batch = batch.iter().map(to_persisted).collect();

@@ -23,6 +23,7 @@
 
 use kg_proto::v1::AccessFilter;
 use qdrant_client::qdrant as client;
+use uuid::Uuid;
 
 use super::{PATH_ANCHOR, Scope, schema};
 
@@ -39,11 +40,13 @@ pub(crate) enum Leaf {
     Substring(&'static str, String),
 }
 
-/// A condition: a leaf or a nested clause.
+/// A condition: a leaf, a nested clause, or a test on the point id.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Node {
     Leaf(Leaf),
     Clause(Clause),
+    /// The point's id is one of these.
+    Ids(Vec<Uuid>),
 }
 
 /// `must` AND (any of `should`, when not empty) AND NOT any of `must_not`.
@@ -183,6 +186,16 @@ pub(crate) fn file_clause(namespace: &str, file_id: &str) -> Clause {
     }
 }
 
+/// The points of one file but `keep`: what an older version left once the new one is
+/// written. With nothing to keep, every point of the file.
+pub(crate) fn file_points_except(namespace: &str, file_id: &str, keep: &[Uuid]) -> Clause {
+    let mut clause = file_clause(namespace, file_id);
+    if !keep.is_empty() {
+        clause.must_not.push(Node::Ids(keep.to_vec()));
+    }
+    clause
+}
+
 /// The chunk points of one file (no access filter: the indexer's own reads).
 pub(crate) fn file_chunks_clause(namespace: &str, file_id: &str) -> Clause {
     let mut clause = file_clause(namespace, file_id);
@@ -250,6 +263,11 @@ pub(crate) fn to_edge(clause: &Clause) -> qdrant_edge::Filter {
                 .map(|node| match node {
                     Node::Leaf(leaf) => edge_leaf(leaf),
                     Node::Clause(inner) => qdrant_edge::Condition::Filter(to_edge(inner)),
+                    Node::Ids(ids) => qdrant_edge::Condition::HasId(
+                        ids.iter()
+                            .map(|id| qdrant_edge::PointId::Uuid(*id))
+                            .collect(),
+                    ),
                 })
                 .collect(),
         )
@@ -294,6 +312,9 @@ pub(crate) fn to_client(clause: &Clause) -> client::Filter {
             .map(|node| match node {
                 Node::Leaf(leaf) => client_leaf(leaf),
                 Node::Clause(inner) => client::Condition::from(to_client(inner)),
+                Node::Ids(ids) => client::Condition::has_id(
+                    ids.iter().map(|id| client::PointId::from(id.to_string())),
+                ),
             })
             .collect()
     };
@@ -349,6 +370,12 @@ mod tests {
                         format!("{}{m}", fc.key)
                     }
                     Condition::Filter(inner) => format!("({})", describe_edge(inner)),
+                    Condition::HasId(ids) => {
+                        let mut ids: Vec<String> =
+                            ids.has_id.iter().map(|id| id.to_string()).collect();
+                        ids.sort();
+                        format!("id in {ids:?}")
+                    }
                     other => format!("{other:?}"),
                 })
                 .collect::<Vec<_>>()
@@ -380,6 +407,19 @@ mod tests {
                         format!("{}{m}", fc.key)
                     }
                     ConditionOneOf::Filter(inner) => format!("({})", describe_client(inner)),
+                    ConditionOneOf::HasId(ids) => {
+                        use client::point_id::PointIdOptions;
+                        let mut ids: Vec<String> = ids
+                            .has_id
+                            .iter()
+                            .map(|id| match id.point_id_options.as_ref().unwrap() {
+                                PointIdOptions::Uuid(uuid) => uuid.clone(),
+                                PointIdOptions::Num(n) => n.to_string(),
+                            })
+                            .collect();
+                        ids.sort();
+                        format!("id in {ids:?}")
+                    }
                     other => format!("{other:?}"),
                 })
                 .collect::<Vec<_>>()
@@ -413,6 +453,31 @@ mod tests {
             assert_eq!(edge, describe_client(&to_client(&clause)), "{case:?}");
             assert!(edge.contains("kind=\"file\""), "{edge}");
         }
+        // A replacement's leftovers: the file's points but the ones just written.
+        let keep = [
+            crate::vector::point_id("alpha", PointKind::Chunk, "k1"),
+            crate::vector::point_id("alpha", PointKind::File, "f1"),
+        ];
+        let stale = file_points_except("alpha", "f1", &keep);
+        let text = describe_edge(&to_edge(&stale));
+        assert_eq!(text, describe_client(&to_client(&stale)));
+        assert!(
+            text.starts_with("must[namespace=\"alpha\",fileId=\"f1\"]"),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "not[id in [\"{}\", \"{}\"]]",
+                keep[1].min(keep[0]),
+                keep[1].max(keep[0])
+            )),
+            "{text}"
+        );
+        // Nothing to keep: every point of the file.
+        assert_eq!(
+            file_points_except("alpha", "f1", &[]),
+            file_clause("alpha", "f1")
+        );
         // A keyword with a space stays a keyword (the client's From<String> would not).
         let by_file = file_clause("alpha", "f 1");
         let text = describe_client(&to_client(&by_file));

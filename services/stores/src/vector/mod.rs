@@ -252,6 +252,33 @@ pub fn folder_prefixes(path: &str) -> Vec<String> {
 }
 
 /// Checks a point before it is written: the filters rely on normalised paths.
+/// Checks the points of a [`VectorIndex::replace_file`]: each valid and of that file. Returns
+/// their ids, the ones the replacement keeps.
+pub(crate) fn replacement_ids(
+    namespace: &str,
+    file_id: &str,
+    points: &[VectorPoint],
+    dimension: usize,
+) -> Result<Vec<Uuid>, VectorError> {
+    points
+        .iter()
+        .map(|point| {
+            validate_point(point, dimension)?;
+            if point.namespace != namespace || point.file_id != file_id {
+                return Err(VectorError::invalid(
+                    "point",
+                    format!(
+                        "a point of file `{}` in namespace `{}` cannot replace the points of \
+                         file `{file_id}` in namespace `{namespace}`",
+                        point.file_id, point.namespace
+                    ),
+                ));
+            }
+            Ok(point.id())
+        })
+        .collect()
+}
+
 pub(crate) fn validate_point(point: &VectorPoint, dimension: usize) -> Result<(), VectorError> {
     kg_common::access::validate_namespace(&point.namespace)
         .map_err(|e| VectorError::invalid("namespace", e.to_string()))?;
@@ -353,6 +380,23 @@ impl VectorIndex {
         match self {
             VectorIndex::Edge(i) => i.delete_file(namespace, file_id).await,
             VectorIndex::Server(i) => i.delete_file(namespace, file_id).await,
+        }
+    }
+
+    /// Makes `points` the file's points: writes them, then deletes the file's points that
+    /// are not among them. Searches never find the file without points while a new version
+    /// replaces the old (unchanged chunks keep their point ids), and a crash between the
+    /// two steps leaves the new points beside stale ones, which the next replace removes.
+    /// Nothing is written when any point is invalid or belongs to another file.
+    pub async fn replace_file(
+        &self,
+        namespace: &str,
+        file_id: &str,
+        points: Vec<VectorPoint>,
+    ) -> Result<(), VectorError> {
+        match self {
+            VectorIndex::Edge(i) => i.replace_file(namespace, file_id, points).await,
+            VectorIndex::Server(i) => i.replace_file(namespace, file_id, points).await,
         }
     }
 

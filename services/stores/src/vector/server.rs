@@ -178,6 +178,28 @@ impl ServerIndex {
         Ok(())
     }
 
+    /// [`super::VectorIndex::replace_file`]: the new points, then one delete of the file's
+    /// others.
+    pub async fn replace_file(
+        &self,
+        namespace: &str,
+        file_id: &str,
+        points: Vec<VectorPoint>,
+    ) -> Result<(), VectorError> {
+        let keep = super::replacement_ids(namespace, file_id, &points, self.dimension)?;
+        self.upsert(points).await?;
+        self.client
+            .delete_points(prune_file_request(
+                &self.collection,
+                namespace,
+                file_id,
+                &keep,
+            ))
+            .await
+            .map_err(client_error)?;
+        Ok(())
+    }
+
     /// Deletes every point of a namespace.
     pub async fn delete_namespace(&self, namespace: &str) -> Result<(), VectorError> {
         self.client
@@ -458,6 +480,25 @@ pub(crate) fn delete_file_request(
     }
 }
 
+/// Deletes the points of a file but `keep` (the ones a replacement just wrote).
+pub(crate) fn prune_file_request(
+    collection: &str,
+    namespace: &str,
+    file_id: &str,
+    keep: &[uuid::Uuid],
+) -> DeletePoints {
+    DeletePoints {
+        collection_name: collection.to_owned(),
+        wait: Some(true),
+        points: Some(PointsSelector {
+            points_selector_one_of: Some(PointsSelectorOneOf::Filter(filter::to_client(
+                &filter::file_points_except(namespace, file_id, keep),
+            ))),
+        }),
+        ..Default::default()
+    }
+}
+
 pub(crate) fn set_flags_request(
     collection: &str,
     namespace: &str,
@@ -719,6 +760,18 @@ mod tests {
         let d = delete_file_request("kg", "alpha", "f1");
         assert_eq!(d.points, want);
         assert_eq!(d.wait, Some(true));
+        // A replacement's prune: the same file, less the points just written.
+        let keep = [crate::vector::point_id("alpha", PointKind::Chunk, "k1")];
+        let p = prune_file_request("kg", "alpha", "f1", &keep);
+        assert_eq!((p.collection_name.as_str(), p.wait), ("kg", Some(true)));
+        assert_eq!(
+            p.points,
+            Some(PointsSelector {
+                points_selector_one_of: Some(PointsSelectorOneOf::Filter(filter::to_client(
+                    &filter::file_points_except("alpha", "f1", &keep),
+                ))),
+            })
+        );
         // A namespace's deletion selects by the namespace alone.
         let n = delete_namespace_request("kg", "alpha");
         let Some(PointsSelectorOneOf::Filter(by_namespace)) =

@@ -47,7 +47,7 @@ use serde_json::{Map, Value};
 use super::filter;
 use super::server::{
     client_error, delete_file_request, delete_namespace_request, field_index_requests,
-    set_flags_request,
+    prune_file_request, set_flags_request,
 };
 use super::{
     FieldValue, HIT_FIELDS, MAX_SEARCH_LIMIT, PointKind, Scope, UPSERT_BATCH, VectorError,
@@ -225,19 +225,47 @@ impl SparseIndex {
     /// Inserts or replaces chunk points; nothing is written when any point is invalid.
     /// Points without a term are skipped: no query can reach them.
     pub async fn upsert(&self, points: Vec<SparsePoint>) -> Result<(), VectorError> {
-        let mut checked = Vec::with_capacity(points.len());
-        for point in points {
-            let chunk = point.validate()?;
-            if !point.vector.is_empty() {
-                checked.push((chunk, point.vector));
-            }
-        }
+        let checked = checked_points(points)?;
         if checked.is_empty() {
             return Ok(());
         }
         match self {
             SparseIndex::Edge(i) => i.upsert(checked).await,
             SparseIndex::Server(i) => i.upsert(checked).await,
+        }
+    }
+
+    /// Makes `points` the file's points, as [`super::VectorIndex::replace_file`] does for
+    /// dense vectors: writes them, then deletes the file's others (a chunk without a term
+    /// among them). Nothing is written when any point is invalid or of another file.
+    pub async fn replace_file(
+        &self,
+        namespace: &str,
+        file_id: &str,
+        points: Vec<SparsePoint>,
+    ) -> Result<(), VectorError> {
+        let checked = checked_points(points)?;
+        let chunks: Vec<VectorPoint> = checked.iter().map(|(chunk, _)| chunk.clone()).collect();
+        let keep = super::replacement_ids(namespace, file_id, &chunks, 0)?;
+        match self {
+            SparseIndex::Edge(i) => {
+                let stale = filter::to_edge(&filter::file_points_except(namespace, file_id, &keep));
+                i.write(move |shard| {
+                    upsert_edge_points(shard, &checked)?;
+                    shard
+                        .update(UpdateOperation::PointOperation(
+                            PointOperations::DeletePointsByFilter(stale),
+                        ))
+                        .map_err(engine)
+                })
+                .await
+            }
+            SparseIndex::Server(i) => {
+                if !checked.is_empty() {
+                    i.upsert(checked).await?;
+                }
+                i.prune_file(namespace, file_id, &keep).await
+            }
         }
     }
 
@@ -410,21 +438,8 @@ impl EdgeSparse {
     }
 
     async fn upsert(&self, points: Vec<(VectorPoint, SparseVector)>) -> Result<(), VectorError> {
-        self.write(move |shard| {
-            for batch in points.chunks(UPSERT_BATCH) {
-                let batch = batch
-                    .iter()
-                    .map(|(point, vector)| edge_point(point, vector))
-                    .collect();
-                shard
-                    .update(UpdateOperation::PointOperation(
-                        PointOperations::UpsertPoints(PointInsertOperations::PointsList(batch)),
-                    ))
-                    .map_err(engine)?;
-            }
-            Ok(())
-        })
-        .await
+        self.write(move |shard| upsert_edge_points(shard, &points))
+            .await
     }
 
     async fn delete_file(&self, namespace: &str, file_id: &str) -> Result<(), VectorError> {
@@ -489,6 +504,38 @@ impl EdgeSparse {
         })
         .await
     }
+}
+
+/// The points worth writing, each checked: those with at least one term.
+fn checked_points(
+    points: Vec<SparsePoint>,
+) -> Result<Vec<(VectorPoint, SparseVector)>, VectorError> {
+    let mut checked = Vec::with_capacity(points.len());
+    for point in points {
+        let chunk = point.validate()?;
+        if !point.vector.is_empty() {
+            checked.push((chunk, point.vector));
+        }
+    }
+    Ok(checked)
+}
+
+fn upsert_edge_points(
+    shard: &EdgeShard,
+    points: &[(VectorPoint, SparseVector)],
+) -> Result<(), VectorError> {
+    for batch in points.chunks(UPSERT_BATCH) {
+        let batch = batch
+            .iter()
+            .map(|(point, vector)| edge_point(point, vector))
+            .collect();
+        shard
+            .update(UpdateOperation::PointOperation(
+                PointOperations::UpsertPoints(PointInsertOperations::PointsList(batch)),
+            ))
+            .map_err(engine)?;
+    }
+    Ok(())
 }
 
 fn edge_point(point: &VectorPoint, vector: &SparseVector) -> PointStructPersisted {
@@ -612,6 +659,24 @@ impl ServerSparse {
     async fn delete_file(&self, namespace: &str, file_id: &str) -> Result<(), VectorError> {
         self.client
             .delete_points(delete_file_request(&self.collection, namespace, file_id))
+            .await
+            .map_err(client_error)?;
+        Ok(())
+    }
+
+    async fn prune_file(
+        &self,
+        namespace: &str,
+        file_id: &str,
+        keep: &[uuid::Uuid],
+    ) -> Result<(), VectorError> {
+        self.client
+            .delete_points(prune_file_request(
+                &self.collection,
+                namespace,
+                file_id,
+                keep,
+            ))
             .await
             .map_err(client_error)?;
         Ok(())
@@ -924,6 +989,63 @@ mod tests {
             .await
             .unwrap_err();
         assert!(matches!(err, VectorError::Incompatible { .. }), "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn a_replace_writes_the_new_chunks_then_removes_the_files_others() {
+        let dir = tempfile::tempdir().unwrap();
+        let index = SparseIndex::open_edge(dir.path()).await.unwrap();
+        let chunk = |file: &str, n: usize, text: &str| SparsePoint {
+            chunk_key: format!("{file}#{n}"),
+            ..point(file, &format!("{file}.md"), text)
+        };
+        let count_of = |file: &str| {
+            let (index, others) = (
+                index.clone(),
+                AccessFilter {
+                    deny_file_ids: vec![file.to_owned()],
+                    ..everything()
+                },
+            );
+            async move {
+                let all = index.count(&everything(), &Scope::chunks()).await.unwrap();
+                all - index.count(&others, &Scope::chunks()).await.unwrap()
+            }
+        };
+        index
+            .upsert(vec![
+                chunk("a", 0, "rotate the keys"),
+                chunk("a", 1, "the vault holds the keys"),
+                chunk("a", 2, "an old section"),
+                chunk("b", 0, "another file"),
+            ])
+            .await
+            .unwrap();
+        assert_eq!(count_of("a").await, 3);
+        // The new version keeps chunk 0, leaves chunk 1 without a word, drops chunk 2 and
+        // adds chunk 3: a#0 and a#3 remain, and b is untouched.
+        let new_version = vec![
+            chunk("a", 0, "rotate the keys"),
+            chunk("a", 1, "—"),
+            chunk("a", 3, "a new section"),
+        ];
+        index
+            .replace_file("demo", "a", new_version.clone())
+            .await
+            .unwrap();
+        assert_eq!((count_of("a").await, count_of("b").await), (2, 1));
+        // A point of another file, or an invalid one, changes nothing.
+        let mut mixed = new_version.clone();
+        mixed.push(chunk("b", 1, "b's new chunk"));
+        let err = index.replace_file("demo", "a", mixed).await.unwrap_err();
+        assert!(matches!(err, VectorError::InvalidInput { .. }), "{err:?}");
+        let mut invalid = vec![chunk("a", 4, "more")];
+        invalid[0].path = "/abs.md".into();
+        assert!(index.replace_file("demo", "a", invalid).await.is_err());
+        assert_eq!((count_of("a").await, count_of("b").await), (2, 1));
+        // An empty version removes the file's points.
+        index.replace_file("demo", "a", Vec::new()).await.unwrap();
+        assert_eq!((count_of("a").await, count_of("b").await), (0, 1));
     }
 
     #[tokio::test]

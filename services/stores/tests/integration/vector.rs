@@ -349,3 +349,174 @@ async fn a_files_stored_vectors_are_read_by_embed_hash_across_pages() {
             .is_empty()
     );
 }
+
+/// The chunk keys of the file's points in namespace alpha, sorted.
+async fn chunk_keys(index: &VectorIndex, file_id: &str) -> Vec<String> {
+    let hits = index
+        .search(&whole("alpha"), &Scope::chunks(), vec![1.0; DIM], 100)
+        .await
+        .unwrap();
+    let mut keys: Vec<String> = hits
+        .into_iter()
+        .filter(|hit| hit.file_id == file_id)
+        .filter_map(|hit| hit.chunk_key)
+        .collect();
+    keys.sort();
+    keys
+}
+
+fn file_point(file: usize, path: &str) -> VectorPoint {
+    VectorPoint {
+        kind: PointKind::File,
+        chunk_key: String::new(),
+        ..chunk(file, 9, path)
+    }
+}
+
+#[tokio::test]
+async fn a_replace_keeps_the_files_unchanged_points_and_removes_the_rest() {
+    let dir = tempfile::tempdir().unwrap();
+    let index = VectorIndex::from(EdgeIndex::open(dir.path(), DIM).await.unwrap());
+    let elsewhere = VectorPoint {
+        namespace: "beta".into(),
+        ..chunk(1, 2, "guides/a.md")
+    };
+    index
+        .upsert(vec![
+            chunk(1, 0, "guides/a.md"),
+            chunk(1, 1, "guides/a.md"),
+            chunk(1, 2, "guides/a.md"),
+            file_point(1, "guides/a.md"),
+            chunk(2, 0, "guides/b.md"),
+            elsewhere,
+        ])
+        .await
+        .unwrap();
+
+    // The new version: chunk 0 with another vector, chunk 1 as it was, chunk 2 gone, chunk 3 new.
+    let rewritten = VectorPoint {
+        vector: vec![0.0, 0.0, 1.0, 0.0],
+        ..chunk(1, 0, "guides/a.md")
+    };
+    index
+        .replace_file(
+            "alpha",
+            "f1",
+            vec![
+                rewritten,
+                chunk(1, 1, "guides/a.md"),
+                chunk(1, 3, "guides/a.md"),
+                file_point(1, "guides/a.md"),
+            ],
+        )
+        .await
+        .unwrap();
+    assert_eq!(chunk_keys(&index, "f1").await, ["f1-c0", "f1-c1", "f1-c3"]);
+    assert_eq!(chunk_keys(&index, "f2").await, ["f2-c0"]);
+    let nearest = index
+        .search(
+            &whole("alpha"),
+            &Scope::chunks(),
+            vec![0.0, 0.0, 1.0, 0.0],
+            1,
+        )
+        .await
+        .unwrap();
+    assert_eq!(nearest[0].chunk_key.as_deref(), Some("f1-c0"));
+    assert!(nearest[0].score > 0.999, "{}", nearest[0].score);
+    assert_eq!(
+        index.count(&whole("alpha"), &Scope::files()).await.unwrap(),
+        1
+    );
+    // The same file id in another namespace is another file.
+    assert_eq!(
+        index.count(&whole("beta"), &Scope::chunks()).await.unwrap(),
+        1
+    );
+
+    // A point of another file, or of another dimension, writes nothing and removes nothing.
+    let err = index
+        .replace_file(
+            "alpha",
+            "f1",
+            vec![chunk(1, 4, "guides/a.md"), chunk(2, 1, "guides/b.md")],
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, VectorError::InvalidInput { .. }), "{err:?}");
+    assert!(err.to_string().contains("`f2`"), "{err}");
+    let short = VectorPoint {
+        vector: vec![1.0],
+        ..chunk(1, 4, "guides/a.md")
+    };
+    assert!(
+        index
+            .replace_file("alpha", "f1", vec![short])
+            .await
+            .is_err()
+    );
+    assert_eq!(chunk_keys(&index, "f1").await, ["f1-c0", "f1-c1", "f1-c3"]);
+
+    // A version without points removes the file's, its file point included.
+    index.replace_file("alpha", "f1", Vec::new()).await.unwrap();
+    assert!(chunk_keys(&index, "f1").await.is_empty());
+    assert_eq!(
+        index.count(&whole("alpha"), &Scope::files()).await.unwrap(),
+        0
+    );
+    assert_eq!(chunk_keys(&index, "f2").await, ["f2-c0"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_being_replaced_is_never_found_without_points() {
+    let dir = tempfile::tempdir().unwrap();
+    let index = VectorIndex::from(EdgeIndex::open(dir.path(), DIM).await.unwrap());
+    // Two versions that share chunk 0 and differ in the rest.
+    let version = |round: usize| -> Vec<VectorPoint> {
+        let mut points: Vec<VectorPoint> = (0..4)
+            .map(|i| {
+                chunk(
+                    1,
+                    if i == 0 { 0 } else { i + 4 * (round % 2) },
+                    "guides/a.md",
+                )
+            })
+            .collect();
+        points.push(file_point(1, "guides/a.md"));
+        points
+    };
+    index.upsert(version(0)).await.unwrap();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reader = tokio::spawn({
+        let (index, stop) = (index.clone(), stop.clone());
+        async move {
+            let (mut fewest, mut reads) = (u64::MAX, 0u32);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) || reads == 0 {
+                let n = index
+                    .count(&whole("alpha"), &Scope::chunks())
+                    .await
+                    .unwrap();
+                fewest = fewest.min(n);
+                reads += 1;
+            }
+            (fewest, reads)
+        }
+    });
+    for round in 1..=60 {
+        index
+            .replace_file("alpha", "f1", version(round))
+            .await
+            .unwrap();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (fewest, reads) = reader.await.unwrap();
+    // Between the write and the prune a reader may see both versions' points, never none.
+    assert!(fewest >= 4, "a reader saw {fewest} points in {reads} reads");
+    assert_eq!(
+        index
+            .count(&whole("alpha"), &Scope::chunks())
+            .await
+            .unwrap(),
+        4
+    );
+}
