@@ -84,15 +84,15 @@ pub struct VectorsWritten {
     /// Texts sent to the embedder: the chunks no stored vector of the file fits, each distinct
     /// text once.
     pub embedded: usize,
-    /// Chunks given a vector the file's previous points already held for the same text and
-    /// embedder.
+    /// Chunks given a stored vector of the same text and embedder: the file's previous
+    /// points', or another file's of the namespace.
     pub reused: usize,
 }
 
 /// Embeds the document's chunks and replaces the file's points. A chunk whose embedded
-/// text (context header and text) the file's stored points already hold under this
-/// embedder's identity keeps that vector: an edit embeds only the chunks it changed, and a
-/// reindex of unchanged files embeds nothing.
+/// text (context header and text) a stored point of the namespace already holds under this
+/// embedder's identity takes that vector: an edit embeds only the chunks it changed, a
+/// reindex of unchanged files nothing, and a copy or a moved file nothing.
 pub async fn write_vectors(
     vectors: &Vectors,
     doc: &IndexedDocument,
@@ -112,6 +112,23 @@ pub async fn write_vectors(
         .index
         .stored_chunk_vectors(&file.namespace, &file.file_id)
         .await?;
+    // What the file's own points lack may be stored under another file of the namespace:
+    // a copy, or this file under its old path.
+    let mut elsewhere: Vec<String> = hashes
+        .iter()
+        .filter(|h| !known.contains_key(*h))
+        .cloned()
+        .collect();
+    elsewhere.sort_unstable();
+    elsewhere.dedup();
+    if !elsewhere.is_empty() {
+        known.extend(
+            vectors
+                .index
+                .stored_vectors_by_hash(&file.namespace, &elsewhere)
+                .await?,
+        );
+    }
     let reused = hashes.iter().filter(|h| known.contains_key(*h)).count();
     // Each distinct missing text once: a file repeating a paragraph embeds it once.
     let mut asked = std::collections::HashSet::new();
@@ -203,11 +220,17 @@ mod tests {
                            ## Checks\n\nWatch error rates and latency for ten minutes after the cutover.\n";
 
     fn doc(version: &str, text: &str) -> IndexedDocument {
+        file_doc(("demo", "f1", "ops/runbook.md"), version, text)
+    }
+
+    /// A version of the file `(namespace, file id, path)`.
+    fn file_doc(file: (&str, &str, &str), version: &str, text: &str) -> IndexedDocument {
+        let (namespace, file_id, path) = file;
         let meta = FileMeta {
-            namespace: "demo".into(),
-            file_id: "f1".into(),
+            namespace: namespace.into(),
+            file_id: file_id.into(),
             version_id: version.into(),
-            path: "ops/runbook.md".into(),
+            path: path.into(),
             mime: "text/markdown".into(),
             enabled: true,
             hidden: false,
@@ -435,6 +458,41 @@ mod tests {
             (renamed.chunks.len(), 0)
         );
         assert_eq!(other.take_sent(), embedded_texts(&renamed));
+    }
+
+    #[tokio::test]
+    async fn a_copy_or_a_moved_file_takes_the_namespaces_stored_vectors() {
+        let (_dir, index, recording, vectors) = recorded_index().await;
+        let original = doc("v1", RUNBOOK);
+        write_vectors(&vectors, &original).await.unwrap();
+        recording.take_sent();
+
+        // The same text under another file id and path: nothing embedded, the same vectors.
+        let copy = file_doc(("demo", "f2", "archive/runbook.md"), "v1", RUNBOOK);
+        let written = write_vectors(&vectors, &copy).await.unwrap();
+        assert_eq!((written.embedded, written.reused), (0, copy.chunks.len()));
+        assert!(recording.take_sent().is_empty());
+        assert_eq!(
+            index.stored_chunk_vectors("demo", "f2").await.unwrap(),
+            index.stored_chunk_vectors("demo", "f1").await.unwrap()
+        );
+
+        // A copy with one paragraph changed embeds that paragraph only.
+        let edited = RUNBOOK.replace("Roll back fast", "Roll back at once");
+        let changed = file_doc(("demo", "f3", "drafts/runbook.md"), "v1", &edited);
+        write_vectors(&vectors, &changed).await.unwrap();
+        let sent = recording.take_sent();
+        assert_eq!(sent.len(), 1, "{sent:?}");
+        assert!(sent[0].contains("Roll back at once"), "{sent:?}");
+
+        // Another namespace's vectors are never taken.
+        let elsewhere = file_doc(("other", "f1", "ops/runbook.md"), "v1", RUNBOOK);
+        let written = write_vectors(&vectors, &elsewhere).await.unwrap();
+        assert_eq!(
+            (written.embedded, written.reused),
+            (elsewhere.chunks.len(), 0)
+        );
+        assert_eq!(recording.take_sent(), embedded_texts(&elsewhere));
     }
 
     #[tokio::test]

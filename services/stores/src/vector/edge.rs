@@ -61,7 +61,7 @@ enum ShardRole {
 
 /// Payload fields with an index: the ones filters test (not `anchoredPath`, whose
 /// text match must stay a substring test).
-pub(crate) const INDEXED_FIELDS: [(&str, IndexType); 7] = [
+pub(crate) const INDEXED_FIELDS: [(&str, IndexType); 8] = [
     (schema::NAMESPACE, IndexType::Keyword),
     (schema::KIND, IndexType::Keyword),
     (schema::FILE_ID, IndexType::Keyword),
@@ -69,6 +69,8 @@ pub(crate) const INDEXED_FIELDS: [(&str, IndexType); 7] = [
     (schema::COLLECTIONS, IndexType::Keyword),
     (schema::ENABLED, IndexType::Bool),
     (schema::HIDDEN, IndexType::Bool),
+    // The indexer's lookup of stored vectors by the text they were embedded from.
+    (schema::EMBED_HASH, IndexType::Keyword),
 ];
 
 /// The payload index types the schema uses.
@@ -450,15 +452,14 @@ impl EdgeIndex {
         dense_vector(record.vector).map(Some)
     }
 
-    /// The vectors of a file's chunk points by embed hash, a page of [`UPSERT_BATCH`] per
-    /// engine call (see
+    /// The vectors of the chunk points `selection` picks, by embed hash, a page of
+    /// [`UPSERT_BATCH`] per engine call (see
     /// [`VectorIndex::stored_chunk_vectors`](super::VectorIndex::stored_chunk_vectors)).
-    pub async fn stored_chunk_vectors(
+    pub(crate) async fn stored_vectors(
         &self,
-        namespace: &str,
-        file_id: &str,
+        selection: &filter::Clause,
     ) -> Result<HashMap<String, Vec<f32>>, VectorError> {
-        let selected = filter::to_edge(&filter::file_chunks_clause(namespace, file_id));
+        let selected = filter::to_edge(selection);
         let shard = Arc::clone(&self.chunks);
         blocking(move || {
             let mut stored = HashMap::new();

@@ -206,6 +206,22 @@ pub(crate) fn file_chunks_clause(namespace: &str, file_id: &str) -> Clause {
     clause
 }
 
+/// The chunk points of one namespace written with one of these embed hashes (no access
+/// filter: the indexer's own reads).
+pub(crate) fn namespace_chunks_by_hash(namespace: &str, hashes: &[String]) -> Clause {
+    Clause {
+        must: vec![
+            Node::Leaf(Leaf::Keyword(schema::NAMESPACE, namespace.to_owned())),
+            Node::Leaf(Leaf::Keyword(
+                schema::KIND,
+                super::PointKind::Chunk.as_str().to_owned(),
+            )),
+            Node::Leaf(Leaf::KeywordAny(schema::EMBED_HASH, hashes.to_vec())),
+        ],
+        ..Default::default()
+    }
+}
+
 /// Every point of one namespace, of any kind.
 pub(crate) fn namespace_clause(namespace: &str) -> Clause {
     Clause {
@@ -472,6 +488,14 @@ mod tests {
                 keep[1].max(keep[0])
             )),
             "{text}"
+        );
+        // The indexer's lookup of stored vectors across the namespace.
+        let by_hash = namespace_chunks_by_hash("alpha", &["h1".into(), "h 2".into()]);
+        let text = describe_edge(&to_edge(&by_hash));
+        assert_eq!(text, describe_client(&to_client(&by_hash)));
+        assert_eq!(
+            text,
+            "must[namespace=\"alpha\",kind=\"chunk\",embedHash in [\"h1\", \"h 2\"]] should[] not[]"
         );
         // Nothing to keep: every point of the file.
         assert_eq!(

@@ -31,6 +31,8 @@ pub use server::ServerIndex;
 
 /// Points written per engine call; bounds request size and lock hold time.
 pub const UPSERT_BATCH: usize = 256;
+/// Most embed hashes one [`VectorIndex::stored_vectors_by_hash`] request names.
+pub const HASHES_PER_LOOKUP: usize = 256;
 /// Largest `limit` a search accepts.
 pub const MAX_SEARCH_LIMIT: usize = 10_000;
 
@@ -453,9 +455,36 @@ impl VectorIndex {
         namespace: &str,
         file_id: &str,
     ) -> Result<HashMap<String, Vec<f32>>, VectorError> {
+        self.stored_vectors(&filter::file_chunks_clause(namespace, file_id))
+            .await
+    }
+
+    /// The vectors of any chunk points of the namespace written with one of `hashes`: a
+    /// text the file's own points lack may be stored under another file (a copy, or a file
+    /// moved to another path). Asks [`HASHES_PER_LOOKUP`] hashes at a time; otherwise as
+    /// [`VectorIndex::stored_chunk_vectors`].
+    pub async fn stored_vectors_by_hash(
+        &self,
+        namespace: &str,
+        hashes: &[String],
+    ) -> Result<HashMap<String, Vec<f32>>, VectorError> {
+        let mut stored = HashMap::new();
+        for batch in hashes.chunks(HASHES_PER_LOOKUP) {
+            stored.extend(
+                self.stored_vectors(&filter::namespace_chunks_by_hash(namespace, batch))
+                    .await?,
+            );
+        }
+        Ok(stored)
+    }
+
+    async fn stored_vectors(
+        &self,
+        selection: &filter::Clause,
+    ) -> Result<HashMap<String, Vec<f32>>, VectorError> {
         let mut stored = match self {
-            VectorIndex::Edge(i) => i.stored_chunk_vectors(namespace, file_id).await?,
-            VectorIndex::Server(i) => i.stored_chunk_vectors(namespace, file_id).await?,
+            VectorIndex::Edge(i) => i.stored_vectors(selection).await?,
+            VectorIndex::Server(i) => i.stored_vectors(selection).await?,
         };
         let dimension = self.dimension();
         stored.retain(|_, vector| vector.len() == dimension);

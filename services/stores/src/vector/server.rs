@@ -295,25 +295,19 @@ impl ServerIndex {
         };
         dense_vector(point.vectors).map(Some)
     }
-    /// The vectors of a file's chunk points by embed hash, a page of [`UPSERT_BATCH`] per
-    /// request (see
+    /// The vectors of the chunk points `selection` picks, by embed hash, a page of
+    /// [`UPSERT_BATCH`] per request (see
     /// [`VectorIndex::stored_chunk_vectors`](super::VectorIndex::stored_chunk_vectors)).
-    pub async fn stored_chunk_vectors(
+    pub(crate) async fn stored_vectors(
         &self,
-        namespace: &str,
-        file_id: &str,
+        selection: &filter::Clause,
     ) -> Result<HashMap<String, Vec<f32>>, VectorError> {
         let mut stored = HashMap::new();
         let mut offset = None;
         loop {
             let response = self
                 .client
-                .scroll(stored_chunk_vectors_request(
-                    &self.collection,
-                    namespace,
-                    file_id,
-                    offset,
-                ))
+                .scroll(stored_vectors_request(&self.collection, selection, offset))
                 .await
                 .map_err(client_error)?;
             for point in response.result {
@@ -560,17 +554,14 @@ pub(crate) fn file_vector_request(
     }
 }
 
-pub(crate) fn stored_chunk_vectors_request(
+pub(crate) fn stored_vectors_request(
     collection: &str,
-    namespace: &str,
-    file_id: &str,
+    selection: &filter::Clause,
     offset: Option<client::PointId>,
 ) -> ScrollPoints {
     ScrollPoints {
         collection_name: collection.to_owned(),
-        filter: Some(filter::to_client(&filter::file_chunks_clause(
-            namespace, file_id,
-        ))),
+        filter: Some(filter::to_client(selection)),
         offset,
         limit: Some(UPSERT_BATCH as u32),
         with_payload: Some(WithPayloadSelector {
@@ -845,7 +836,7 @@ mod tests {
 
     #[test]
     fn a_files_stored_vectors_are_paged_with_their_embed_hash() {
-        let first = stored_chunk_vectors_request("kg", "alpha", "f1", None);
+        let first = stored_vectors_request("kg", &filter::file_chunks_clause("alpha", "f1"), None);
         assert_eq!(first.collection_name, "kg");
         assert_eq!(
             first.filter,
@@ -872,7 +863,11 @@ mod tests {
             Some(with_vectors_selector::SelectorOptions::Enable(true))
         );
         let next = client::PointId::from("0190a3c2-0000-7000-8000-000000000000".to_owned());
-        let second = stored_chunk_vectors_request("kg", "alpha", "f1", Some(next.clone()));
+        let second = stored_vectors_request(
+            "kg",
+            &filter::file_chunks_clause("alpha", "f1"),
+            Some(next.clone()),
+        );
         assert_eq!(second.offset, Some(next));
     }
 

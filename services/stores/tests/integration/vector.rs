@@ -520,3 +520,50 @@ async fn a_file_being_replaced_is_never_found_without_points() {
         4
     );
 }
+
+#[tokio::test]
+async fn a_namespaces_stored_vectors_are_found_by_hash_in_batches() {
+    let dir = tempfile::tempdir().unwrap();
+    let index = VectorIndex::from(EdgeIndex::open(dir.path(), DIM).await.unwrap());
+    let hashed = |file: usize, i: usize, hash: String| VectorPoint {
+        embed_hash: Some(hash),
+        ..chunk(file, i, "guides/a.md")
+    };
+    // More hashes than one request names, in one file, with a copy of the first in another
+    // file, the same hash in another namespace, and a file point.
+    let many = kg_stores::vector::HASHES_PER_LOOKUP + 44;
+    let mut points: Vec<VectorPoint> = (0..many).map(|i| hashed(1, i, format!("h{i}"))).collect();
+    points.push(hashed(2, 0, "h0".into()));
+    points.push(VectorPoint {
+        namespace: "beta".into(),
+        ..hashed(3, 0, "only-in-beta".into())
+    });
+    points.push(VectorPoint {
+        embed_hash: Some("file-point".into()),
+        ..file_point(1, "guides/a.md")
+    });
+    index.upsert(points).await.unwrap();
+
+    let mut asked: Vec<String> = (0..many).map(|i| format!("h{i}")).collect();
+    asked.extend(["only-in-beta".into(), "file-point".into(), "unknown".into()]);
+    let found = index.stored_vectors_by_hash("alpha", &asked).await.unwrap();
+    assert_eq!(found.len(), many);
+    // Stored normalised (cosine): the same direction as the vector written.
+    let written = chunk(1, 7, "guides/a.md").vector;
+    let norm = written.iter().map(|v| v * v).sum::<f32>().sqrt();
+    let cosine: f32 = written
+        .iter()
+        .zip(&found["h7"])
+        .map(|(a, b)| a * b)
+        .sum::<f32>()
+        / norm;
+    assert!(cosine > 0.9999, "{cosine}");
+    assert!(!found.contains_key("only-in-beta") && !found.contains_key("file-point"));
+    assert!(
+        index
+            .stored_vectors_by_hash("alpha", &[])
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
