@@ -113,7 +113,8 @@ bench-ingest: deps
 # Recovering a namespace from its stored files: docs-qa ingested (the baseline), its graph
 # deleted in FalkorDB, `kgmesh file reindex --wait` timed against the ingest (chunks embedded and
 # vectors reused counted), an edit of its largest file timed against the same text as a new
-# file, then the queueing alone, also over --bulk small files. Not part of `make test`.
+# file of another namespace and as a copy under a new path, then the queueing alone, also over
+# --bulk small files. Not part of `make test`.
 .PHONY: bench-reindex
 bench-reindex: deps
 	$(CARGO) build --release --bin kgmesh

@@ -11,7 +11,9 @@
    (the indexer's /metrics, read through the gateway of the one `up` process).
 3. An edit: the file with the most bytes, one paragraph in its middle rewritten, ingested
    again, timed until indexed and counted; against the same edited text ingested as a new
-   file (every chunk embedded), in the same run.
+   file of another namespace (every chunk embedded: vectors are never shared between
+   namespaces), in the same run; and a copy of it under a new path in the namespace (a copied
+   or moved file, which takes the vectors stored under the edited file).
 4. Times the queueing alone: one `POST .../reindex` of the namespace, then the wait until no
    file is pending; and the same for --bulk small files in a namespace of their own, a page
    of 1,000 per call.
@@ -41,6 +43,7 @@ from kgmesh_support import Mesh, call_ok, falkordb_port, graph_key, mcp_http, re
 
 NAMESPACE = "bench-reindex"
 BULK_NAMESPACE = "bench-reindex-bulk"
+FRESH_NAMESPACE = "bench-reindex-fresh"
 QUESTIONS = [
     "How do I configure alerting rules?",
     "What is the difference between a gauge and a counter?",
@@ -174,16 +177,21 @@ def main() -> None:
             embedded_after, reused_after = embed_counters(mesh)
 
             edits = {}
-            for as_new in (False, True):
-                folder = work / ("new-file" if as_new else "edit")
+            steps = [
+                ("edit of", False, NAMESPACE),
+                ("the edited text as a new file of another namespace,", False, FRESH_NAMESPACE),
+                ("the edited text copied to a new path,", True, NAMESPACE),
+            ]
+            for label, as_new, namespace in steps:
+                folder = work / f"step-{len(edits)}"
                 relative = edited_copy(args.docs, folder, as_new)
                 counted = embed_counters(mesh)
                 started = time.monotonic()
-                timed_cli(mesh, "ingest", str(folder), "--namespace", NAMESPACE)
-                wait_until_none_pending(mesh, NAMESPACE)
+                timed_cli(mesh, "ingest", str(folder), "--namespace", namespace)
+                wait_until_none_pending(mesh, namespace)
                 seconds = time.monotonic() - started
                 now = embed_counters(mesh)
-                edits[as_new] = (relative, seconds, now[0] - counted[0], now[1] - counted[1])
+                edits[label] = (relative, seconds, now[0] - counted[0], now[1] - counted[1])
 
             queued, calls = queue_all(mesh, NAMESPACE)
             drained = wait_until_none_pending(mesh, NAMESPACE)
@@ -201,10 +209,13 @@ def main() -> None:
                     f"reindex: {embedded_after - embedded_before} chunks embedded, "
                     f"{reused_after - reused_before} stored vectors reused"
                 )
-                for as_new, label in ((False, "edit of"), (True, "the edited text as a new file,")):
-                    relative, seconds, embedded, reused = edits[as_new]
+                for label, (relative, seconds, embedded, reused) in edits.items():
                     print(f"{label} {relative}: {seconds:.2f} s to indexed; {embedded} embedded, {reused} reused")
-                print(f"edit / new file: {edits[False][1] / edits[True][1]:.2f}x the time")
+                fresh = edits[steps[1][0]][1]
+                print(
+                    f"edit / new file: {edits[steps[0][0]][1] / fresh:.2f}x the time; "
+                    f"copy / new file: {edits[steps[2][0]][1] / fresh:.2f}x"
+                )
             print(
                 f"queueing {queued} files: {sum(calls):.3f} s in {len(calls)} call(s); "
                 f"indexed again {drained[0]:.1f} s later ({drained[2]} failed)"
