@@ -549,8 +549,6 @@ pub(crate) fn file_flags_update(
     }))
 }
 
-/// Upserts points into one shard, [`UPSERT_BATCH`] per engine call. The caller holds the
-/// shard's write lock.
 /// The chunk points and the file points, each for its shard.
 fn by_kind(points: Vec<VectorPoint>) -> [(PointKind, Vec<VectorPoint>); 2] {
     let (file_points, chunk_points): (Vec<_>, Vec<_>) = points
@@ -562,6 +560,8 @@ fn by_kind(points: Vec<VectorPoint>) -> [(PointKind, Vec<VectorPoint>); 2] {
     ]
 }
 
+/// Upserts points into one shard, [`UPSERT_BATCH`] per engine call. The caller holds the
+/// shard's write lock.
 fn upsert_points(shard: &EdgeShard, points: &[VectorPoint]) -> Result<(), VectorError> {
     for batch in points.chunks(UPSERT_BATCH) {
         let batch = batch.iter().map(to_persisted).collect();

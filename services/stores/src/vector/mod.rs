@@ -253,7 +253,6 @@ pub fn folder_prefixes(path: &str) -> Vec<String> {
         .collect()
 }
 
-/// Checks a point before it is written: the filters rely on normalised paths.
 /// Checks the points of a [`VectorIndex::replace_file`]: each valid and of that file. Returns
 /// their ids, the ones the replacement keeps.
 pub(crate) fn replacement_ids(
@@ -281,6 +280,7 @@ pub(crate) fn replacement_ids(
         .collect()
 }
 
+/// Checks a point before it is written: the filters rely on normalised paths.
 pub(crate) fn validate_point(point: &VectorPoint, dimension: usize) -> Result<(), VectorError> {
     kg_common::access::validate_namespace(&point.namespace)
         .map_err(|e| VectorError::invalid("namespace", e.to_string()))?;

@@ -244,9 +244,11 @@ impl SparseIndex {
         file_id: &str,
         points: Vec<SparsePoint>,
     ) -> Result<(), VectorError> {
+        // Every point must be of the file, a wordless one too; only the written ones stay.
+        let chunks: Vec<VectorPoint> = points.iter().map(SparsePoint::as_chunk_point).collect();
+        super::replacement_ids(namespace, file_id, &chunks, 0)?;
         let checked = checked_points(points)?;
-        let chunks: Vec<VectorPoint> = checked.iter().map(|(chunk, _)| chunk.clone()).collect();
-        let keep = super::replacement_ids(namespace, file_id, &chunks, 0)?;
+        let keep: Vec<uuid::Uuid> = checked.iter().map(|(chunk, _)| chunk.id()).collect();
         match self {
             SparseIndex::Edge(i) => {
                 let stale = filter::to_edge(&filter::file_points_except(namespace, file_id, &keep));
@@ -1035,10 +1037,12 @@ mod tests {
             .unwrap();
         assert_eq!((count_of("a").await, count_of("b").await), (2, 1));
         // A point of another file, or an invalid one, changes nothing.
-        let mut mixed = new_version.clone();
-        mixed.push(chunk("b", 1, "b's new chunk"));
-        let err = index.replace_file("demo", "a", mixed).await.unwrap_err();
-        assert!(matches!(err, VectorError::InvalidInput { .. }), "{err:?}");
+        for stray in [chunk("b", 1, "b's new chunk"), chunk("b", 2, "—")] {
+            let mut mixed = new_version.clone();
+            mixed.push(stray);
+            let err = index.replace_file("demo", "a", mixed).await.unwrap_err();
+            assert!(matches!(err, VectorError::InvalidInput { .. }), "{err:?}");
+        }
         let mut invalid = vec![chunk("a", 4, "more")];
         invalid[0].path = "/abs.md".into();
         assert!(index.replace_file("demo", "a", invalid).await.is_err());
