@@ -1,13 +1,17 @@
 //! Writes one file's chunks and outline into its namespace graph in FalkorDB.
 //!
 //! Idempotent on re-delivery: a file whose FileRef already carries the event's
-//! version id, chunk count and path is left alone. Otherwise the file's Chunk and
-//! OutlineNode nodes are replaced in UNWIND batches, and `versionId`/`chunkCount`
-//! are set last, so a crash part-way leaves a FileRef without a version and the
-//! re-delivered event redoes the whole write. Folder nodes for every ancestor folder (the
+//! version id, chunk count and path is left alone. Otherwise the new version is written
+//! beside the old one and the old one is pruned after, in UNWIND batches: a chunk or section
+//! whose key the graph already holds for the file keeps its node (and the MENTIONS on it)
+//! and takes the new properties, the others are created, edges are reconciled, and only
+//! then are the nodes the version no longer has deleted. So a reader never finds the file
+//! without chunks while it is rewritten. `versionId`/`chunkCount` are set last: a crash
+//! part-way leaves a FileRef without a version, and the re-delivered event redoes the write
+//! and prunes what the interrupted one left. Folder nodes for every ancestor folder (the
 //! root is [`ROOT_FOLDER`]) hang together by HAS_CHILD edges down to the FileRef.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Mutex, OnceLock};
 
 use kg_common::access::{folder_of, validate_namespace};
@@ -19,9 +23,9 @@ use serde_json::{Value, json};
 
 use crate::document::DocumentMeta;
 
-/// Chunks created per query; keeps one query's parameter text around a few MB at most.
+/// Chunks created or updated per query; keeps one query's parameter text around a few MB at most.
 const CHUNK_BATCH: usize = 200;
-/// Edges or outline nodes created per query.
+/// Edges or outline nodes created, updated or deleted per query.
 const EDGE_BATCH: usize = 1000;
 /// Nodes deleted per query, so deleting a huge file never builds one giant transaction.
 const DELETE_BATCH: usize = 1000;
@@ -90,9 +94,9 @@ pub enum WriteOutcome {
     Unchanged,
     /// The file's chunks and outline were (re)written.
     Written {
-        /// Chunks created.
+        /// Chunks the version has, created or kept from the stored version.
         chunks: usize,
-        /// Outline sections created.
+        /// Outline sections the version has, created or kept.
         sections: usize,
     },
 }
@@ -117,6 +121,7 @@ pub enum GraphWriteError {
     /// FalkorDB answered with rows of an unexpected shape.
     #[error("unexpected graph reply: {0}")]
     UnexpectedReply(&'static str),
+
 }
 
 impl ErrorExt for GraphWriteError {
@@ -165,14 +170,44 @@ pub async fn write_document(
 
     upsert_file_ref(graph, file, meta).await?;
     link_folders(graph, file, &folder).await?;
-    delete_in_batches(graph, ns, "Chunk", &file.file_id).await?;
-    delete_in_batches(graph, ns, "OutlineNode", &file.file_id).await?;
 
+    let stored_chunks = stored_nodes(graph, file, &CHUNK_NODES).await?;
+    let stored_sections = stored_nodes(graph, file, &OUTLINE_NODES).await?;
     let mut ordered: Vec<&ChunkRecord> = chunks.iter().collect();
     ordered.sort_by_key(|c| c.index);
-    create_chunks(graph, file, &ordered).await?;
-    link_next_chunks(graph, file, &ordered).await?;
-    create_outline(graph, file, outline).await?;
+    let chunk_plan = plan_nodes(
+        &CHUNK_NODES,
+        ordered.iter().map(|c| (c.chunk_key.as_str(), chunk_row(c))),
+        &stored_chunks,
+    );
+    let section_plan = plan_nodes(
+        &OUTLINE_NODES,
+        outline
+            .iter()
+            .map(|o| (o.outline_key.as_str(), section_row(o))),
+        &stored_sections,
+    );
+    update_chunks(graph, file, &chunk_plan.update).await?;
+    create_chunks(graph, file, &chunk_plan.create).await?;
+    update_sections(graph, file, &section_plan.update).await?;
+    create_sections(graph, file, &section_plan.create).await?;
+    let kept = KeptNodes {
+        chunks: chunk_plan.kept,
+        sections: section_plan.kept,
+    };
+    link_version(graph, file, &ordered, outline, &kept).await?;
+
+    let wanted_sections: HashSet<&str> = outline.iter().map(|o| o.outline_key.as_str()).collect();
+    let wanted_chunks: HashSet<&str> = chunks.iter().map(|c| c.chunk_key.as_str()).collect();
+    prune_nodes(
+        graph,
+        file,
+        &OUTLINE_NODES,
+        &stored_sections,
+        &wanted_sections,
+    )
+    .await?;
+    prune_nodes(graph, file, &CHUNK_NODES, &stored_chunks, &wanted_chunks).await?;
 
     // Last: only now does a re-delivered event for this version become a no-op.
     let mut params = Params::new();
@@ -465,10 +500,24 @@ async fn upsert_file_ref(
         ("entityStamp", Value::Null),
     ];
     let assign = assign_properties("f", &properties, &mut params);
+    params.insert("path".into(), json!(file.path));
+    params.insert("enabled".into(), json!(file.enabled));
+    params.insert("hidden".into(), json!(file.hidden));
+    // The stored version's nodes take the new path and flags in the same query (one
+    // transaction): until they are replaced or pruned, access filters read them as the
+    // FileRef now says, so a move or a hide never leaves old chunks readable under the old
+    // path.
     graph
         .query(
             &file.namespace,
-            &format!("MERGE (f:FileRef {{fileId: $fileId}}) {assign}"),
+            &format!(
+                "MERGE (f:FileRef {{fileId: $fileId}}) {assign} \
+                 WITH f OPTIONAL MATCH (c:Chunk {{fileId: $fileId}}) \
+                 SET c.path = $path, c.enabled = $enabled, c.hidden = $hidden \
+                 WITH f, count(c) AS chunks OPTIONAL MATCH (o:OutlineNode {{fileId: $fileId}}) \
+                 SET o.path = $path, o.enabled = $enabled, o.hidden = $hidden \
+                 RETURN count(o)"
+            ),
             &params,
         )
         .await?;
@@ -539,147 +588,453 @@ async fn delete_in_batches(
     }
 }
 
+/// A label of a file's nodes and the property that keys them.
+struct NodeKind {
+    label: &'static str,
+    key: &'static str,
+    /// The properties a version sets on the node besides the file's path and flags (which
+    /// `upsert_file_ref` sets on every stored node), as named in its rows; a kept node whose
+    /// stored values all equal the new version's is not written again. A chunk's text is
+    /// compared by its hash.
+    compared: &'static [&'static str],
+}
+
+const CHUNK_NODES: NodeKind = NodeKind {
+    label: "Chunk",
+    key: "chunkKey",
+    compared: &[
+        "chunkIndex",
+        "textHash",
+        "wordCount",
+        "contextHeader",
+        "charStart",
+        "charEnd",
+        "lineStart",
+        "lineEnd",
+        "pageStart",
+        "pageEnd",
+        "tokenCount",
+        "sectionKey",
+    ],
+};
+const OUTLINE_NODES: NodeKind = NodeKind {
+    label: "OutlineNode",
+    key: "outlineKey",
+    compared: &[
+        "title",
+        "depth",
+        "order",
+        "parentKey",
+        "lineStart",
+        "lineEnd",
+        "charStart",
+        "charEnd",
+        "pageStart",
+        "pageEnd",
+    ],
+};
+
+/// An edge type between two of a file's node kinds.
+struct EdgeKind {
+    from: NodeKind,
+    rel: &'static str,
+    to: NodeKind,
+}
+
+const NEXT_CHUNK: EdgeKind = EdgeKind {
+    from: CHUNK_NODES,
+    rel: "NEXT_CHUNK",
+    to: CHUNK_NODES,
+};
+const HAS_SUBSECTION: EdgeKind = EdgeKind {
+    from: OUTLINE_NODES,
+    rel: "HAS_SUBSECTION",
+    to: OUTLINE_NODES,
+};
+const COVERS: EdgeKind = EdgeKind {
+    from: OUTLINE_NODES,
+    rel: "COVERS",
+    to: CHUNK_NODES,
+};
+
+/// The file's stored `kind` nodes: key -> the values of `kind.compared`, in that order.
+async fn stored_nodes(
+    graph: &GraphStore,
+    file: &FileRecord,
+    kind: &NodeKind,
+) -> Result<HashMap<String, Vec<Value>>, StoreError> {
+    let values: Vec<String> = kind.compared.iter().map(|p| format!("n.{p}")).collect();
+    let rows = graph
+        .query(
+            &file.namespace,
+            &format!(
+                "MATCH (n:{} {{fileId: $fileId}}) RETURN n.{}, [{}]",
+                kind.label,
+                kind.key,
+                values.join(", ")
+            ),
+            &file_params(&file.file_id),
+        )
+        .await?;
+    Ok(rows
+        .rows
+        .into_iter()
+        .filter_map(|row| {
+            let mut row = row.into_iter();
+            match (row.next(), row.next()) {
+                (Some(Value::String(key)), Some(Value::Array(values))) => Some((key, values)),
+                _ => None,
+            }
+        })
+        .collect())
+}
+
+/// Whether the stored node's `kind.compared` values differ from `row`'s (one of the rows
+/// [`chunk_row`] or [`section_row`] builds).
+fn differs(kind: &NodeKind, stored: &[Value], row: &Value) -> bool {
+    kind.compared.len() != stored.len()
+        || kind
+            .compared
+            .iter()
+            .zip(stored)
+            .any(|(name, value)| row.get(*name).unwrap_or(&Value::Null) != value)
+}
+
+fn chunk_row(c: &ChunkRecord) -> Value {
+    json!({
+        "chunkKey": c.chunk_key,
+        "chunkIndex": c.index,
+        "text": c.text,
+        "textHash": text_hash(&c.text),
+        "wordCount": word_count(&c.context_header, &c.text),
+        "contextHeader": c.context_header,
+        "charStart": c.char_start,
+        "charEnd": c.char_end,
+        "lineStart": c.line_start,
+        "lineEnd": c.line_end,
+        "pageStart": c.page_start,
+        "pageEnd": c.page_end,
+        "tokenCount": c.token_count,
+        "sectionKey": c.section_key,
+    })
+}
+
+fn section_row(o: &OutlineRecord) -> Value {
+    json!({
+        "outlineKey": o.outline_key,
+        "title": o.title,
+        "depth": o.depth,
+        "order": o.order,
+        "parentKey": o.parent_key,
+        "lineStart": o.line_start,
+        "lineEnd": o.line_end,
+        "charStart": o.char_start,
+        "charEnd": o.char_end,
+        "pageStart": o.page_start,
+        "pageEnd": o.page_end,
+    })
+}
+
+/// `$fileId`, `$path`, `$enabled`, `$hidden` and the batch's rows as `$rows`.
+fn node_batch_params(file: &FileRecord, rows: &[Value]) -> Params {
+    let mut params = file_params(&file.file_id);
+    params.insert("path".into(), json!(file.path));
+    params.insert("enabled".into(), json!(file.enabled));
+    params.insert("hidden".into(), json!(file.hidden));
+    params.insert("rows".into(), Value::Array(rows.to_vec()));
+    params
+}
+
+/// What writing a version does with its nodes of one kind, against the stored ones.
+struct NodePlan<'a> {
+    /// Rows of the nodes the graph lacks.
+    create: Vec<Value>,
+    /// Rows of the stored nodes whose compared properties change.
+    update: Vec<Value>,
+    /// Keys of the stored nodes the version keeps, changed or not.
+    kept: HashSet<&'a str>,
+}
+
+fn plan_nodes<'a>(
+    kind: &NodeKind,
+    rows: impl Iterator<Item = (&'a str, Value)>,
+    stored: &HashMap<String, Vec<Value>>,
+) -> NodePlan<'a> {
+    let mut plan = NodePlan {
+        create: Vec::new(),
+        update: Vec::new(),
+        kept: HashSet::new(),
+    };
+    for (key, row) in rows {
+        match stored.get(key) {
+            None => plan.create.push(row),
+            Some(values) => {
+                plan.kept.insert(key);
+                if differs(kind, values, &row) {
+                    plan.update.push(row);
+                }
+            }
+        }
+    }
+    plan
+}
+
 async fn create_chunks(
     graph: &GraphStore,
     file: &FileRecord,
-    chunks: &[&ChunkRecord],
+    rows: &[Value],
 ) -> Result<(), StoreError> {
-    for batch in chunks.chunks(CHUNK_BATCH) {
-        let rows: Vec<Value> = batch
-            .iter()
-            .map(|c| {
-                json!({
-                    "chunkKey": c.chunk_key,
-                    "chunkIndex": c.index,
-                    "text": c.text,
-                    "textHash": text_hash(&c.text),
-                    "wordCount": word_count(&c.context_header, &c.text),
-                    "contextHeader": c.context_header,
-                    "charStart": c.char_start,
-                    "charEnd": c.char_end,
-                    "lineStart": c.line_start,
-                    "lineEnd": c.line_end,
-                    "pageStart": c.page_start,
-                    "pageEnd": c.page_end,
-                    "tokenCount": c.token_count,
-                    "sectionKey": c.section_key,
-                })
-            })
-            .collect();
-        let mut params = file_params(&file.file_id);
-        params.insert("path".into(), json!(file.path));
-        params.insert("enabled".into(), json!(file.enabled));
-        params.insert("hidden".into(), json!(file.hidden));
-        params.insert("chunks".into(), Value::Array(rows));
+    for batch in rows.chunks(CHUNK_BATCH) {
         graph
             .query(
                 &file.namespace,
                 "MATCH (f:FileRef {fileId: $fileId}) \
-                 UNWIND $chunks AS ch \
+                 UNWIND $rows AS ch \
                  CREATE (:Chunk {chunkKey: ch.chunkKey, fileId: $fileId, path: $path, enabled: $enabled, hidden: $hidden, \
                      chunkIndex: ch.chunkIndex, text: ch.text, textHash: ch.textHash, wordCount: ch.wordCount, \
                      contextHeader: ch.contextHeader, \
                      charStart: ch.charStart, charEnd: ch.charEnd, lineStart: ch.lineStart, lineEnd: ch.lineEnd, \
                      pageStart: ch.pageStart, pageEnd: ch.pageEnd, tokenCount: ch.tokenCount, \
                      sectionKey: ch.sectionKey})-[:PART_OF]->(f)",
-                &params,
+                &node_batch_params(file, batch),
             )
             .await?;
     }
     Ok(())
 }
 
-async fn link_next_chunks(
+/// Gives stored chunks the new version's properties (their path and flags are already the
+/// file's: `upsert_file_ref`). A null (no page, no section) removes the property, one removal
+/// per SET clause: see `assign_properties` for why on FalkorDB 4.16.
+async fn update_chunks(
     graph: &GraphStore,
     file: &FileRecord,
-    chunks: &[&ChunkRecord],
-) -> Result<(), StoreError> {
-    let pairs: Vec<Value> = chunks
-        .windows(2)
-        .map(|w| json!([w[0].chunk_key, w[1].chunk_key]))
-        .collect();
-    link_pairs(
-        graph,
-        file,
-        &pairs,
-        "UNWIND $pairs AS pr \
-         MATCH (a:Chunk {chunkKey: pr[0], fileId: $fileId}), (b:Chunk {chunkKey: pr[1], fileId: $fileId}) \
-         CREATE (a)-[:NEXT_CHUNK]->(b)",
-    )
-    .await
+    rows: &[Value],
+) -> Result<(), GraphWriteError> {
+    for batch in rows.chunks(CHUNK_BATCH) {
+        let updated = graph
+            .query(
+                &file.namespace,
+                "UNWIND $rows AS ch \
+                 MATCH (c:Chunk {chunkKey: ch.chunkKey}) WHERE c.fileId = $fileId \
+                 SET c.chunkIndex = ch.chunkIndex, c.text = ch.text, c.textHash = ch.textHash, \
+                     c.wordCount = ch.wordCount, c.contextHeader = ch.contextHeader, \
+                     c.charStart = ch.charStart, c.charEnd = ch.charEnd, c.lineStart = ch.lineStart, \
+                     c.lineEnd = ch.lineEnd, c.tokenCount = ch.tokenCount, c.pageStart = ch.pageStart \
+                 WITH c, ch SET c.pageEnd = ch.pageEnd \
+                 WITH c, ch SET c.sectionKey = ch.sectionKey \
+                 RETURN count(c)",
+                &node_batch_params(file, batch),
+            )
+            .await?;
+        expect_updated(&updated, batch.len())?;
+    }
+    Ok(())
 }
 
-async fn create_outline(
+async fn create_sections(
     graph: &GraphStore,
     file: &FileRecord,
-    outline: &[OutlineRecord],
+    rows: &[Value],
 ) -> Result<(), StoreError> {
-    for batch in outline.chunks(EDGE_BATCH) {
-        let rows: Vec<Value> = batch
-            .iter()
-            .map(|o| {
-                json!({
-                    "outlineKey": o.outline_key,
-                    "title": o.title,
-                    "depth": o.depth,
-                    "order": o.order,
-                    "parentKey": o.parent_key,
-                    "lineStart": o.line_start,
-                    "lineEnd": o.line_end,
-                    "charStart": o.char_start,
-                    "charEnd": o.char_end,
-                    "pageStart": o.page_start,
-                    "pageEnd": o.page_end,
-                })
-            })
-            .collect();
-        let mut params = file_params(&file.file_id);
-        params.insert("path".into(), json!(file.path));
-        params.insert("enabled".into(), json!(file.enabled));
-        params.insert("hidden".into(), json!(file.hidden));
-        params.insert("sections".into(), Value::Array(rows));
+    for batch in rows.chunks(EDGE_BATCH) {
         graph
             .query(
                 &file.namespace,
-                "UNWIND $sections AS s \
+                "UNWIND $rows AS s \
                  CREATE (:OutlineNode {outlineKey: s.outlineKey, fileId: $fileId, path: $path, enabled: $enabled, hidden: $hidden, \
                      title: s.title, depth: s.depth, order: s.order, parentKey: s.parentKey, \
                      lineStart: s.lineStart, lineEnd: s.lineEnd, charStart: s.charStart, charEnd: s.charEnd, \
                      pageStart: s.pageStart, pageEnd: s.pageEnd})",
-                &params,
+                &node_batch_params(file, batch),
             )
             .await?;
     }
-    let subsections: Vec<Value> = outline
+    Ok(())
+}
+
+/// [`update_chunks`] for outline sections.
+async fn update_sections(
+    graph: &GraphStore,
+    file: &FileRecord,
+    rows: &[Value],
+) -> Result<(), GraphWriteError> {
+    for batch in rows.chunks(EDGE_BATCH) {
+        let updated = graph
+            .query(
+                &file.namespace,
+                "UNWIND $rows AS s \
+                 MATCH (o:OutlineNode {outlineKey: s.outlineKey}) WHERE o.fileId = $fileId \
+                 SET o.title = s.title, o.depth = s.depth, o.order = s.order, \
+                     o.lineStart = s.lineStart, o.lineEnd = s.lineEnd, o.charStart = s.charStart, \
+                     o.charEnd = s.charEnd, o.parentKey = s.parentKey \
+                 WITH o, s SET o.pageStart = s.pageStart \
+                 WITH o, s SET o.pageEnd = s.pageEnd \
+                 RETURN count(o)",
+                &node_batch_params(file, batch),
+            )
+            .await?;
+        expect_updated(&updated, batch.len())?;
+    }
+    Ok(())
+}
+
+/// A stored node that vanishes between the read of the file's keys and its update was
+/// deleted by a concurrent writer: the write is retried, never finished without it.
+fn expect_updated(rows: &Rows, expected: usize) -> Result<(), GraphWriteError> {
+    if first_int(rows)? == i64::try_from(expected).unwrap_or(i64::MAX) {
+        Ok(())
+    } else {
+        Err(GraphWriteError::UnexpectedReply(
+            "a stored node of the file vanished while it was rewritten",
+        ))
+    }
+}
+
+/// Keys of the stored nodes the version being written keeps.
+struct KeptNodes<'a> {
+    chunks: HashSet<&'a str>,
+    sections: HashSet<&'a str>,
+}
+
+/// The version's NEXT_CHUNK (in chunk order), HAS_SUBSECTION and COVERS edges, reconciled
+/// with the ones its kept nodes already have.
+async fn link_version(
+    graph: &GraphStore,
+    file: &FileRecord,
+    ordered: &[&ChunkRecord],
+    outline: &[OutlineRecord],
+    kept: &KeptNodes<'_>,
+) -> Result<(), StoreError> {
+    let next_chunks: Vec<(&str, &str)> = ordered
+        .windows(2)
+        .map(|w| (w[0].chunk_key.as_str(), w[1].chunk_key.as_str()))
+        .collect();
+    let subsections: Vec<(&str, &str)> = outline
         .iter()
         .filter_map(|o| {
             o.parent_key
-                .as_ref()
-                .map(|parent| json!([parent, o.outline_key]))
+                .as_deref()
+                .map(|parent| (parent, o.outline_key.as_str()))
         })
         .collect();
-    link_pairs(
+    let covers: Vec<(&str, &str)> = outline
+        .iter()
+        .flat_map(|o| {
+            o.covers
+                .iter()
+                .map(move |c| (o.outline_key.as_str(), c.as_str()))
+        })
+        .collect();
+    let (chunks, sections) = (&kept.chunks, &kept.sections);
+    reconcile_edges(graph, file, &NEXT_CHUNK, &next_chunks, chunks, chunks).await?;
+    reconcile_edges(
         graph,
         file,
+        &HAS_SUBSECTION,
         &subsections,
-        "UNWIND $pairs AS pr \
-         MATCH (a:OutlineNode {outlineKey: pr[0], fileId: $fileId}), (b:OutlineNode {outlineKey: pr[1], fileId: $fileId}) \
-         CREATE (a)-[:HAS_SUBSECTION]->(b)",
+        sections,
+        sections,
     )
     .await?;
-    let covers: Vec<Value> = outline
+    reconcile_edges(graph, file, &COVERS, &covers, sections, chunks).await
+}
+
+/// Makes the file's `kind` edges exactly `wanted` (pairs of keys): creates the missing ones,
+/// then deletes the stored ones not wanted. Only an edge between two kept nodes (`kept_from`,
+/// `kept_to`: the stored nodes the new version keeps) can be stored already and stay; an
+/// edge of a pruned node goes with it, so a file with no kept nodes reads no edges.
+async fn reconcile_edges(
+    graph: &GraphStore,
+    file: &FileRecord,
+    kind: &EdgeKind,
+    wanted: &[(&str, &str)],
+    kept_from: &HashSet<&str>,
+    kept_to: &HashSet<&str>,
+) -> Result<(), StoreError> {
+    let (from, rel, to) = (&kind.from, kind.rel, &kind.to);
+    let mut stored: HashSet<(String, String)> = HashSet::new();
+    if !kept_from.is_empty() && !kept_to.is_empty() {
+        let rows = graph
+            .query(
+                &file.namespace,
+                &format!(
+                    "MATCH (a:{} {{fileId: $fileId}})-[:{rel}]->(b:{}) WHERE b.fileId = $fileId \
+                     RETURN a.{}, b.{}",
+                    from.label, to.label, from.key, to.key
+                ),
+                &file_params(&file.file_id),
+            )
+            .await?;
+        stored = rows
+            .rows
+            .iter()
+            .filter_map(|row| match (row.first(), row.get(1)) {
+                (Some(Value::String(a)), Some(Value::String(b)))
+                    if kept_from.contains(a.as_str()) && kept_to.contains(b.as_str()) =>
+                {
+                    Some((a.clone(), b.clone()))
+                }
+                _ => None,
+            })
+            .collect();
+    }
+    let wanted_set: HashSet<(&str, &str)> = wanted.iter().copied().collect();
+    let create: Vec<Value> = wanted
         .iter()
-        .flat_map(|o| o.covers.iter().map(move |c| json!([o.outline_key, c])))
+        .filter(|(a, b)| !stored.contains(&((*a).to_owned(), (*b).to_owned())))
+        .map(|(a, b)| json!([a, b]))
         .collect();
+    let mut stale: Vec<&(String, String)> = stored
+        .iter()
+        .filter(|(a, b)| !wanted_set.contains(&(a.as_str(), b.as_str())))
+        .collect();
+    stale.sort();
+    let stale: Vec<Value> = stale.into_iter().map(|(a, b)| json!([a, b])).collect();
+    let ends = format!(
+        "(a:{} {{{}: pr[0], fileId: $fileId}}), (b:{} {{{}: pr[1], fileId: $fileId}})",
+        from.label, from.key, to.label, to.key
+    );
     link_pairs(
         graph,
         file,
-        &covers,
-        "UNWIND $pairs AS pr \
-         MATCH (a:OutlineNode {outlineKey: pr[0], fileId: $fileId}), (b:Chunk {chunkKey: pr[1], fileId: $fileId}) \
-         CREATE (a)-[:COVERS]->(b)",
+        &create,
+        &format!("UNWIND $pairs AS pr MATCH {ends} CREATE (a)-[:{rel}]->(b)"),
+    )
+    .await?;
+    link_pairs(
+        graph,
+        file,
+        &stale,
+        &format!("UNWIND $pairs AS pr MATCH {ends} MATCH (a)-[r:{rel}]->(b) DELETE r"),
     )
     .await
+}
+
+/// Deletes the file's stored `kind` nodes whose keys the new version does not have.
+async fn prune_nodes(
+    graph: &GraphStore,
+    file: &FileRecord,
+    kind: &NodeKind,
+    stored: &HashMap<String, Vec<Value>>,
+    wanted: &HashSet<&str>,
+) -> Result<(), StoreError> {
+    let mut stale: Vec<&str> = stored
+        .keys()
+        .map(String::as_str)
+        .filter(|key| !wanted.contains(key))
+        .collect();
+    stale.sort_unstable();
+    let query = format!(
+        "UNWIND $keys AS k MATCH (n:{} {{{}: k}}) WHERE n.fileId = $fileId DETACH DELETE n",
+        kind.label, kind.key
+    );
+    for batch in stale.chunks(DELETE_BATCH) {
+        let mut params = file_params(&file.file_id);
+        params.insert("keys".into(), json!(batch));
+        graph.query(&file.namespace, &query, &params).await?;
+    }
+    Ok(())
 }
 
 /// Runs `query` over `pairs` (as `$pairs`) in batches.
