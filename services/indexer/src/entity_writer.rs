@@ -9,13 +9,14 @@
 //! set last: a crash part-way leaves it unset and the redelivered event redoes the write.
 
 use std::collections::{BTreeSet, HashSet};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use kg_common::access::validate_namespace;
 use kg_stores::StoreError;
 use kg_stores::graph::{GraphStore, Params};
 use serde_json::{Value, json};
 
+use kg_proto::v1::Tbox;
 use kg_stores::tbox::TboxBucket;
 
 use crate::entities::llm::{LlmExtractor, LlmOutcome};
@@ -24,6 +25,8 @@ use crate::graph_writer::{ChunkRecord, FileRecord, GraphWriteError};
 
 /// Rows per UNWIND query.
 const BATCH: usize = 1000;
+/// Server-side limit of the check for a namespace's EntityType nodes (one label scan).
+const TYPES_CHECK_TIMEOUT_MS: u64 = 5_000;
 
 /// Range indexes for entity lookups besides `Entity.entityKey` (in `kg_stores::graph`).
 const INDEXES: &[&str] = &[
@@ -311,7 +314,7 @@ pub async fn index_entities_with(
     chunks: &[ChunkRecord],
     llm: Option<&LlmExtractor>,
 ) -> Result<EntityIndexReport, GraphWriteError> {
-    let tbox = tboxes.get_cached(&file.namespace).await?;
+    let tbox = published_tbox(graph, tboxes, &file.namespace).await?;
     let extractor = extractor_for(tbox.as_deref());
     let stamp = stamp(file, &extractor, llm);
     if llm.is_some() {
@@ -341,6 +344,39 @@ pub async fn index_entities_with(
         outcome,
         llm: llm_outcome,
     })
+}
+
+/// The namespace's published TBox as the event bus holds it (through the read cache), or
+/// none. Only a namespace's deletion removes a TBox from the bus, and it deletes the graph
+/// too; so a graph holding EntityType nodes (written from a TBox) while the bus holds none
+/// means the bus lost its state, and its empty bucket, made again before the ontology service
+/// put the TBox back, must not be read as "no TBox": that would extract the file without it
+/// and remove the namespace's types. [`GraphWriteError::TboxNotOnBus`] then: retry.
+pub async fn published_tbox(
+    graph: &GraphStore,
+    tboxes: &TboxBucket,
+    namespace: &str,
+) -> Result<Option<Arc<Tbox>>, GraphWriteError> {
+    let tbox = tboxes.get_cached(namespace).await?;
+    if tbox.is_some() {
+        return Ok(tbox);
+    }
+    // Read-only: a namespace without a graph yet answers no rows and gets no graph.
+    let typed = graph
+        .ro_query(
+            namespace,
+            "MATCH (t:EntityType) RETURN t.typeId LIMIT 1",
+            &Params::new(),
+            TYPES_CHECK_TIMEOUT_MS,
+        )
+        .await?;
+    if typed.rows.is_empty() {
+        Ok(None)
+    } else {
+        Err(GraphWriteError::TboxNotOnBus {
+            namespace: namespace.to_owned(),
+        })
+    }
 }
 
 /// Removes what a file contributed: its mentions, the relations it stated, its candidate

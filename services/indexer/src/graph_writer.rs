@@ -121,7 +121,16 @@ pub enum GraphWriteError {
     /// FalkorDB answered with rows of an unexpected shape.
     #[error("unexpected graph reply: {0}")]
     UnexpectedReply(&'static str),
-
+    /// The event bus holds no TBox for a namespace whose graph was written with one: NATS lost
+    /// its state, and the ontology service has not put the TBox back yet.
+    #[error(
+        "the event bus holds no TBox for namespace `{namespace}`, but its graph was written with \
+         one; waiting for the ontology service to put it back"
+    )]
+    TboxNotOnBus {
+        /// The namespace.
+        namespace: String,
+    },
 }
 
 impl ErrorExt for GraphWriteError {
@@ -131,6 +140,7 @@ impl ErrorExt for GraphWriteError {
             GraphWriteError::Name(err) => err.code(),
             GraphWriteError::Store(err) => err.code(),
             GraphWriteError::UnexpectedReply(_) => ErrorCode::Internal,
+            GraphWriteError::TboxNotOnBus { .. } => ErrorCode::Unavailable,
         }
     }
 }

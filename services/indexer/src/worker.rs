@@ -592,17 +592,19 @@ impl Worker {
     }
 
     /// Waits up to [`TBOX_WAIT`] until the namespace's TBox (or its absence) can be read, so the
-    /// entities are extracted with it and never without it for want of a read.
+    /// entities are extracted with it and never without it for want of a read: a bucket that
+    /// NATS lost, or that was made again empty before the ontology service put the namespace's
+    /// TBox back, is waited out (see `entity_writer::published_tbox`).
     async fn wait_for_tbox(&self, namespace: &str) -> Result<(), Failure> {
         let deadline = tokio::time::Instant::now() + TBOX_WAIT;
         loop {
-            match self.tboxes.get_cached(namespace).await {
+            match crate::entity_writer::published_tbox(&self.graph, &self.tboxes, namespace).await {
                 Ok(_) => return Ok(()),
                 Err(err) if tokio::time::Instant::now() >= deadline => {
-                    return Err(Failure::Retry(err.detail()));
+                    return Err(Failure::Retry(kg_common::error::detail(&err)));
                 }
                 Err(err) => {
-                    tracing::debug!(namespace, error = %err.detail(), "the TBox is unreadable; waiting for it");
+                    tracing::debug!(namespace, error = %kg_common::error::detail(&err), "the TBox is unreadable; waiting for it");
                     tokio::time::sleep(TBOX_POLL).await;
                 }
             }

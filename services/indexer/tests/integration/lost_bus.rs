@@ -129,6 +129,16 @@ async fn mentions(graph: &GraphStore, file_id: &str) -> u64 {
         .unwrap_or(0)
 }
 
+/// EntityType nodes in the namespace's graph.
+async fn entity_types(graph: &GraphStore) -> u64 {
+    let rows = graph
+        .query(NS, "MATCH (t:EntityType) RETURN count(t)", &Params::new())
+        .await
+        .unwrap()
+        .rows;
+    rows[0][0].as_u64().unwrap()
+}
+
 /// Waits until the graph holds mentions of `file_id`: entities are written after its chunks,
 /// so the version alone does not say they are there yet.
 async fn wait_for_mentions(graph: &GraphStore, file_id: &str) {
@@ -174,8 +184,21 @@ async fn a_file_indexed_while_the_bus_lacks_its_tbox_waits_for_it() {
         Some("deal-v1"),
         "indexed while its TBox was unreadable"
     );
-    // What the ontology service does within seconds.
+    // The bucket made again, still empty: the ontology service makes it, then reads SQL and
+    // puts the TBox back. The namespace's graph was written with a TBox, so an empty bucket
+    // is not read as "no TBox".
     tboxes.ensure().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        indexed_version(&stores.graph, "deal").await.as_deref(),
+        Some("deal-v1"),
+        "indexed from a bucket that lost its TBox"
+    );
+    assert_eq!(
+        entity_types(&stores.graph).await,
+        1,
+        "the namespace's types are kept"
+    );
     tboxes.put(&acme).await.unwrap();
     wait_for_version(&stores.graph, "deal", "deal-v2").await;
     wait_for_mentions(&stores.graph, "deal").await;
