@@ -212,16 +212,22 @@ async fn a_deleted_namespace_leaves_every_lane_and_its_backlog_stays_out() {
     tokio::time::sleep(Duration::from_millis(5)).await;
     let requested_at_ms = ask_purge(js, DOOMED).await;
 
-    wait_for("the graph dropped", SLOW * 2, async || {
-        !graph.graph_exists(DOOMED).await.unwrap()
-    })
+    // The purge removes the graph, then the vectors, then the flags records: wait for the
+    // last, not the first, or a loaded machine catches it between the two.
+    wait_for(
+        "the graph, vectors and flags removed",
+        SLOW * 2,
+        async || {
+            !graph.graph_exists(DOOMED).await.unwrap()
+                && points(&index, DOOMED).await == 0
+                && flags_entries(js, DOOMED).await == 0
+        },
+    )
     .await;
     assert!(
         unsettled(js).await >= 2,
         "the purge must not wait behind the backlog"
     );
-    assert_eq!(points(&index, DOOMED).await, 0);
-    assert_eq!(flags_entries(js, DOOMED).await, 0);
     wait_for("the purge reported", Duration::from_secs(30), async || {
         purge_reports(js, DOOMED).await == vec![requested_at_ms]
     })
