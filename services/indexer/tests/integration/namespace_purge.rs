@@ -213,7 +213,7 @@ async fn a_deleted_namespace_leaves_every_lane_and_its_backlog_stays_out() {
     let requested_at_ms = ask_purge(js, DOOMED).await;
 
     // The purge removes the graph, then the vectors, then the flags records: wait for the
-    // last, not the first, or a loaded machine catches it between the two.
+    // last, not the first, or a loaded machine catches it between them.
     wait_for(
         "the graph, vectors and flags removed",
         SLOW * 2,
