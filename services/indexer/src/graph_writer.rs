@@ -173,7 +173,7 @@ pub async fn write_document(
     let ns = file.namespace.as_str();
     ensure_indexes_once(graph, ns).await?;
 
-    if is_current(graph, file, chunks.len()).await? {
+    if is_current(graph, file, chunks).await? {
         tracing::debug!(namespace = ns, file_id = %file.file_id, version_id = %file.version_id, "graph already current");
         return Ok(WriteOutcome::Unchanged);
     }
@@ -457,16 +457,21 @@ fn file_params(file_id: &str) -> Params {
     params
 }
 
-async fn is_current(
+/// Whether the graph already holds exactly this version: its id, path and chunks. The chunk
+/// keys are compared, not only their count: a chunk key digests the chunk's text and offsets,
+/// so a version cut again under other `[indexer] chunk_*` settings (or another chunker) is
+/// written again even when it keeps its number of chunks.
+pub(crate) async fn is_current(
     graph: &GraphStore,
     file: &FileRecord,
-    chunk_count: usize,
+    chunks: &[ChunkRecord],
 ) -> Result<bool, StoreError> {
+    let params = file_params(&file.file_id);
     let rows = graph
         .query(
             &file.namespace,
             "MATCH (f:FileRef {fileId: $fileId}) RETURN f.versionId, f.chunkCount, f.vfsPath",
-            &file_params(&file.file_id),
+            &params,
         )
         .await?;
     let Some(row) = rows.rows.first() else {
@@ -475,9 +480,28 @@ async fn is_current(
     let version = row.first().and_then(Value::as_str);
     let count = row.get(1).and_then(Value::as_u64);
     let path = row.get(2).and_then(Value::as_str);
-    Ok(version == Some(file.version_id.as_str())
-        && count == u64::try_from(chunk_count).ok()
-        && path == Some(file.path.as_str()))
+    if version != Some(file.version_id.as_str())
+        || count != u64::try_from(chunks.len()).ok()
+        || path != Some(file.path.as_str())
+    {
+        return Ok(false);
+    }
+    let stored = graph
+        .query(
+            &file.namespace,
+            "MATCH (c:Chunk {fileId: $fileId}) RETURN c.chunkKey",
+            &params,
+        )
+        .await?;
+    let stored: HashSet<&str> = stored
+        .rows
+        .iter()
+        .filter_map(|row| row.first().and_then(Value::as_str))
+        .collect();
+    Ok(stored.len() == chunks.len()
+        && chunks
+            .iter()
+            .all(|chunk| stored.contains(chunk.chunk_key.as_str())))
 }
 
 async fn upsert_file_ref(

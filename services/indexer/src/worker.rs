@@ -791,27 +791,12 @@ impl Worker {
     }
 }
 
-/// Whether the graph already holds this exact version (same version id, chunk count
-/// and path), i.e. its vectors were written too. Any doubt answers no.
+/// Whether the graph already holds this exact version (same version id, path and chunk
+/// keys), i.e. its vectors were written too. Any doubt answers no.
 async fn graph_is_current(graph: &GraphStore, doc: &pipeline::IndexedDocument) -> bool {
-    let mut params = kg_stores::graph::Params::new();
-    params.insert("fileId".into(), serde_json::json!(doc.file.file_id));
-    let Ok(rows) = graph
-        .query(
-            &doc.file.namespace,
-            "MATCH (f:FileRef {fileId: $fileId}) RETURN f.versionId, f.chunkCount, f.vfsPath",
-            &params,
-        )
+    graph_writer::is_current(graph, &doc.file, &doc.chunks)
         .await
-    else {
-        return false;
-    };
-    let Some(row) = rows.rows.first() else {
-        return false;
-    };
-    row.first().and_then(serde_json::Value::as_str) == Some(doc.file.version_id.as_str())
-        && row.get(1).and_then(serde_json::Value::as_u64) == u64::try_from(doc.chunks.len()).ok()
-        && row.get(2).and_then(serde_json::Value::as_str) == Some(doc.file.path.as_str())
+        .unwrap_or(false)
 }
 
 enum Failure {

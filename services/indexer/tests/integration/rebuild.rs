@@ -309,6 +309,88 @@ async fn a_version_chunked_again_keeps_its_entities() {
 /// A new version without the front matter of the one before loses its date, type and
 /// effective date on the FileRef (the date filters read them), and keeps its flags: six
 /// properties removed in one write, each in a clause of its own.
+/// The chunk keys of the file's points in the vector index, sorted.
+async fn vector_chunk_keys(vectors: &Vectors) -> Vec<String> {
+    let hits = vectors
+        .index
+        .search(&everything(), &Scope::chunks(), vec![0.25; 16], 100)
+        .await
+        .unwrap();
+    let mut keys: Vec<String> = hits.into_iter().filter_map(|h| h.chunk_key).collect();
+    keys.sort();
+    keys
+}
+
+async fn graph_chunk_keys(graph: &GraphStore) -> Vec<String> {
+    let mut keys: Vec<String> = graph
+        .query(NS, "MATCH (c:Chunk) RETURN c.chunkKey", &Params::new())
+        .await
+        .unwrap()
+        .rows
+        .into_iter()
+        .filter_map(|row| row.first().and_then(Value::as_str).map(str::to_owned))
+        .collect();
+    keys.sort();
+    keys
+}
+
+/// The same version cut again under other chunk settings into as many chunks as before (an
+/// overlap switched on changes their texts, not their number) is written again, graph and
+/// vectors alike. Judged by its chunk count alone it was "current": the graph kept the old
+/// chunks and the vectors were not written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_cut_again_into_as_many_chunks_is_written_again() {
+    let stores = crate::stores::start().await;
+    let (graph, js, blobs) = (
+        stores.graph.clone(),
+        stores.js.clone(),
+        stores.blobs.clone(),
+    );
+    let (_embedder, vectors) = counting_vectors(stores.dir.path()).await;
+    let cut = |overlap_tokens| IndexerConfig {
+        vectors: Some(vectors.clone()),
+        chunk: kg_indexer::document::ChunkOptions {
+            target_tokens: 16,
+            max_tokens: 48,
+            overlap_tokens,
+        },
+        ..IndexerConfig::default()
+    };
+    let text = "# Rota\n\nThe pager rotates every Monday at noon sharp.\n\n\
+                Handovers happen in the ops channel with a short written summary.\n\n\
+                Escalate to the secondary after fifteen quiet minutes.\n\n\
+                Weekend shifts count double toward the quarterly on-call allowance.\n";
+
+    let (stop, indexer) = spawn_indexer(cut(0), &graph, &blobs, &js);
+    upload(&js, &blobs, "rota", "rota-v1", text, 1_000, "r1").await;
+    wait_for("rota indexed with its vectors", async || {
+        let keys = graph_chunk_keys(&graph).await;
+        keys.len() >= 3 && vector_chunk_keys(&vectors).await == keys
+    })
+    .await;
+    let before = graph_chunk_keys(&graph).await;
+    stop.cancel();
+    indexer.await.unwrap().unwrap();
+
+    let (stop, indexer) = spawn_indexer(cut(6), &graph, &blobs, &js);
+    upload(&js, &blobs, "rota", "rota-v1", text, 1_000, "r1-again").await;
+    wait_for(
+        "rota cut again: new chunks in the graph, and the vectors' keys the graph's",
+        async || {
+            let keys = graph_chunk_keys(&graph).await;
+            keys != before && vector_chunk_keys(&vectors).await == keys
+        },
+    )
+    .await;
+    assert_eq!(
+        graph_chunk_keys(&graph).await.len(),
+        before.len(),
+        "the premise: the overlap changes the chunks' texts, not their number"
+    );
+    stop.cancel();
+    indexer.await.unwrap().unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_version_without_a_date_loses_the_old_one() {
     let stores = crate::stores::start().await;
