@@ -154,9 +154,56 @@ pub struct VectorSection {
 pub struct IndexerSection {
     /// Events indexed at once (default 4); one file's events never overlap.
     pub concurrency: Option<usize>,
+    /// Blocks are packed into a chunk until the next would pass this many cl100k tokens
+    /// (default 300). Files indexed before a change keep their chunks until a reindex.
+    pub chunk_target_tokens: Option<usize>,
+    /// No chunk holds more tokens than this, overlap included (default 512).
+    pub chunk_max_tokens: Option<usize>,
+    /// Tokens of the previous chunk's tail that a chunk continuing its section starts with
+    /// (default 0).
+    pub chunk_overlap_tokens: Option<usize>,
     /// `[indexer.llm]`: the optional LLM extractor, off by default.
     #[serde(default)]
     pub llm: kg_indexer::entities::llm::LlmConfig,
+}
+
+/// Bounds of `[indexer] chunk_max_tokens`: a chunk is the unit every lane ranks and every
+/// package carries, so a page of 32 of the largest stays a few hundred kilobytes.
+const CHUNK_MAX_TOKENS: std::ops::RangeInclusive<usize> = 16..=4096;
+
+impl IndexerSection {
+    fn chunk_options(&self) -> kg_indexer::document::ChunkOptions {
+        let default = kg_indexer::document::ChunkOptions::default();
+        kg_indexer::document::ChunkOptions {
+            target_tokens: self.chunk_target_tokens.unwrap_or(default.target_tokens),
+            max_tokens: self.chunk_max_tokens.unwrap_or(default.max_tokens),
+            overlap_tokens: self.chunk_overlap_tokens.unwrap_or(default.overlap_tokens),
+        }
+    }
+
+    fn chunk_problems(&self) -> Vec<String> {
+        let options = self.chunk_options();
+        let mut problems = Vec::new();
+        if !CHUNK_MAX_TOKENS.contains(&options.max_tokens) {
+            problems.push(format!(
+                "indexer.chunk_max_tokens: expected {}..={}, got {}",
+                CHUNK_MAX_TOKENS.start(),
+                CHUNK_MAX_TOKENS.end(),
+                options.max_tokens
+            ));
+        } else if !(1..=options.max_tokens).contains(&options.target_tokens) {
+            problems.push(format!(
+                "indexer.chunk_target_tokens: expected 1..={} (at most indexer.chunk_max_tokens), got {}",
+                options.max_tokens, options.target_tokens
+            ));
+        } else if options.overlap_tokens >= options.target_tokens {
+            problems.push(format!(
+                "indexer.chunk_overlap_tokens: expected less than indexer.chunk_target_tokens ({}), got {}",
+                options.target_tokens, options.overlap_tokens
+            ));
+        }
+        problems
+    }
 }
 
 /// `[approval]`: how approved effects are signed.
@@ -394,6 +441,7 @@ pub fn resolve_with_cluster(
     {
         problems.push(format!("indexer.concurrency: expected 1..=64, got {n}"));
     }
+    problems.extend(config.indexer.chunk_problems());
     if let Some(share) = config.retrieval.fusion_fulltext_full_match
         && !(0.0..=1.0).contains(&share)
     {
@@ -472,6 +520,7 @@ pub fn resolve_with_cluster(
                     .collection
                     .unwrap_or_else(|| kg_indexer::settings::DEFAULT_COLLECTION.to_owned()),
                 concurrency: config.indexer.concurrency.unwrap_or(4),
+                chunk: config.indexer.chunk_options(),
                 llm: config.indexer.llm,
                 fulltext_backend: config.retrieval.fulltext_backend.unwrap_or_default(),
             },
@@ -573,6 +622,62 @@ mod tests {
                     "retrieval.statistics_ttl_seconds: expected 1..=86400 seconds, got {bad}"
                 ))),
                 "{:?}",
+                err.problems
+            );
+        }
+    }
+
+    #[test]
+    fn chunk_sizes_are_the_chunkers_unless_configured_and_stay_consistent() {
+        let (options, _) = resolve(None, UpFlags::default()).unwrap();
+        assert_eq!(
+            options.indexer.chunk,
+            kg_indexer::document::ChunkOptions::default()
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("k.toml");
+        let with = |indexer: &str| {
+            std::fs::write(&file, format!("[indexer]\n{indexer}\n")).unwrap();
+            resolve(Some(&file), UpFlags::default())
+        };
+        let (options, _) =
+            with("chunk_target_tokens = 180\nchunk_max_tokens = 250\nchunk_overlap_tokens = 30")
+                .unwrap();
+        assert_eq!(
+            options.indexer.chunk,
+            kg_indexer::document::ChunkOptions {
+                target_tokens: 180,
+                max_tokens: 250,
+                overlap_tokens: 30,
+            }
+        );
+        for (bad, problem) in [
+            (
+                "chunk_max_tokens = 8",
+                "indexer.chunk_max_tokens: expected 16..=4096, got 8",
+            ),
+            (
+                "chunk_max_tokens = 5000",
+                "indexer.chunk_max_tokens: expected 16..=4096, got 5000",
+            ),
+            // The default target (300) over a smaller cap is named, not clamped silently.
+            (
+                "chunk_max_tokens = 200",
+                "indexer.chunk_target_tokens: expected 1..=200 (at most indexer.chunk_max_tokens), got 300",
+            ),
+            (
+                "chunk_target_tokens = 0",
+                "indexer.chunk_target_tokens: expected 1..=512 (at most indexer.chunk_max_tokens), got 0",
+            ),
+            (
+                "chunk_target_tokens = 100\nchunk_overlap_tokens = 100",
+                "indexer.chunk_overlap_tokens: expected less than indexer.chunk_target_tokens (100), got 100",
+            ),
+        ] {
+            let err = with(bad).unwrap_err();
+            assert!(
+                err.problems.iter().any(|p| p == problem),
+                "{bad}: {:?}",
                 err.problems
             );
         }

@@ -37,6 +37,7 @@ pub(crate) fn indexer_config(
     use anyhow::Context as _;
     Ok(kg_indexer::IndexerConfig {
         concurrency: options.indexer.concurrency,
+        chunk: options.indexer.chunk.clone(),
         vectors,
         sparse: sparse.map(kg_indexer::sparse::SparseTerms::new),
         llm: options

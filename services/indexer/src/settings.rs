@@ -29,6 +29,8 @@ pub struct IndexerSettings {
     pub fulltext_backend: FulltextBackend,
     /// `[indexer.llm]`: the optional LLM extractor, off by default.
     pub llm: crate::entities::llm::LlmConfig,
+    /// `[indexer] chunk_*`: how versions are cut into chunks.
+    pub chunk: crate::document::ChunkOptions,
 }
 
 impl Default for IndexerSettings {
@@ -41,6 +43,7 @@ impl Default for IndexerSettings {
             concurrency: 4,
             fulltext_backend: FulltextBackend::default(),
             llm: crate::entities::llm::LlmConfig::default(),
+            chunk: crate::document::ChunkOptions::default(),
         }
     }
 }
