@@ -306,9 +306,6 @@ async fn a_version_chunked_again_keeps_its_entities() {
     indexer.await.unwrap().unwrap();
 }
 
-/// A new version without the front matter of the one before loses its date, type and
-/// effective date on the FileRef (the date filters read them), and keeps its flags: six
-/// properties removed in one write, each in a clause of its own.
 /// The chunk keys of the file's points in the vector index, sorted.
 async fn vector_chunk_keys(vectors: &Vectors) -> Vec<String> {
     let hits = vectors
@@ -391,6 +388,9 @@ async fn a_version_cut_again_into_as_many_chunks_is_written_again() {
     indexer.await.unwrap().unwrap();
 }
 
+/// A new version without the front matter of the one before loses its date, type and
+/// effective date on the FileRef (the date filters read them), and keeps its flags: six
+/// properties removed in one write, each in a clause of its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_new_version_without_a_date_loses_the_old_one() {
     let stores = crate::stores::start().await;
