@@ -228,7 +228,8 @@ pub struct FilesSection {
     /// read with a text line window. Default 10 MiB, as the tool documents.
     pub max_query_file_bytes: Option<u64>,
     /// Seconds between sweeps of the blobs no version needs (deleted files, replaced
-    /// versions); 0 turns the sweep off. Default 3600.
+    /// versions) and of the registry rows of versions nothing names; 0 turns the sweep off.
+    /// Default 3600.
     pub blob_sweep_every_seconds: Option<u64>,
     /// Seconds an unreferenced blob is kept after it was written or uploaded again; at least
     /// 60, since a blob is stored just before its version is registered. Default 3600.

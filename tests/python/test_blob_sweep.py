@@ -3,9 +3,10 @@ mesh (no embeddings, no periodic sweep), a file uploaded and deleted, then `kgme
 
 Within the grace period (60 s at least) the content stays: an upload stores its blob just before
 it registers the version. Past it, the sweep removes the deleted file's bytes from disk and
-leaves the live file's, which is still found. Sweeping is for the deployment's admins (blobs are
-shared by content across namespaces): a namespace's writer is refused, and so is a grace under
-60 s. The sweep is in the audit log.
+leaves the live file's, which is still found. The registry rows of versions nothing names (a
+replaced version's, a deleted file's title and links) go at the first sweep. Sweeping is for the
+deployment's admins (blobs are shared by content across namespaces): a namespace's writer is
+refused, and so is a grace under 60 s. The sweep is in the audit log.
 """
 
 from __future__ import annotations
@@ -53,11 +54,21 @@ async def test_a_deleted_files_content_is_swept_from_disk(swept_mesh: Mesh, tmp_
     (docs / "kept.md").write_bytes(kept)
     (docs / "leaked.md").write_bytes(leaked)
     mesh.ingest(docs, NS)
+    # A file edited once: its first version (with a link) is replaced.
+    edits = tmp_path / "edits"
+    edits.mkdir()
+    (edits / "edited.md").write_text(f"# Edited\n\nFirst, see [kept](kept.md) ({marker}).\n")
+    mesh.ingest(edits, NS)
+    (edits / "edited.md").write_text(f"# Edited\n\nSecond, without a link ({marker}).\n")
+    mesh.ingest(edits, NS)
     mesh.cli("file", "delete", "--namespace", NS, "--path", "leaked.md")
     assert blob_path(mesh, leaked).is_file(), "deleting a file leaves its bytes until a sweep"
 
     swept = mesh.cli("blobs", "sweep")
     assert swept["removed"] == 0 and swept["withinGrace"] >= 1, swept
+    # The registry's rows of what nothing names go at once: the replaced version's row, title and
+    # link, and the deleted file's title (its version's row stays with the file's).
+    assert (swept["versionsRemoved"], swept["versionMetadataRemoved"], swept["versionLinksRemoved"]) == (1, 2, 1), swept
     assert blob_path(mesh, leaked).is_file(), "uploaded within the grace: kept"
 
     # As if uploaded two hours ago.
@@ -66,6 +77,7 @@ async def test_a_deleted_files_content_is_swept_from_disk(swept_mesh: Mesh, tmp_
         os.utime(blob_path(mesh, content), (hours_ago, hours_ago))
     swept = mesh.cli("blobs", "sweep")
     assert swept["removed"] == 1 and swept["removedBytes"] == len(leaked), swept
+    assert swept["versionsRemoved"] == swept["versionMetadataRemoved"] == 0, "nothing more to prune"
     assert not blob_path(mesh, leaked).exists()
     assert blob_path(mesh, kept).is_file()
     async with mcp_http(mesh.mcp_url, mesh.admin_token) as client:

@@ -1001,6 +1001,9 @@ async fn sweep_blobs(
         "removedBytes": swept.removed_bytes,
         "kept": swept.kept,
         "withinGrace": swept.within_grace,
+        "versionsRemoved": swept.versions_removed,
+        "versionMetadataRemoved": swept.version_metadata_removed,
+        "versionLinksRemoved": swept.version_links_removed,
     })))
 }
 

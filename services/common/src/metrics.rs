@@ -89,6 +89,11 @@ pub struct Metrics {
     /// When a sweep of the blob store last completed (Unix seconds), for an alert on a sweep
     /// that keeps failing.
     pub blob_sweep_completed: Gauge,
+    /// Version rows the sweeps removed from the registry because no file, branch or release
+    /// named the version any more.
+    pub registry_versions_pruned: Counter,
+    /// The links of such versions the sweeps removed.
+    pub registry_version_links_pruned: Counter,
     /// Namespace purges the indexer completed and reported (a namespace was deleted).
     pub namespaces_purged: Counter,
     /// Change events the indexer dropped because their namespace was deleted after they were
@@ -148,6 +153,8 @@ pub fn metrics() -> &'static Metrics {
         let blobs_swept = Counter::default();
         let blob_bytes_swept = Counter::default();
         let blob_sweep_completed = Gauge::default();
+        let registry_versions_pruned = Counter::default();
+        let registry_version_links_pruned = Counter::default();
         let namespaces_purged = Counter::default();
         let purged_events_dropped = Counter::default();
         let chunks_embedded = Counter::default();
@@ -224,6 +231,16 @@ pub fn metrics() -> &'static Metrics {
             blob_sweep_completed.clone(),
         );
         registry.register(
+            "registry_versions_pruned",
+            "version rows the files service removed because no file, branch or release named them",
+            registry_versions_pruned.clone(),
+        );
+        registry.register(
+            "registry_version_links_pruned",
+            "links of versions no file, branch or release named that the files service removed",
+            registry_version_links_pruned.clone(),
+        );
+        registry.register(
             "namespaces_purged",
             "namespace purges the indexer completed: graph, vectors and flags removed and reported",
             namespaces_purged.clone(),
@@ -260,6 +277,8 @@ pub fn metrics() -> &'static Metrics {
             blobs_swept,
             blob_bytes_swept,
             blob_sweep_completed,
+            registry_versions_pruned,
+            registry_version_links_pruned,
             namespaces_purged,
             purged_events_dropped,
             chunks_embedded,

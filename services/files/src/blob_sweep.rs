@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::{FilesError, Result};
 use crate::service::FilesService;
+use crate::version_prune::PrunedVersions;
 
 /// The shortest grace a sweep may keep: an upload stores its blob just before it registers
 /// the version that names it.
@@ -72,11 +73,14 @@ impl FilesService {
             }
             seconds => Duration::from_secs(seconds),
         };
+        let pruned = self.prune_versions().await?;
         let swept = self.sweep_blobs(grace).await?;
         tracing::info!(
             principal = %caller.principal_id,
             removed = swept.removed,
             removed_bytes = swept.removed_bytes,
+            versions_removed = pruned.versions,
+            version_links_removed = pruned.links,
             grace_seconds = grace.as_secs(),
             "an admin swept the blob store"
         );
@@ -86,6 +90,9 @@ impl FilesService {
             removed_bytes: count(swept.removed_bytes),
             kept: count(swept.kept),
             within_grace: count(swept.young),
+            versions_removed: count(pruned.versions),
+            version_metadata_removed: count(pruned.metadata),
+            version_links_removed: count(pruned.links),
         })
     }
 
@@ -109,13 +116,27 @@ impl FilesService {
     }
 }
 
-/// Sweeps the blob store as `sweep` says until `shutdown`. Every replica may run it: they share
+/// Prunes the registry's unnamed versions and sweeps the blob store as `sweep` says until
+/// `shutdown`. Every replica may run it: they share
 /// the blob directory, and a removal is ordered against every put by its lock file.
 pub async fn run_blob_sweep(service: FilesService, sweep: BlobSweep, shutdown: CancellationToken) {
     loop {
         tokio::select! {
             () = shutdown.cancelled() => return,
             () = tokio::time::sleep(sweep.every) => {}
+        }
+        match service.prune_versions().await {
+            Ok(pruned) if pruned != PrunedVersions::default() => tracing::info!(
+                versions_removed = pruned.versions,
+                version_metadata_removed = pruned.metadata,
+                version_links_removed = pruned.links,
+                "registry rows of versions nothing names were removed"
+            ),
+            Ok(_) => {}
+            Err(err) => tracing::warn!(
+                error = %kg_common::error::detail(&err),
+                "pruning the registry's unnamed versions failed; trying again at the next sweep"
+            ),
         }
         match service.sweep_blobs(sweep.grace).await {
             Ok(swept) if swept.removed > 0 => tracing::info!(

@@ -4,9 +4,10 @@
 //! content-addressed version and publishes `kg.files.v1.<ns>.changed`; a durable consumer of
 //! `kg.index.v1.*.indexed` records indexing status and each version's metadata and links, and
 //! the registry is replayed into `KG_FILES` when NATS lost that stream. Blobs no version needs
-//! any more are swept away. `FindFiles` (kg_files) and `QueryFile`
-//! (kg_file: SQL over CSV/TSV on DataFusion, text, JSONPath, JSONata, Jinja) read blobs under
-//! the caller's access filter, applied in SQL like every lookup. Never touches the graph.
+//! any more are swept away, and so are the registry rows of versions nothing names.
+//! `FindFiles` (kg_files) and `QueryFile` (kg_file: SQL over CSV/TSV on DataFusion, text,
+//! JSONPath, JSONata, Jinja) read blobs under the caller's access filter, applied in SQL like
+//! every lookup. Never touches the graph.
 
 mod blob_sweep;
 mod error;
@@ -20,6 +21,7 @@ mod query;
 mod replay;
 mod service;
 mod store;
+mod version_prune;
 mod versions;
 
 use std::time::Duration;
@@ -44,6 +46,7 @@ pub use links::{
 };
 pub use replay::{Replay, STREAM_CHECK_EVERY, run_stream_check};
 pub use service::FilesService;
+pub use version_prune::PrunedVersions;
 
 /// Serves the files gRPC API on `listener` until `shutdown`.
 pub async fn serve(

@@ -250,7 +250,8 @@ fn link_record(link: &VersionLink) -> VersionLinkRecord {
     }
 }
 
-fn placeholders(from: usize, count: usize) -> String {
+/// `$from, $from+1, ...`: `count` numbered placeholders.
+pub(crate) fn placeholders(from: usize, count: usize) -> String {
     (from..from + count)
         .map(|i| format!("${i}"))
         .collect::<Vec<_>>()

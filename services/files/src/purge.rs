@@ -64,10 +64,11 @@ const PURGE_STATEMENTS: [(&str, &str); 10] = [
     ("kg_files", "namespace = $1"),
 ];
 
-/// The PostgreSQL advisory lock of a namespace's registry rows: an upload takes it shared for
-/// its transaction, a purge exclusive, so a purge waits for the uploads already writing (and
-/// removes their rows) and the uploads after it find the purge. SQLite needs none: its writers
-/// take turns, and both transactions write before they read.
+/// The PostgreSQL advisory lock of a namespace's registry rows: an upload or a release takes it
+/// shared for its transaction, a purge (or a prune of unnamed versions) exclusive, so a purge
+/// waits for the uploads already writing (and removes their rows) and the uploads after it find
+/// the purge. SQLite needs none: its writers take turns, and both transactions write before
+/// they read.
 fn namespace_lock_key(namespace: &str) -> i64 {
     use sha2::{Digest as _, Sha256};
     let digest = Sha256::digest(format!("kg_namespace\u{0}{namespace}").as_bytes());
@@ -103,14 +104,26 @@ fn count(rows: u64) -> i64 {
 }
 
 impl FilesStore {
-    /// Inside an upload's transaction, before its first write: waits for a purge of the
-    /// namespace that is committing (PostgreSQL; SQLite's writers take turns anyway).
+    /// Inside an upload's (or a release's) transaction, before its first write: waits for a
+    /// purge or a prune of the namespace that is committing (PostgreSQL; SQLite's writers take
+    /// turns anyway).
     pub(crate) async fn hold_namespace(
         &self,
         conn: &mut sqlx::AnyConnection,
         namespace: &str,
     ) -> Result<()> {
         lock_namespace(self, conn, namespace, false).await
+    }
+
+    /// Inside a transaction that removes rows an upload or a release could name again (the
+    /// prune of unnamed versions): waits for those writing to the namespace and holds off new
+    /// ones until it ends (PostgreSQL; SQLite's writers take turns anyway).
+    pub(crate) async fn hold_namespace_exclusive(
+        &self,
+        conn: &mut sqlx::AnyConnection,
+        namespace: &str,
+    ) -> Result<()> {
+        lock_namespace(self, conn, namespace, true).await
     }
 
     /// Inside an upload's transaction, after its first write: refuses it while the

@@ -810,6 +810,9 @@ impl FilesService {
         let note: String = note.chars().take(4096).collect();
         let pool = self.versions.sql.pool();
         let mut tx = pool.begin().await?;
+        // Like an upload's: a prune of unnamed versions waits for the snapshot to commit, and a
+        // snapshot taken after one sees what it left.
+        self.store.hold_namespace(&mut tx, namespace).await?;
         sqlx::query(
             "INSERT INTO kg_releases (release_id, namespace, version, branch_id, note, created_at_ms, created_by) VALUES ($1, $2, $3, $4, $5, $6, $7)",
         )

@@ -11,7 +11,7 @@ use kg_proto::v1::{CallerContext, FileInfo};
 use kg_stores::blobs::{BlobStore, Swept};
 use sha2::{Digest as _, Sha256};
 
-use crate::common::{env, put_as};
+use crate::common::{env, metric, put_as};
 
 const NS: &str = "swept";
 
@@ -132,21 +132,12 @@ async fn sweeps_what_no_version_needs(postgres: bool) {
     );
 
     // Exported for dashboards and an alert on a sweep that keeps failing.
-    let metrics = kg_common::metrics::encode_text();
-    let series = |name: &str| {
-        metrics.lines().find_map(|line| {
-            line.strip_prefix(name)?
-                .strip_prefix(' ')?
-                .parse::<f64>()
-                .ok()
-        })
-    };
-    assert_eq!(series("kgmesh_blobs_swept_total"), Some(2.0), "{metrics}");
+    assert_eq!(metric("kgmesh_blobs_swept_total"), Some(2.0));
     assert_eq!(
-        series("kgmesh_blob_bytes_swept_total"),
+        metric("kgmesh_blob_bytes_swept_total"),
         Some(swept.removed_bytes as f64)
     );
-    assert!(series("kgmesh_blob_sweep_completed_timestamp_seconds").is_some_and(|at| at > 1.7e9));
+    assert!(metric("kgmesh_blob_sweep_completed_timestamp_seconds").is_some_and(|at| at > 1.7e9));
 
     // The same content uploaded again is stored again, and kept.
     let back = put(

@@ -140,3 +140,13 @@ pub async fn payloads_on(js: &async_nats::jetstream::Context, subject: &str) -> 
     }
     found
 }
+
+/// The value of the metric series `name` (no labels) in this process's exposition.
+pub fn metric(name: &str) -> Option<f64> {
+    kg_common::metrics::encode_text().lines().find_map(|line| {
+        line.strip_prefix(name)?
+            .strip_prefix(' ')?
+            .parse::<f64>()
+            .ok()
+    })
+}

@@ -13,3 +13,4 @@ mod namespace_purge;
 mod reindex;
 mod upload_race;
 mod version_links;
+mod version_prune;
