@@ -268,3 +268,57 @@ async fn prunes_past_a_batch() {
         .unwrap();
     assert_eq!(live.size, "# Busy\n\nedit 1001\n".len() as i64);
 }
+
+/// The advisory lock key of `namespace`'s registry rows, as `purge.rs` derives it.
+fn namespace_lock_key(namespace: &str) -> i64 {
+    use sha2::{Digest as _, Sha256};
+    let digest = Sha256::digest(format!("kg_namespace\u{0}{namespace}").as_bytes());
+    i64::from_be_bytes(digest[..8].try_into().unwrap())
+}
+
+/// A version a writer names again while the prune runs stays: the prune waits for the writers
+/// holding the namespace and checks its rows again once they committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_named_again_meanwhile_stays_on_postgres() {
+    let env = env(true).await;
+    let files = env.files.clone();
+    let registry = Registry::open(&env).await;
+    let first = put(&files, "a.md", "# A\n\nfirst draft\n").await;
+    let second = put(&files, "a.md", "# A\n\nsecond draft\n").await;
+
+    // A writer in flight, as an upload of the first draft again holds the namespace: its
+    // transaction names the first version again and has not committed.
+    let mut writer = registry.0.pool().begin().await.unwrap();
+    sqlx::query("SELECT pg_advisory_xact_lock_shared($1)")
+        .bind(namespace_lock_key(NS))
+        .execute(&mut *writer)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE kg_files SET version_id = $1 WHERE file_id = $2")
+        .bind(&first.version_id)
+        .bind(&first.file_id)
+        .execute(&mut *writer)
+        .await
+        .unwrap();
+    let prune = tokio::spawn(async move { files.prune_versions().await });
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert!(!prune.is_finished(), "the prune waits for the writer");
+    writer.commit().await.unwrap();
+    let pruned = prune.await.unwrap().unwrap();
+    assert_eq!(
+        pruned.versions, 0,
+        "found unnamed, named again before it was removed"
+    );
+    assert_eq!(registry.rows(&first.version_id).await.0, 1);
+    assert_eq!(
+        registry.rows(&second.version_id).await.0,
+        1,
+        "named when the prune looked"
+    );
+    assert_eq!(
+        env.files.prune_versions().await.unwrap().versions,
+        1,
+        "the second, now"
+    );
+    assert_eq!(registry.rows(&second.version_id).await.0, 0);
+}
