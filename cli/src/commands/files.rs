@@ -1,5 +1,6 @@
 //! `kgmesh file`: list a namespace's files, flip `enabled`/`hidden`, delete, reindex; and
-//! `kgmesh blobs sweep`, the blob store's content no version needs removed now.
+//! `kgmesh blobs sweep`, the blob store's content (and the registry's rows) no version needs
+//! removed now.
 
 use std::collections::HashMap;
 use std::process::ExitCode;
@@ -78,8 +79,8 @@ pub(crate) enum FileCommand {
 #[derive(Subcommand)]
 pub(crate) enum BlobsCommand {
     /// Remove now the stored content no version needs (deleted files, replaced versions; a
-    /// preview branch's or a release's stay), as the hourly sweep does. Needs a deployment
-    /// admin.
+    /// preview branch's or a release's stay), and the registry rows of versions nothing names,
+    /// as the hourly sweep does. Needs a deployment admin.
     Sweep {
         /// Keep content stored or uploaded again within this many seconds (at least 60).
         #[arg(long, default_value_t = 60)]
