@@ -77,8 +77,10 @@ pub(crate) async fn file_state(
     }))
 }
 
-/// After a version is written: when its change happened, and (with embeddings) which
-/// embedder wrote its vectors. Only while the FileRef still holds that version.
+/// After a version is written: when its change happened, where its content is (so the
+/// backfill can queue it again from the graph alone, [`requeued_from_graph`]) and (with
+/// embeddings) which embedder wrote its vectors. Only while the FileRef still holds that
+/// version.
 pub(crate) async fn mark_written(
     graph: &GraphStore,
     event: &FileChanged,
@@ -88,13 +90,18 @@ pub(crate) async fn mark_written(
     params.insert("fileId".into(), json!(event.file_id));
     params.insert("versionId".into(), json!(event.version_id));
     params.insert("changedAt".into(), json!(event.changed_at_ms));
+    params.insert("blobKey".into(), json!(event.blob_key));
+    params.insert("sha".into(), json!(event.content_sha256));
+    params.insert("size".into(), json!(event.size));
     params.insert("stamp".into(), json!(vector_stamp));
     let cypher = if vector_stamp.is_some() {
         "MATCH (f:FileRef {fileId: $fileId}) WHERE f.versionId = $versionId \
-         SET f.changedAtMs = $changedAt, f.vectorStamp = $stamp"
+         SET f.changedAtMs = $changedAt, f.blobKey = $blobKey, f.contentSha256 = $sha, \
+         f.size = $size, f.vectorStamp = $stamp"
     } else {
         "MATCH (f:FileRef {fileId: $fileId}) WHERE f.versionId = $versionId \
-         SET f.changedAtMs = $changedAt"
+         SET f.changedAtMs = $changedAt, f.blobKey = $blobKey, f.contentSha256 = $sha, \
+         f.size = $size"
     };
     graph.query(&event.namespace, cypher, &params).await?;
     Ok(())
@@ -213,10 +220,41 @@ pub struct Requeued {
     pub entities: usize,
 }
 
-/// Re-queues the latest upsert of every file whose current graph version lacks vectors from
+/// The FileRef columns [`requeue_stale`] reads, in order.
+const FILE_REF_COLUMNS: &str = "f.fileId, f.versionId, f.vectorStamp, f.entityStamp, f.blobKey, \
+     f.vfsPath, f.mime, f.contentSha256, f.size, f.changedAtMs, f.enabled, f.hidden";
+
+/// The upsert of the version a FileRef row ([`FILE_REF_COLUMNS`]) holds, built from the graph
+/// alone; `None` for a FileRef whose version's blob fields are not set (written by an earlier
+/// release, or while a write is under way).
+fn requeued_from_graph(namespace: &str, row: &[Value]) -> Option<FileChanged> {
+    let text = |i: usize| row.get(i).and_then(Value::as_str).map(str::to_owned);
+    let number = |i: usize| row.get(i).and_then(Value::as_i64).unwrap_or(0);
+    Some(FileChanged {
+        namespace: namespace.to_owned(),
+        file_id: text(0)?,
+        version_id: text(1)?,
+        blob_key: text(4)?,
+        path: text(5)?,
+        mime: text(6).unwrap_or_default(),
+        content_sha256: text(7).unwrap_or_default(),
+        size: number(8),
+        changed_at_ms: number(9),
+        op: FileChangeOp::Upsert as i32,
+        // A re-queued upsert is indexed with the flags the graph holds when the worker runs it.
+        enabled: row.get(10).and_then(Value::as_bool).unwrap_or(true),
+        hidden: row.get(11).and_then(Value::as_bool).unwrap_or(false),
+        ..FileChanged::default()
+    })
+}
+
+/// Re-queues the upsert of every file whose current graph version lacks vectors from
 /// `vectors`' embedder (when embeddings are on) or entities from its namespace's published
-/// TBox; all namespaces, or one. Idempotent: a re-queued event's message id names the
-/// version and what it is re-queued for, and the worker skips what is already written.
+/// TBox; all namespaces with a graph, or one. The upsert is built from the FileRef, which
+/// records where its version's content is; only for FileRefs written before it did is the
+/// `KG_FILES` stream scanned (once per call) for the file's latest upsert. Idempotent: a
+/// re-queued event's message id names the version and what it is re-queued for, and the worker
+/// skips what is already written.
 pub async fn requeue_stale(
     graph: &GraphStore,
     js: &jetstream::Context,
@@ -224,14 +262,20 @@ pub async fn requeue_stale(
     tboxes: &TboxBucket,
     namespace: Option<&str>,
 ) -> Result<Requeued, StoreError> {
-    let latest = latest_upserts(js, namespace).await?;
+    let namespaces = match namespace {
+        Some(ns) => vec![ns.to_owned()],
+        None => graph.namespaces().await?,
+    };
+    // Read on first need only: the stream holds every change event ever made.
+    let mut from_stream: Option<BTreeMap<String, HashMap<String, FileChanged>>> = None;
     let mut queued = Requeued::default();
-    for (ns, files) in latest {
+    for ns in namespaces {
         let rows = match graph
             .query(
                 &ns,
-                "MATCH (f:FileRef) WHERE f.versionId IS NOT NULL \
-                 RETURN f.fileId, f.versionId, f.vectorStamp, f.entityStamp",
+                &format!(
+                    "MATCH (f:FileRef) WHERE f.versionId IS NOT NULL RETURN {FILE_REF_COLUMNS}"
+                ),
                 &Params::new(),
             )
             .await
@@ -250,12 +294,19 @@ pub async fn requeue_stale(
             let (Some(file_id), Some(version_id)) = (text(0), text(1)) else {
                 continue;
             };
-            let Some(event) = files.get(file_id) else {
-                continue;
+            let event = match requeued_from_graph(&ns, &row) {
+                Some(event) => event,
+                None => {
+                    let latest = match &mut from_stream {
+                        Some(latest) => latest,
+                        empty => empty.insert(latest_upserts(js, namespace).await?),
+                    };
+                    match latest.get(&ns).and_then(|files| files.get(file_id)) {
+                        Some(event) if event.version_id == version_id => event.clone(),
+                        _ => continue,
+                    }
+                }
             };
-            if event.version_id != version_id {
-                continue;
-            }
             let mut reasons = Vec::new();
             if let Some(vectors) = vectors {
                 let stamp = vector_stamp(vectors, version_id);
@@ -263,7 +314,7 @@ pub async fn requeue_stale(
                     // Written before stamps existed (the index's dimension is this embedder's):
                     // stamp it instead of embedding it again.
                     if text(2).is_none() && has_file_point(vectors, &ns, file_id).await {
-                        mark_written(graph, event, Some(&stamp)).await?;
+                        mark_written(graph, &event, Some(&stamp)).await?;
                     } else {
                         reasons.push(format!("backfill:{}", vectors.embedder.identity()));
                         queued.vectors += 1;
@@ -286,7 +337,7 @@ pub async fn requeue_stale(
             let requeued = FileChanged {
                 requeued: true,
                 rebuild_at_ms: 0,
-                ..event.clone()
+                ..event
             };
             events::publish(js, &subject, &msg_id, requeued.encode_to_vec()).await?;
         }

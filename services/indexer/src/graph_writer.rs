@@ -510,7 +510,8 @@ async fn upsert_file_ref(
     meta: &DocumentMeta,
 ) -> Result<(), StoreError> {
     let mut params = file_params(&file.file_id);
-    // versionId/chunkCount are cleared until the write completes. The chunks are replaced
+    // versionId/chunkCount are cleared until the write completes, and the version's blob
+    // fields until `backfill::mark_written` sets them for the version written. The chunks are replaced
     // and their mentions with them, so the entity stamp goes too: the entities of this
     // version are extracted again, even when the version id is the one they were stamped for
     // (chunked with other settings, or rebuilt). A property the new version lacks (its date,
@@ -532,6 +533,9 @@ async fn upsert_file_ref(
         ("versionId", Value::Null),
         ("chunkCount", Value::Null),
         ("entityStamp", Value::Null),
+        ("blobKey", Value::Null),
+        ("contentSha256", Value::Null),
+        ("size", Value::Null),
     ];
     let assign = assign_properties("f", &properties, &mut params);
     params.insert("path".into(), json!(file.path));

@@ -243,6 +243,105 @@ async fn enabling_embeddings_backfills_current_versions_once() {
     assert_eq!(embedder.texts.load(Ordering::SeqCst), embedded);
 }
 
+/// Indexes `f1` (one version) without embeddings, then turns embeddings on after `between` ran
+/// on the stopped namespace, and waits for f1's vectors. Returns the vectors' stamp on f1.
+async fn backfill_after(
+    between: impl AsyncFnOnce(&GraphStore, &async_nats::jetstream::Context),
+) -> Value {
+    let stores = crate::stores::start().await;
+    let (graph, js, blobs) = (
+        stores.graph.clone(),
+        stores.js.clone(),
+        stores.blobs.clone(),
+    );
+    let text = "# One\n\nIndexed before embeddings were on.\n";
+    upload(&js, &blobs, "f1", "f1-v1", text, 1_000, "a").await;
+    let (stop, plain) = spawn_indexer(IndexerConfig::default(), &graph, &blobs, &js);
+    wait_for("plain indexing", async || {
+        file_refs(&graph)
+            .await
+            .first()
+            .is_some_and(|r| r[1] == json!("f1-v1"))
+    })
+    .await;
+    stop.cancel();
+    plain.await.unwrap().unwrap();
+    let blob_fields = "MATCH (f:FileRef {fileId: 'f1'}) RETURN f.blobKey, f.contentSha256, f.size";
+    let written = graph
+        .query(NS, blob_fields, &Params::new())
+        .await
+        .unwrap()
+        .rows;
+    assert_eq!(
+        written[0][0],
+        json!(blobs.put(text.as_bytes()).await.unwrap()),
+        "the FileRef records where its version's content is"
+    );
+    between(&graph, &js).await;
+
+    let (_, vectors) = counting_vectors(stores.dir.path()).await;
+    let config = IndexerConfig {
+        vectors: Some(vectors.clone()),
+        ..IndexerConfig::default()
+    };
+    let (stop, with_vectors) = spawn_indexer(config, &graph, &blobs, &js);
+    wait_for("the backfill", async || {
+        file_refs(&graph)
+            .await
+            .first()
+            .is_some_and(|r| !r[2].is_null())
+    })
+    .await;
+    stop.cancel();
+    with_vectors.await.unwrap().unwrap();
+    assert!(
+        vectors
+            .index
+            .file_vector(&everything(), "f1")
+            .await
+            .unwrap()
+            .is_some()
+    );
+    let blob_key = graph
+        .query(NS, blob_fields, &Params::new())
+        .await
+        .unwrap()
+        .rows[0][0]
+        .clone();
+    assert_eq!(blob_key, written[0][0], "and records it again once written");
+    file_refs(&graph).await[0][2].clone()
+}
+
+/// The backfill builds its upserts from the graph: it needs none of the stream's history, so
+/// change events can expire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_backfill_needs_no_change_event_history() {
+    let stamp = backfill_after(async |_, js| {
+        let stream = js.get_stream(events::FILES_STREAM).await.unwrap();
+        stream.purge().await.unwrap();
+    })
+    .await;
+    assert_eq!(stamp, json!("f1-v1|test-hashing|16"));
+}
+
+/// A FileRef written before FileRefs recorded their content is re-queued from the stream's
+/// latest upsert of the file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_ref_from_an_earlier_release_is_requeued_from_the_stream() {
+    let stamp = backfill_after(async |graph, _| {
+        graph
+            .query(
+                NS,
+                "MATCH (f:FileRef {fileId: 'f1'}) SET f.blobKey = NULL, f.contentSha256 = NULL, f.size = NULL",
+                &Params::new(),
+            )
+            .await
+            .unwrap();
+    })
+    .await;
+    assert_eq!(stamp, json!("f1-v1|test-hashing|16"));
+}
+
 /// A change of `file_id` (v1) other than an upload, as the files service publishes it.
 async fn change(
     js: &async_nats::jetstream::Context,

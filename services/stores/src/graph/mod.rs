@@ -289,15 +289,21 @@ impl GraphStore {
     /// migration: an index definition that changed is rebuilt before the first search, not
     /// at the namespace's next write). Returns how many namespaces it checked.
     pub async fn ensure_all_indexes(&self) -> Result<usize, StoreError> {
-        let graphs = self.list_graphs().await?;
-        let mut checked = 0;
-        for graph in graphs {
-            if let Some(namespace) = graph.strip_prefix(GRAPH_PREFIX) {
-                self.ensure_indexes(namespace).await?;
-                checked += 1;
-            }
+        let namespaces = self.namespaces().await?;
+        for namespace in &namespaces {
+            self.ensure_indexes(namespace).await?;
         }
-        Ok(checked)
+        Ok(namespaces.len())
+    }
+
+    /// The namespaces that have a graph on the server.
+    pub async fn namespaces(&self) -> Result<Vec<String>, StoreError> {
+        Ok(self
+            .list_graphs()
+            .await?
+            .into_iter()
+            .filter_map(|graph| graph.strip_prefix(GRAPH_PREFIX).map(str::to_owned))
+            .collect())
     }
 }
 
