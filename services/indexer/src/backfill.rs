@@ -266,7 +266,8 @@ pub async fn requeue_stale(
         Some(ns) => vec![ns.to_owned()],
         None => graph.namespaces().await?,
     };
-    // Read on first need only: the stream holds every change event ever made.
+    // Read on first need only (a stale FileRef written before FileRefs recorded their
+    // content): the stream holds every change event ever made.
     let mut from_stream: Option<BTreeMap<String, HashMap<String, FileChanged>>> = None;
     let mut queued = Requeued::default();
     for ns in namespaces {
@@ -294,6 +295,14 @@ pub async fn requeue_stale(
             let (Some(file_id), Some(version_id)) = (text(0), text(1)) else {
                 continue;
             };
+            let stale_vectors = vectors
+                .map(|vectors| (vectors, vector_stamp(vectors, version_id)))
+                .filter(|(_, stamp)| text(2) != Some(stamp.as_str()));
+            let entities_current = text(3)
+                .is_some_and(|stamp| crate::entity_writer::stamp_is_for(stamp, version_id, &tbox));
+            if stale_vectors.is_none() && entities_current {
+                continue;
+            }
             let event = match requeued_from_graph(&ns, &row) {
                 Some(event) => event,
                 None => {
@@ -308,21 +317,16 @@ pub async fn requeue_stale(
                 }
             };
             let mut reasons = Vec::new();
-            if let Some(vectors) = vectors {
-                let stamp = vector_stamp(vectors, version_id);
-                if text(2) != Some(stamp.as_str()) {
-                    // Written before stamps existed (the index's dimension is this embedder's):
-                    // stamp it instead of embedding it again.
-                    if text(2).is_none() && has_file_point(vectors, &ns, file_id).await {
-                        mark_written(graph, &event, Some(&stamp)).await?;
-                    } else {
-                        reasons.push(format!("backfill:{}", vectors.embedder.identity()));
-                        queued.vectors += 1;
-                    }
+            if let Some((vectors, stamp)) = stale_vectors {
+                // Written before stamps existed (the index's dimension is this embedder's):
+                // stamp it instead of embedding it again.
+                if text(2).is_none() && has_file_point(vectors, &ns, file_id).await {
+                    mark_written(graph, &event, Some(&stamp)).await?;
+                } else {
+                    reasons.push(format!("backfill:{}", vectors.embedder.identity()));
+                    queued.vectors += 1;
                 }
             }
-            let entities_current = text(3)
-                .is_some_and(|stamp| crate::entity_writer::stamp_is_for(stamp, version_id, &tbox));
             if !entities_current {
                 reasons.push(format!("entities:{tbox}"));
                 queued.entities += 1;

@@ -256,25 +256,31 @@ async fn backfill_after(
     );
     let text = "# One\n\nIndexed before embeddings were on.\n";
     upload(&js, &blobs, "f1", "f1-v1", text, 1_000, "a").await;
+    let blob_key = json!(blobs.put(text.as_bytes()).await.unwrap());
+    let blob_fields = "MATCH (f:FileRef {fileId: 'f1'}) \
+                       RETURN f.versionId, f.blobKey, f.contentSha256, f.size";
+    let read = async || {
+        graph
+            .query(NS, blob_fields, &Params::new())
+            .await
+            .map(|r| r.rows)
+            .unwrap_or_default()
+    };
+    // The version's id is on the FileRef before its content's key: the key comes with the
+    // version's last stamps, once everything is written.
     let (stop, plain) = spawn_indexer(IndexerConfig::default(), &graph, &blobs, &js);
     wait_for("plain indexing", async || {
-        file_refs(&graph)
+        read()
             .await
             .first()
-            .is_some_and(|r| r[1] == json!("f1-v1"))
+            .is_some_and(|r| r[0] == json!("f1-v1") && !r[1].is_null())
     })
     .await;
     stop.cancel();
     plain.await.unwrap().unwrap();
-    let blob_fields = "MATCH (f:FileRef {fileId: 'f1'}) RETURN f.blobKey, f.contentSha256, f.size";
-    let written = graph
-        .query(NS, blob_fields, &Params::new())
-        .await
-        .unwrap()
-        .rows;
+    let written = read().await;
     assert_eq!(
-        written[0][0],
-        json!(blobs.put(text.as_bytes()).await.unwrap()),
+        written[0][1], blob_key,
         "the FileRef records where its version's content is"
     );
     between(&graph, &js).await;
@@ -302,13 +308,7 @@ async fn backfill_after(
             .unwrap()
             .is_some()
     );
-    let blob_key = graph
-        .query(NS, blob_fields, &Params::new())
-        .await
-        .unwrap()
-        .rows[0][0]
-        .clone();
-    assert_eq!(blob_key, written[0][0], "and records it again once written");
+    assert_eq!(read().await, written, "and records it again once written");
     file_refs(&graph).await[0][2].clone()
 }
 
