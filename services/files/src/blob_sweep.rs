@@ -117,8 +117,8 @@ impl FilesService {
 }
 
 /// Prunes the registry's unnamed versions and sweeps the blob store as `sweep` says until
-/// `shutdown`. Every replica may run it: they share
-/// the blob directory, and a removal is ordered against every put by its lock file.
+/// `shutdown`. Every replica may run it: they share the blob directory, and a removal is
+/// ordered against every put by its lock file; a prune holds each namespace it removes from.
 pub async fn run_blob_sweep(service: FilesService, sweep: BlobSweep, shutdown: CancellationToken) {
     loop {
         tokio::select! {

@@ -511,11 +511,11 @@ async fn upsert_file_ref(
 ) -> Result<(), StoreError> {
     let mut params = file_params(&file.file_id);
     // versionId/chunkCount are cleared until the write completes, and the version's blob
-    // fields until `backfill::mark_written` sets them for the version written. The chunks are replaced
-    // and their mentions with them, so the entity stamp goes too: the entities of this
-    // version are extracted again, even when the version id is the one they were stamped for
-    // (chunked with other settings, or rebuilt). A property the new version lacks (its date,
-    // say) is removed: several removals at once need `assign_properties` on FalkorDB 4.16.
+    // fields until `backfill::mark_written` sets them for the version written. The chunks are
+    // replaced and their mentions with them, so the entity stamp goes too: the entities of
+    // this version are extracted again, even when the version id is the one they were stamped
+    // for (chunked with other settings, or rebuilt). A property the new version lacks (its
+    // date, say) is removed: several removals at once need `assign_properties` on FalkorDB 4.16.
     let properties = [
         ("vfsPath", json!(file.path)),
         ("name", json!(file.name)),

@@ -332,7 +332,8 @@ async fn a_file_ref_from_an_earlier_release_is_requeued_from_the_stream() {
         graph
             .query(
                 NS,
-                "MATCH (f:FileRef {fileId: 'f1'}) SET f.blobKey = NULL, f.contentSha256 = NULL, f.size = NULL",
+                "MATCH (f:FileRef {fileId: 'f1'}) \
+                 SET f.blobKey = NULL, f.contentSha256 = NULL, f.size = NULL",
                 &Params::new(),
             )
             .await
