@@ -329,15 +329,18 @@ async fn the_backfill_needs_no_change_event_history() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_file_ref_from_an_earlier_release_is_requeued_from_the_stream() {
     let stamp = backfill_after(async |graph, _| {
-        graph
-            .query(
-                NS,
-                "MATCH (f:FileRef {fileId: 'f1'}) \
-                 SET f.blobKey = NULL, f.contentSha256 = NULL, f.size = NULL",
-                &Params::new(),
-            )
-            .await
-            .unwrap();
+        // One property a statement: FalkorDB 4.16 removes only one of several set to null.
+        for property in ["blobKey", "contentSha256", "size"] {
+            let cypher = format!("MATCH (f:FileRef {{fileId: 'f1'}}) SET f.{property} = NULL");
+            graph.query(NS, &cypher, &Params::new()).await.unwrap();
+        }
+        let left = "MATCH (f:FileRef {fileId: 'f1'}) RETURN f.blobKey, f.contentSha256, f.size";
+        let rows = graph.query(NS, left, &Params::new()).await.unwrap().rows;
+        assert_eq!(
+            rows,
+            vec![vec![Value::Null; 3]],
+            "as an earlier release wrote it"
+        );
     })
     .await;
     assert_eq!(stamp, json!("f1-v1|test-hashing|16"));
