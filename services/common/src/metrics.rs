@@ -99,6 +99,12 @@ pub struct Metrics {
     /// Change events the indexer dropped because their namespace was deleted after they were
     /// made (a backlog of a deleted namespace draining).
     pub purged_events_dropped: Counter,
+    /// Change events the indexer removed from `KG_FILES` once the consumer of their subject
+    /// had acknowledged them.
+    pub change_events_compacted: Counter,
+    /// When the indexer last trimmed `KG_FILES` (Unix seconds), for an alert on a trim that
+    /// keeps failing.
+    pub change_events_compaction_completed: Gauge,
     /// Chunk texts the indexer sent to the embedder.
     pub chunks_embedded: Counter,
     /// Chunks the indexer gave a vector its file already held for the same text and embedder,
@@ -157,6 +163,8 @@ pub fn metrics() -> &'static Metrics {
         let registry_version_links_pruned = Counter::default();
         let namespaces_purged = Counter::default();
         let purged_events_dropped = Counter::default();
+        let change_events_compacted = Counter::default();
+        let change_events_compaction_completed = Gauge::default();
         let chunks_embedded = Counter::default();
         let chunk_vectors_reused = Counter::default();
         registry.register(
@@ -251,6 +259,16 @@ pub fn metrics() -> &'static Metrics {
             purged_events_dropped.clone(),
         );
         registry.register(
+            "change_events_compacted",
+            "change events the indexer removed from KG_FILES once their consumer acknowledged them",
+            change_events_compacted.clone(),
+        );
+        registry.register(
+            "change_events_compaction_completed_timestamp_seconds",
+            "when the indexer last trimmed KG_FILES of acknowledged change events, in Unix seconds",
+            change_events_compaction_completed.clone(),
+        );
+        registry.register(
             "chunks_embedded",
             "chunk texts the indexer sent to the embedder",
             chunks_embedded.clone(),
@@ -281,6 +299,8 @@ pub fn metrics() -> &'static Metrics {
             registry_version_links_pruned,
             namespaces_purged,
             purged_events_dropped,
+            change_events_compacted,
+            change_events_compaction_completed,
             chunks_embedded,
             chunk_vectors_reused,
         }

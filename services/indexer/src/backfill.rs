@@ -1,16 +1,17 @@
 //! Re-indexing what was indexed under older settings: files without vectors from the current
 //! embedder, and files whose entities were extracted under an older TBox (or none).
 //!
-//! The FileRef records which version was embedded by which model (`vectorStamp`) and which
-//! TBox its entities come from (`entityStamp`), so the worker re-indexes a version exactly when
-//! a stamp is missing or stale. [`requeue_stale`] reads the `KG_FILES` stream (it keeps every
-//! change event), takes each file's latest upsert, and re-queues those whose current graph
-//! version has a stale stamp. It runs when the worker starts, and for one namespace each time
-//! a TBox is published there ([`watch_tboxes`]). The worker then re-indexes them through its
-//! ordinary, ordered, idempotent path: a version already embedded is not embedded again, and an
-//! unchanged graph is not rewritten. A re-queued event is marked `requeued`: it only re-indexes
-//! the version the graph still holds, with the graph's flags, so a file deleted, replaced or
-//! hidden between the scan and the event's turn stays as its newest change left it.
+//! The FileRef records which version was embedded by which model (`vectorStamp`) and which TBox its
+//! entities come from (`entityStamp`), so the worker re-indexes a version exactly when a stamp is
+//! missing or stale. [`requeue_stale`] re-queues the upsert of each file whose current graph
+//! version has a stale stamp, built from the FileRef (which also records where its version's
+//! content is), or for a FileRef of an earlier release, taken from the `KG_FILES` stream while it
+//! still holds the upsert. It runs when the worker starts, and for one namespace each time a TBox
+//! is published there ([`watch_tboxes`]). The worker then re-indexes them through its ordinary,
+//! ordered, idempotent path: a version already embedded is not embedded again, and an unchanged
+//! graph is not rewritten. A re-queued event is marked `requeued`: it only re-indexes the version
+//! the graph still holds, with the graph's flags, so a file deleted, replaced or hidden between the
+//! scan and the event's turn stays as its newest change left it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -27,6 +28,7 @@ use prost::Message as _;
 use serde_json::{Value, json};
 
 use crate::vector_writer::Vectors;
+use crate::worker::CHANGES_CONSUMER;
 
 /// How long the stream scan waits for the next message before it calls the scan done.
 const SCAN_IDLE: Duration = Duration::from_secs(2);
@@ -152,27 +154,56 @@ async fn latest_upserts(
     js: &jetstream::Context,
     namespace: Option<&str>,
 ) -> Result<BTreeMap<String, HashMap<String, FileChanged>>, StoreError> {
+    let filter = match namespace {
+        Some(ns) => events::files_changed_subject(ns)?,
+        None => CHANGES_CONSUMER.1.to_owned(),
+    };
+    let mut latest: BTreeMap<String, HashMap<String, FileChanged>> = BTreeMap::new();
+    scan_changes(js, &filter, |event| {
+        let files = latest.entry(event.namespace.clone()).or_default();
+        match event.op() {
+            FileChangeOp::Upsert => {
+                files.insert(event.file_id.clone(), event);
+            }
+            FileChangeOp::Delete => {
+                files.remove(&event.file_id);
+            }
+            FileChangeOp::Flags => {
+                if let Some(upsert) = files.get_mut(&event.file_id) {
+                    upsert.enabled = event.enabled;
+                    upsert.hidden = event.hidden;
+                }
+            }
+            FileChangeOp::Unspecified => {}
+        }
+    })
+    .await?;
+    Ok(latest)
+}
+
+/// Calls `each` with every change event `KG_FILES` holds on `filter`, oldest first, up to the
+/// last one it held when the scan began. Events that do not decode are skipped.
+pub(crate) async fn scan_changes(
+    js: &jetstream::Context,
+    filter: &str,
+    mut each: impl FnMut(FileChanged),
+) -> Result<(), StoreError> {
     let stream = js
         .get_stream(events::FILES_STREAM)
         .await
         .map_err(events_err)?;
-    let filter = match namespace {
-        Some(ns) => events::files_changed_subject(ns)?,
-        None => "kg.files.v1.*.changed".to_owned(),
-    };
     let last = stream
         .get_info()
         .await
         .map_err(events_err)?
         .state
         .last_sequence;
-    let mut latest: BTreeMap<String, HashMap<String, FileChanged>> = BTreeMap::new();
     if last == 0 {
-        return Ok(latest);
+        return Ok(());
     }
     let reader = stream
         .create_consumer(consumer::pull::OrderedConfig {
-            filter_subject: filter,
+            filter_subject: filter.to_owned(),
             deliver_policy: consumer::DeliverPolicy::All,
             ..Default::default()
         })
@@ -187,28 +218,13 @@ async fn latest_upserts(
         };
         let sequence = next.info().map(|i| i.stream_sequence).unwrap_or(last);
         if let Ok(event) = FileChanged::decode(next.payload.as_ref()) {
-            let files = latest.entry(event.namespace.clone()).or_default();
-            match event.op() {
-                FileChangeOp::Upsert => {
-                    files.insert(event.file_id.clone(), event);
-                }
-                FileChangeOp::Delete => {
-                    files.remove(&event.file_id);
-                }
-                FileChangeOp::Flags => {
-                    if let Some(upsert) = files.get_mut(&event.file_id) {
-                        upsert.enabled = event.enabled;
-                        upsert.hidden = event.hidden;
-                    }
-                }
-                FileChangeOp::Unspecified => {}
-            }
+            each(event);
         }
         if sequence >= last {
             break;
         }
     }
-    Ok(latest)
+    Ok(())
 }
 
 /// How many files [`requeue_stale`] re-queued, by what was stale (a file may count in both).
@@ -267,7 +283,7 @@ pub async fn requeue_stale(
         None => graph.namespaces().await?,
     };
     // Read on first need only (a stale FileRef written before FileRefs recorded their
-    // content): the stream holds every change event ever made.
+    // content): it walks every change event the stream holds.
     let mut from_stream: Option<BTreeMap<String, HashMap<String, FileChanged>>> = None;
     let mut queued = Requeued::default();
     for ns in namespaces {

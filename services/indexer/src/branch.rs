@@ -26,6 +26,9 @@ use crate::pipeline::{self, FileMeta};
 /// Subjects of branch uploads, every namespace.
 pub const BRANCH_FILTER: &str = "kg.files.v1.*.branch";
 
+/// The branch consumer's durable name and the subjects it reads.
+pub(crate) const BRANCH_CONSUMER: (&str, &str) = ("indexer-branch", BRANCH_FILTER);
+
 /// `kg.files.v1.<ns>.branch`: a file version was uploaded to a preview branch of `ns`.
 pub fn branch_subject(namespace: &str) -> Result<String, StoreError> {
     validate_namespace(namespace).map_err(|e| StoreError::InvalidInput {
@@ -50,8 +53,8 @@ pub(crate) async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), StoreError> {
     let spec = ConsumerSpec {
-        durable: "indexer-branch".to_owned(),
-        filter_subject: BRANCH_FILTER.to_owned(),
+        durable: BRANCH_CONSUMER.0.to_owned(),
+        filter_subject: BRANCH_CONSUMER.1.to_owned(),
         ..spec
     };
     let worker = Arc::new(BranchWorker {

@@ -6,12 +6,14 @@
 //! and file nodes to FalkorDB idempotently, then publishes `kg.index.v1.<ns>.indexed`.
 //! Deletes and flag changes apply to graph and vectors at once, on consumers of their own that
 //! do not wait behind an ingest backlog. A deleted namespace's graph and vectors are removed,
-//! and its queued changes dropped (see `purge`). Serves no request traffic.
+//! and its queued changes dropped (see `purge`). Change events every consumer acknowledged are
+//! removed from the stream (see `compaction`). Serves no request traffic.
 
 #![recursion_limit = "256"]
 
 pub mod backfill;
 pub mod branch;
+pub mod compaction;
 pub mod document;
 pub mod entities;
 pub mod entity_writer;

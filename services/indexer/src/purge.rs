@@ -235,12 +235,15 @@ impl Purger {
     }
 }
 
+/// The purge consumer's durable name and the subjects it reads.
+pub(crate) const PURGES_CONSUMER: (&str, &str) = ("indexer-purges", "kg.files.v1.*.purged");
+
 /// Consumes `kg.files.v1.*.purged` until `shutdown`.
 pub(crate) async fn run(purger: Purger, shutdown: CancellationToken) -> Result<(), StoreError> {
     let spec = ConsumerSpec {
         stream: events::FILES_STREAM.to_owned(),
-        durable: "indexer-purges".to_owned(),
-        filter_subject: "kg.files.v1.*.purged".to_owned(),
+        durable: PURGES_CONSUMER.0.to_owned(),
+        filter_subject: PURGES_CONSUMER.1.to_owned(),
         // A purge must happen: a store that is down is waited for (the backoff caps at 60 s).
         max_deliver: 1000,
         ack_wait: PURGE_ACK_WAIT,

@@ -101,6 +101,9 @@ const TBOX_WAIT: Duration = Duration::from_secs(30);
 /// How often that wait asks again.
 const TBOX_POLL: Duration = Duration::from_millis(500);
 
+/// The main durable consumer, and the subjects it reads: every change, in order.
+pub(crate) const CHANGES_CONSUMER: (&str, &str) = ("indexer", "kg.files.v1.*.changed");
+
 /// Consumes `kg.files.v1.*.changed`, and `kg.files.v1.*.removed` and `kg.files.v1.*.flags`
 /// on consumers of their own, until `shutdown`. Boxed: the worker's future is deep enough to
 /// overflow type checking in every caller that spawns it.
@@ -127,8 +130,8 @@ async fn run_worker(
     let purges = std::sync::Arc::new(crate::purge::Purges::open(&jetstream).await?);
     let spec = ConsumerSpec {
         stream: events::FILES_STREAM.to_owned(),
-        durable: "indexer".to_owned(),
-        filter_subject: "kg.files.v1.*.changed".to_owned(),
+        durable: CHANGES_CONSUMER.0.to_owned(),
+        filter_subject: CHANGES_CONSUMER.1.to_owned(),
         max_deliver: config.max_deliver,
         ack_wait: config.ack_wait,
     };
@@ -216,6 +219,14 @@ async fn run_worker(
         },
         shutdown.clone(),
     );
+    // Change events every consumer acknowledged leave the stream, which otherwise grows by
+    // every change ever made.
+    let compaction =
+        crate::compaction::run(worker.graph.clone(), jetstream.clone(), shutdown.clone());
+    let compaction = async move {
+        compaction.await;
+        Ok(())
+    };
     let main = lanes::run(
         &jetstream,
         &spec,
@@ -224,7 +235,15 @@ async fn run_worker(
         shutdown,
         worker,
     );
-    tokio::try_join!(main, branch, removals, flag_changes, purge, tbox_watch)?;
+    tokio::try_join!(
+        main,
+        branch,
+        removals,
+        flag_changes,
+        purge,
+        tbox_watch,
+        compaction
+    )?;
     Ok(())
 }
 
@@ -233,7 +252,7 @@ const FAST_PATH_LANES: usize = 2;
 
 /// The changes that also travel on a subject of their own, ahead of the ingest backlog.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum FastPathKind {
+pub(crate) enum FastPathKind {
     /// Deletes, on `kg.files.v1.*.removed`.
     Removals,
     /// Flags changes, on `kg.files.v1.*.flags`.
@@ -250,7 +269,7 @@ impl FastPathKind {
     }
 
     /// Its durable consumer and the subjects it reads.
-    fn consumer(self) -> (&'static str, &'static str) {
+    pub(crate) fn consumer(self) -> (&'static str, &'static str) {
         match self {
             FastPathKind::Removals => ("indexer-removals", "kg.files.v1.*.removed"),
             FastPathKind::FlagChanges => ("indexer-flags", "kg.files.v1.*.flags"),

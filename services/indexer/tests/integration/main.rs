@@ -15,5 +15,6 @@ mod namespace_purge;
 mod progress_acks;
 mod rebuild;
 mod stores;
+mod stream_compaction;
 mod two_replicas;
 mod vector_backfill;

@@ -245,7 +245,7 @@ async fn enabling_embeddings_backfills_current_versions_once() {
 
 /// Indexes `f1` (one version) without embeddings, then turns embeddings on after `between` ran
 /// on the stopped namespace, and waits for f1's vectors. Returns the vectors' stamp on f1.
-async fn backfill_after(
+pub(crate) async fn backfill_after(
     between: impl AsyncFnOnce(&GraphStore, &async_nats::jetstream::Context),
 ) -> Value {
     let stores = crate::stores::start().await;
