@@ -30,7 +30,8 @@ use serde_json::{Value, json};
 use crate::vector_writer::Vectors;
 use crate::worker::CHANGES_CONSUMER;
 
-/// How long the stream scan waits for the next message before it calls the scan done.
+/// How long the stream scan waits for the next message before it calls the scan done: a
+/// guard only, as each message says how many are left.
 const SCAN_IDLE: Duration = Duration::from_secs(2);
 
 /// `<versionId>|<embedder identity>` (`<model>|<dims>`, then any setting that changes the
@@ -209,6 +210,10 @@ pub(crate) async fn scan_changes(
         })
         .await
         .map_err(events_err)?;
+    // Nothing on `filter`: done now, not after waiting for a message that never comes.
+    if reader.cached_info().num_pending == 0 {
+        return Ok(());
+    }
     let mut messages = reader.messages().await.map_err(events_err)?;
     loop {
         let next = match tokio::time::timeout(SCAN_IDLE, messages.next()).await {
@@ -216,11 +221,15 @@ pub(crate) async fn scan_changes(
             Ok(Some(Err(err))) => return Err(events_err(err)),
             Ok(None) | Err(_) => break,
         };
-        let sequence = next.info().map(|i| i.stream_sequence).unwrap_or(last);
+        // `pending`: the events on `filter` left after this one when it was delivered.
+        let (sequence, pending) = next
+            .info()
+            .map(|i| (i.stream_sequence, i.pending))
+            .unwrap_or((last, 0));
         if let Ok(event) = FileChanged::decode(next.payload.as_ref()) {
             each(event);
         }
-        if sequence >= last {
+        if pending == 0 || sequence >= last {
             break;
         }
     }
