@@ -52,6 +52,8 @@ pub struct UpConfig {
     /// File tools.
     #[serde(default)]
     pub files: FilesSection,
+    #[serde(default)]
+    pub audit: AuditSection,
     /// The approval service.
     #[serde(default)]
     pub approval: ApprovalSection,
@@ -263,6 +265,37 @@ impl FilesSection {
     }
 }
 
+/// `[audit]`: how long the audit log keeps its events.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditSection {
+    /// Days an audit event is kept; older ones are deleted at start and then hourly. 0 or
+    /// unset keeps every event.
+    pub retention_days: Option<u64>,
+}
+
+/// The longest audit retention that is not "keep every event" (100 years).
+const MAX_AUDIT_RETENTION_DAYS: u64 = 36_500;
+
+impl AuditSection {
+    fn problems(&self) -> Vec<String> {
+        match self.retention_days {
+            Some(days) if days > MAX_AUDIT_RETENTION_DAYS => vec![format!(
+                "audit.retention_days: expected 0 (keep every event) to \
+                 {MAX_AUDIT_RETENTION_DAYS}, got {days}"
+            )],
+            _ => Vec::new(),
+        }
+    }
+
+    /// How long an event is kept; `None` keeps every event.
+    fn retention(&self) -> Option<Duration> {
+        self.retention_days
+            .filter(|days| *days > 0)
+            .map(|days| Duration::from_secs(days * 86_400))
+    }
+}
+
 impl ClusterSection {
     fn problems(&self) -> Vec<String> {
         let mut problems = Vec::new();
@@ -462,6 +495,7 @@ pub fn resolve_with_cluster(
     }
     problems.extend(config.cluster.problems());
     problems.extend(config.files.problems());
+    problems.extend(config.audit.problems());
     if let Some(files) = config.http_tls.as_ref().filter(|_| sections.http_tls)
         && let Err(problem) = kg_common::tls::https_server_config(files)
     {
@@ -496,6 +530,7 @@ pub fn resolve_with_cluster(
             http_tls: config.http_tls,
             max_query_file_bytes: config.files.max_query_file_bytes,
             blob_sweep: config.files.blob_sweep(),
+            audit_retention: config.audit.retention(),
             max_upload_bytes: config.max_upload_bytes,
             fulltext_stemming: config.retrieval.fulltext_stemming.unwrap_or(false),
             fusion_fulltext_full_match: config
@@ -682,6 +717,36 @@ mod tests {
                 err.problems
             );
         }
+    }
+
+    #[test]
+    fn the_audit_log_keeps_every_event_unless_a_retention_is_set() {
+        let (options, _) = resolve(None, UpFlags::default()).unwrap();
+        assert_eq!(options.audit_retention, None);
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("k.toml");
+        let with = |audit: &str| {
+            std::fs::write(&file, format!("[audit]\n{audit}\n")).unwrap();
+            resolve(Some(&file), UpFlags::default())
+        };
+        let (options, _) = with("retention_days = 90").unwrap();
+        assert_eq!(
+            options.audit_retention,
+            Some(Duration::from_secs(90 * 86_400))
+        );
+        let (options, _) = with("retention_days = 0").unwrap();
+        assert_eq!(options.audit_retention, None);
+        let err = with("retention_days = 40000").unwrap_err();
+        assert_eq!(
+            err.problems,
+            ["audit.retention_days: expected 0 (keep every event) to 36500, got 40000"]
+        );
+        let err = with("retention = 90").unwrap_err();
+        assert!(
+            err.problems.iter().any(|p| p.contains("retention")),
+            "{:?}",
+            err.problems
+        );
     }
 
     #[test]

@@ -47,6 +47,9 @@ pub struct MeshOptions {
     pub max_query_file_bytes: Option<u64>,
     /// The sweep of blobs no version needs (`[files] blob_sweep_*`); `None` turns it off.
     pub blob_sweep: Option<kg_files::BlobSweep>,
+    /// How long the audit log keeps an event (`[audit] retention_days`); `None` keeps every
+    /// event.
+    pub audit_retention: Option<std::time::Duration>,
     /// Override of the admin REST upload limit (default 32 MiB).
     pub max_upload_bytes: Option<usize>,
     /// Full-text words match by English stem (`[retrieval] fulltext_stemming`, default off).
@@ -353,6 +356,14 @@ impl Mesh {
             tasks.spawn(async move {
                 kg_files::run_stream_check(files, token).await;
                 ("files-stream-check", Ok(()))
+            });
+        }
+        if let Some(keep) = options.audit_retention {
+            let auth = auth.clone();
+            let token = shutdown.clone();
+            tasks.spawn(async move {
+                kg_auth::run_audit_retention(auth, keep, token).await;
+                ("audit-retention", Ok(()))
             });
         }
         if let Some(sweep) = options.blob_sweep {

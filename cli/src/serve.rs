@@ -409,6 +409,14 @@ async fn start(
     match options.service {
         Service::Auth => {
             let auth = open_auth(options).await?;
+            if let Some(keep) = mesh.audit_retention {
+                let auth = auth.clone();
+                let token = shutdown.clone();
+                tasks.spawn(async move {
+                    kg_auth::run_audit_retention(auth, keep, token).await;
+                    ("audit-retention", Ok(()))
+                });
+            }
             tasks.spawn(async move {
                 let served = kg_auth::serve(auth, listener, shutdown).await;
                 ("auth", served.map_err(Into::into))

@@ -23,6 +23,7 @@ pub async fn start_mesh() -> anyhow::Result<(Mesh, tempfile::TempDir)> {
         http_tls: None,
         max_query_file_bytes: None,
         blob_sweep: Some(Default::default()),
+        audit_retention: None,
         max_upload_bytes: None,
         fulltext_stemming: false,
         fusion_fulltext_full_match: kg_retrieval::DEFAULT_FUSION_FULLTEXT_FULL_MATCH,

@@ -6,8 +6,10 @@
 //! [`kg_proto::v1::CallerContext`] on every call, and is the only RPC served
 //! without a caller context. It remembers what it resolved per token only while
 //! the store's access epoch is unchanged (see `cache`), so no permission it
-//! remembers outlives a revocation. Never reads another service's store.
+//! remembers outlives a revocation. Trims the audit log to its configured retention (see
+//! `audit_retention`). Never reads another service's store.
 
+mod audit_retention;
 mod cache;
 mod error;
 mod grpc;
@@ -20,6 +22,7 @@ use kg_common::caller::{CallerContextLayer, ContextVerifier};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+pub use audit_retention::{AUDIT_RETENTION_EVERY, run_audit_retention};
 pub use error::{AuthError, Result};
 pub use pat::{PAT_PREFIX, looks_valid};
 pub use service::{AuthService, DenyTarget, Subject};

@@ -40,6 +40,9 @@ const MAX_AUDIT_TARGET_LEN: usize = kg_proto::limits::AUDIT_TARGET_LEN;
 /// Audit page sizes.
 const DEFAULT_AUDIT_LIMIT: u32 = 100;
 const MAX_AUDIT_LIMIT: u32 = 1000;
+/// Audit events one statement of a prune deletes, so none holds the table long while tool
+/// calls keep recording.
+const AUDIT_PRUNE_BATCH: i64 = 500;
 
 /// Who a grant or deny applies to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -839,6 +842,26 @@ impl AuthService {
         };
         self.store.insert_audit(&stored).await?;
         Ok(stored)
+    }
+
+    /// Deletes every audit event recorded before `before_ms` (Unix milliseconds), oldest
+    /// first, [`AUDIT_PRUNE_BATCH`] a statement; how many. Internal: the audit retention
+    /// (`run_audit_retention`) calls it, no RPC does.
+    pub async fn prune_audit(&self, before_ms: i64) -> Result<u64> {
+        let mut removed = 0;
+        loop {
+            let deleted = self
+                .store
+                .delete_audit_before(before_ms, AUDIT_PRUNE_BATCH)
+                .await?;
+            removed += deleted;
+            kg_common::metrics::metrics()
+                .audit_events_pruned
+                .inc_by(deleted);
+            if deleted < AUDIT_PRUNE_BATCH.unsigned_abs() {
+                return Ok(removed);
+            }
+        }
     }
 
     /// Admin: audit events, newest first. `limit` 0 means 100, at most 1000;

@@ -986,6 +986,20 @@ impl AuthStore {
         Ok(())
     }
 
+    /// Deletes at most `batch` audit events recorded before `before_ms`, oldest first; how
+    /// many it deleted.
+    pub(crate) async fn delete_audit_before(&self, before_ms: i64, batch: i64) -> Result<u64> {
+        let deleted = sqlx::query(
+            "DELETE FROM kg_audit WHERE id IN \
+             (SELECT id FROM kg_audit WHERE at_ms < $1 ORDER BY at_ms, id LIMIT $2)",
+        )
+        .bind(before_ms)
+        .bind(batch)
+        .execute(self.sql.pool())
+        .await?;
+        Ok(deleted.rows_affected())
+    }
+
     /// Audit events, newest first, at most `fetch` of them.
     pub(crate) async fn list_audit(&self, q: &AuditQuery, fetch: i64) -> Result<Vec<AuditEvent>> {
         let mut clauses: Vec<String> = Vec::new();

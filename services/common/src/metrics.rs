@@ -102,6 +102,8 @@ pub struct Metrics {
     /// Change events the indexer removed from `KG_FILES` once the consumer of their subject
     /// had acknowledged them.
     pub change_events_compacted: Counter,
+    /// Audit events deleted because they were older than the audit retention.
+    pub audit_events_pruned: Counter,
     /// When the indexer last trimmed `KG_FILES` (Unix seconds), for an alert on a trim that
     /// keeps failing.
     pub change_events_compaction_completed: Gauge,
@@ -164,6 +166,7 @@ pub fn metrics() -> &'static Metrics {
         let namespaces_purged = Counter::default();
         let purged_events_dropped = Counter::default();
         let change_events_compacted = Counter::default();
+        let audit_events_pruned = Counter::default();
         let change_events_compaction_completed = Gauge::default();
         let chunks_embedded = Counter::default();
         let chunk_vectors_reused = Counter::default();
@@ -264,6 +267,11 @@ pub fn metrics() -> &'static Metrics {
             change_events_compacted.clone(),
         );
         registry.register(
+            "audit_events_pruned",
+            "audit events deleted because they were older than [audit] retention_days",
+            audit_events_pruned.clone(),
+        );
+        registry.register(
             "change_events_compaction_completed_timestamp_seconds",
             "when the indexer last trimmed KG_FILES of acknowledged change events, in Unix seconds",
             change_events_compaction_completed.clone(),
@@ -300,6 +308,7 @@ pub fn metrics() -> &'static Metrics {
             namespaces_purged,
             purged_events_dropped,
             change_events_compacted,
+            audit_events_pruned,
             change_events_compaction_completed,
             chunks_embedded,
             chunk_vectors_reused,

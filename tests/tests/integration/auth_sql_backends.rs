@@ -897,6 +897,68 @@ async fn scenario(sql: SqlStore) {
     }
 
     namespace_deletion(&auth, &sql, &admin_ctx, &admin_token).await;
+    audit_retention(&auth, &sql, &admin_ctx).await;
+}
+
+/// The audit retention deletes the events recorded before its cut-off, in batches (1,001 of
+/// them, past two), and nothing recorded at or after it.
+async fn audit_retention(auth: &AuthService, sql: &SqlStore, admin_ctx: &CallerContext) {
+    let listed = async |since_ms: Option<i64>, until_ms: Option<i64>| {
+        let request = ListAuditRequest {
+            limit: 1000,
+            since_ms,
+            until_ms,
+            ..Default::default()
+        };
+        auth.list_audit(admin_ctx, &request).await.unwrap().events
+    };
+    let recent = listed(None, None).await;
+    assert!(!recent.is_empty(), "the scenario recorded events");
+    let cut_off = now_ms() - 7 * 86_400_000;
+    // 1,001 events before the cut-off, oldest 30 days back, and one at it.
+    for first in (0..=1_000).step_by(100) {
+        let rows: Vec<String> = (first..(first + 100).min(1_001))
+            .map(|i| {
+                format!(
+                    "('aud_old_{i:04}', {}, 'usr_x', '', 'kg_search', '[]', 'ok', 1, 1, '', 'http')",
+                    cut_off - 23 * 86_400_000 + i
+                )
+            })
+            .collect();
+        let insert = format!(
+            "INSERT INTO kg_audit (id, at_ms, principal_id, on_behalf_of, tool, namespaces, \
+             outcome, latency_us, result_bytes, request_id, transport) VALUES {}",
+            rows.join(", ")
+        );
+        sqlx::query(sqlx::AssertSqlSafe(insert))
+            .execute(sql.pool())
+            .await
+            .unwrap();
+    }
+    sqlx::query(
+        "INSERT INTO kg_audit (id, at_ms, principal_id, on_behalf_of, tool, namespaces, \
+         outcome, latency_us, result_bytes, request_id, transport) \
+         VALUES ('aud_at_cut_off', $1, 'usr_x', '', 'kg_search', '[]', 'ok', 1, 1, '', 'http')",
+    )
+    .bind(cut_off)
+    .execute(sql.pool())
+    .await
+    .unwrap();
+    assert_eq!(listed(None, Some(cut_off + 1)).await.len(), 1_000, "a page");
+
+    assert_eq!(auth.prune_audit(cut_off).await.unwrap(), 1_001);
+    let left = listed(None, Some(cut_off + 1)).await;
+    assert_eq!(
+        left.iter().map(|e| e.id.as_str()).collect::<Vec<_>>(),
+        ["aud_at_cut_off"]
+    );
+    assert_eq!(listed(Some(cut_off + 1), None).await, recent);
+    assert_eq!(auth.prune_audit(cut_off).await.unwrap(), 0);
+    let pruned = kg_common::metrics::encode_text()
+        .lines()
+        .find_map(|line| line.strip_prefix("kgmesh_audit_events_pruned_total "))
+        .and_then(|value| value.trim().parse::<u64>().ok());
+    assert!(pruned.is_some_and(|n| n >= 1_001), "{pruned:?}");
 }
 
 /// Retiring a namespace cuts every token off it at once and keeps its name taken until it is
