@@ -63,7 +63,8 @@ pub(crate) struct LaneHits {
 /// The part of its rank's contribution a hit matching `share` of the query's idf weight earns
 /// when `full_match` earns all of it: `min(1, share / full_match)²`. Squared, a hit holding
 /// half of the needed weight earns a quarter: weak lexical overlap fades fast, while a hit
-/// just under the line is not cut off as a hard threshold would (measured in the README).
+/// just under the line is not cut off as a hard threshold would (measured in
+/// `bench/RESULTS.md`).
 pub(crate) fn match_weight(share: f64, full_match: f64) -> f64 {
     if full_match.is_nan() || full_match <= 0.0 || share >= full_match {
         return 1.0;

@@ -106,7 +106,7 @@ impl RetrievalService {
     /// Matches and counts full-text query words by their English stem (`true`: `rotation`
     /// finds `rotate`; +0.033 nDCG@10 for the lane on docs-qa) or as exact tokens (`false`,
     /// the default: a stem gathers the postings of all its words, so p99 rose ~25-50 ms at
-    /// 100k chunks of code, and fused recall@8 fell on docs-qa; see the README).
+    /// 100k chunks of code, and fused recall@8 fell on docs-qa; see `bench/RESULTS.md`).
     pub fn with_fulltext_stemming(mut self, stemming: bool) -> Self {
         self.fulltext_stemming = stemming;
         self
@@ -126,7 +126,7 @@ impl RetrievalService {
     /// term count, and graded instead of a cut) keeps the lexical evidence where it is
     /// evidence. An earlier release cut at the share instead; grading lifted fused nDCG@10 over
     /// the three judged sets pooled (+0.030, and +0.032 on the one written after the rule was
-    /// fixed) while docs-qa alone lost 0.012 (the README has the figures).
+    /// fixed) while docs-qa alone lost 0.012 (`bench/RESULTS.md` has the figures).
     pub fn with_fusion_fulltext_full_match(mut self, share: f64) -> Self {
         self.fusion_fulltext_full_match = if share.is_finite() {
             share.clamp(0.0, 1.0)
