@@ -31,6 +31,9 @@ pub struct IngestReport {
     pub deleted: Vec<String>,
     /// Files of the folder left out by `--exclude`.
     pub excluded: usize,
+    /// Hidden entries of the folder (files and folders named `.*`) left out; `--hidden` takes
+    /// them in.
+    pub hidden: usize,
     /// Files that failed, with the reason.
     pub failed: Vec<(String, String)>,
 }
@@ -44,6 +47,9 @@ pub struct IngestOptions {
     pub delete: bool,
     /// Globs of paths (relative to the folder) neither uploaded nor deleted.
     pub exclude: Vec<String>,
+    /// Take in hidden entries (named `.*`) too; without it they are neither uploaded nor
+    /// deleted.
+    pub include_hidden: bool,
     /// How long to wait for indexing.
     pub timeout: Duration,
 }
@@ -109,11 +115,23 @@ pub(crate) struct Collected {
     pub(crate) files: Vec<(PathBuf, String)>,
     /// Files that cannot be uploaded as they are, with the reason: their path is not UTF-8.
     pub(crate) skipped: Vec<(String, String)>,
+    /// Hidden entries left out (a hidden folder counts once, whatever it holds).
+    pub(crate) hidden: usize,
 }
 
-/// Files under `root` (hidden entries and symbolic links skipped) with their
-/// `/`-separated relative paths.
-pub(crate) fn collect_files(root: &Path) -> anyhow::Result<Collected> {
+/// Whether a name is hidden by the Unix convention (`.git`, `.env`, `.DS_Store`).
+fn is_hidden(name: &str) -> bool {
+    name.starts_with('.')
+}
+
+/// Whether a `/`-separated path inside the folder passes through a hidden entry.
+fn in_hidden_entry(relative: &str) -> bool {
+    relative.split('/').any(is_hidden)
+}
+
+/// Files under `root` with their `/`-separated relative paths; symbolic links are not
+/// followed, and hidden entries are left out (counted) unless `include_hidden`.
+pub(crate) fn collect_files(root: &Path, include_hidden: bool) -> anyhow::Result<Collected> {
     if root.is_file() {
         let name = root
             .file_name()
@@ -123,14 +141,21 @@ pub(crate) fn collect_files(root: &Path) -> anyhow::Result<Collected> {
         return Ok(Collected {
             files: vec![(root.to_path_buf(), name)],
             skipped: Vec::new(),
+            hidden: 0,
         });
     }
     let mut collected = Collected::default();
+    let mut hidden = 0usize;
     for entry in walkdir::WalkDir::new(root)
         .follow_links(false)
         .sort_by_file_name()
         .into_iter()
-        .filter_entry(|e| e.depth() == 0 || !e.file_name().to_string_lossy().starts_with('.'))
+        .filter_entry(|e| {
+            let left_out =
+                !include_hidden && e.depth() > 0 && is_hidden(&e.file_name().to_string_lossy());
+            hidden += usize::from(left_out);
+            !left_out
+        })
     {
         let entry = entry.with_context(|| format!("cannot read {}", root.display()))?;
         if !entry.file_type().is_file() {
@@ -148,6 +173,7 @@ pub(crate) fn collect_files(root: &Path) -> anyhow::Result<Collected> {
             .files
             .push((entry.path().to_path_buf(), utf8.replace('\\', "/")));
     }
+    collected.hidden = hidden;
     Ok(collected)
 }
 
@@ -170,6 +196,9 @@ struct Prepared {
     /// Namespace paths that cannot be uploaded, with why.
     skipped: Vec<(String, String)>,
     excluded: usize,
+    hidden: usize,
+    /// Whether the namespace's hidden paths are the folder's to mirror (`--hidden`).
+    include_hidden: bool,
     /// Every namespace path the folder holds, uploadable or not: a file refused this time
     /// keeps what an earlier ingest stored.
     held: std::collections::HashSet<String>,
@@ -187,7 +216,8 @@ fn prepare(root: &Path, options: &IngestOptions) -> anyhow::Result<Prepared> {
     let Collected {
         mut files,
         mut skipped,
-    } = collect_files(root)?;
+        hidden,
+    } = collect_files(root, options.include_hidden)?;
     if files.is_empty() && skipped.is_empty() {
         bail!("no files found under {}", root.display());
     }
@@ -214,6 +244,8 @@ fn prepare(root: &Path, options: &IngestOptions) -> anyhow::Result<Prepared> {
         files,
         skipped,
         excluded,
+        hidden,
+        include_hidden: options.include_hidden,
         held,
     })
 }
@@ -234,6 +266,8 @@ pub struct IngestPlan {
     pub delete: Vec<String>,
     /// Files left out by `--exclude`.
     pub excluded: usize,
+    /// Hidden entries left out (without `--hidden`).
+    pub hidden: usize,
     /// Files that could not go in, with the reason.
     pub failed: Vec<(String, String)>,
 }
@@ -246,7 +280,7 @@ pub async fn plan(
     options: &IngestOptions,
 ) -> anyhow::Result<IngestPlan> {
     use sha2::{Digest as _, Sha256};
-    let prepared = prepare(root, options)?;
+    let mut prepared = prepare(root, options)?;
     let namespace_exists = namespace_visible(client, namespace).await?;
     let listing = if namespace_exists {
         list_all(client, namespace).await?
@@ -267,10 +301,11 @@ pub async fn plan(
     let mut plan = IngestPlan {
         namespace_exists,
         excluded: prepared.excluded,
-        failed: prepared.skipped,
+        hidden: prepared.hidden,
+        failed: std::mem::take(&mut prepared.skipped),
         ..IngestPlan::default()
     };
-    for (local, path) in prepared.files {
+    for (local, path) in std::mem::take(&mut prepared.files) {
         match tokio::fs::read(&local).await {
             Ok(bytes) => {
                 let sha = hex::encode(Sha256::digest(&bytes));
@@ -284,12 +319,7 @@ pub async fn plan(
         }
     }
     if options.delete {
-        plan.delete = stale_paths(
-            &listing,
-            &prepared.prefix,
-            &prepared.held,
-            &prepared.excludes,
-        );
+        plan.delete = stale_paths(&listing, &prepared);
     }
     plan.upload.sort();
     plan.retry.sort();
@@ -298,21 +328,20 @@ pub async fn plan(
     Ok(plan)
 }
 
-/// The namespace's files under `prefix` the folder does not hold, excluded paths kept (an
-/// excluded path is the folder's to keep out, not the namespace's to lose).
-fn stale_paths(
-    listing: &[Value],
-    prefix: &str,
-    held: &std::collections::HashSet<String>,
-    excludes: &Excludes,
-) -> Vec<String> {
+/// The namespace's files under the prefix the folder does not hold. Excluded paths are kept
+/// (an excluded path is the folder's to keep out, not the namespace's to lose), and so are
+/// hidden ones unless `--hidden` read them: the folder's hidden entries were not looked at.
+fn stale_paths(listing: &[Value], prepared: &Prepared) -> Vec<String> {
     listing
         .iter()
         .filter_map(|file| file.get("path").and_then(Value::as_str))
         .filter(|path| {
-            path.strip_prefix(prefix)
-                .is_some_and(|relative| !excludes.excludes(relative))
-                && !held.contains(*path)
+            path.strip_prefix(prepared.prefix.as_str())
+                .is_some_and(|relative| {
+                    !prepared.excludes.excludes(relative)
+                        && (prepared.include_hidden || !in_hidden_entry(relative))
+                })
+                && !prepared.held.contains(*path)
         })
         .map(str::to_owned)
         .collect()
@@ -326,21 +355,16 @@ pub async fn ingest(
     namespace: &str,
     options: &IngestOptions,
 ) -> anyhow::Result<IngestReport> {
-    let Prepared {
-        prefix,
-        excludes,
-        files,
-        skipped,
-        excluded,
-        held,
-    } = prepare(root, options)?;
+    let mut prepared = prepare(root, options)?;
     ensure_namespace(client, namespace).await?;
 
     let mut report = IngestReport {
-        failed: skipped,
-        excluded,
+        failed: std::mem::take(&mut prepared.skipped),
+        excluded: prepared.excluded,
+        hidden: prepared.hidden,
         ..IngestReport::default()
     };
+    let files = std::mem::take(&mut prepared.files);
     let bar = progress(files.len() as u64, "uploading");
     let uploads = futures::stream::iter(files.into_iter().map(|(local, relative)| {
         let client = client.clone();
@@ -425,7 +449,7 @@ pub async fn ingest(
     bar.finish_and_clear();
 
     if options.delete {
-        delete_missing(client, namespace, &prefix, &held, &excludes, &mut report).await?;
+        delete_missing(client, namespace, &prepared, &mut report).await?;
     }
 
     let outcome = wait_indexed(client, namespace, waiting, options.timeout).await?;
@@ -508,18 +532,16 @@ pub async fn wait_indexed(
     Ok(outcome)
 }
 
-/// Deletes the namespace's files under `prefix` that are not in `held`. Only files this
-/// token can list are candidates, and each delete is checked by the server like any other;
-/// one it refuses is reported, not fatal.
+/// Deletes the namespace's files under the prefix that the folder does not hold
+/// ([`stale_paths`]). Only files this token can list are candidates, and each delete is
+/// checked by the server like any other; one it refuses is reported, not fatal.
 async fn delete_missing(
     client: &AdminClient,
     namespace: &str,
-    prefix: &str,
-    held: &std::collections::HashSet<String>,
-    excludes: &Excludes,
+    prepared: &Prepared,
     report: &mut IngestReport,
 ) -> anyhow::Result<()> {
-    let stale = stale_paths(&list_all(client, namespace).await?, prefix, held, excludes);
+    let stale = stale_paths(&list_all(client, namespace).await?, prepared);
     let bar = progress(stale.len() as u64, "deleting");
     for path in stale {
         let mut segments = vec!["namespaces", namespace, "files"];

@@ -238,6 +238,10 @@ struct IngestArgs {
     /// `drafts/**` a path from the folder; --delete keeps what they match, too.
     #[arg(long, value_name = "GLOB")]
     exclude: Vec<String>,
+    /// Also take in hidden files and folders (names starting with `.`); without it they are
+    /// left out, counted, and --delete keeps the namespace's hidden files.
+    #[arg(long)]
+    hidden: bool,
     /// Print what would be uploaded (new or changed content) and deleted, changing nothing.
     #[arg(long)]
     dry_run: bool,
@@ -651,6 +655,7 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<ExitCode> {
         into: args.into,
         delete: args.delete,
         exclude: args.exclude,
+        include_hidden: args.hidden,
         timeout: Duration::from_secs(args.timeout_secs),
     };
     if args.dry_run {
@@ -671,6 +676,7 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<ExitCode> {
         "indexed": report.indexed,
         "deleted": report.deleted,
         "excluded": report.excluded,
+        "hidden": report.hidden,
         "failed": report.failed.iter().map(|(p, r)| json!({"path": p, "reason": r})).collect::<Vec<_>>(),
         "seconds": started.elapsed().as_secs_f64(),
     });
@@ -678,7 +684,7 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<ExitCode> {
         println!("{}", serde_json::to_string(&summary)?);
     } else {
         println!(
-            "{}: {} uploaded, {} unchanged, {} retried, {} indexed, {} deleted, {} excluded, {} failed in {:.1}s",
+            "{}: {} uploaded, {} unchanged, {} retried, {} indexed, {} deleted, {} excluded, {} failed in {:.1}s{}",
             args.namespace,
             report.uploaded,
             report.unchanged,
@@ -687,7 +693,8 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<ExitCode> {
             report.deleted.len(),
             report.excluded,
             report.failed.len(),
-            started.elapsed().as_secs_f64()
+            started.elapsed().as_secs_f64(),
+            hidden_note(report.hidden)
         );
         for path in &report.deleted {
             println!("  deleted: {path}");
@@ -701,6 +708,17 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::from(3)
     })
+}
+
+/// Says that hidden entries were left out, and how to take them in; nothing when none were.
+fn hidden_note(hidden: usize) -> String {
+    if hidden == 0 {
+        String::new()
+    } else {
+        format!(
+            "; {hidden} hidden file(s) or folder(s) (named `.*`) left out, --hidden takes them in"
+        )
+    }
 }
 
 fn print_plan(
@@ -723,19 +741,21 @@ fn print_plan(
             "retry": plan.retry,
             "delete": plan.delete,
             "excluded": plan.excluded,
+            "hidden": plan.hidden,
             "failed": failed,
         });
         println!("{}", serde_json::to_string(&summary)?);
         return Ok(());
     }
     println!(
-        "{namespace} (dry run, nothing changed): {} to upload, {} unchanged, {} to retry, {} to delete, {} excluded, {} failed{}",
+        "{namespace} (dry run, nothing changed): {} to upload, {} unchanged, {} to retry, {} to delete, {} excluded, {} failed{}{}",
         plan.upload.len(),
         plan.unchanged,
         plan.retry.len(),
         plan.delete.len(),
         plan.excluded,
         plan.failed.len(),
+        hidden_note(plan.hidden),
         if plan.namespace_exists {
             ""
         } else {

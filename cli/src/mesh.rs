@@ -596,7 +596,7 @@ impl Mesh {
             Err(err) => return Err(err.into()),
         }
         let mut waiting = std::collections::HashMap::new();
-        let collected = crate::ingest::collect_files(dir)?;
+        let collected = crate::ingest::collect_files(dir, false)?;
         let mut failed = collected.skipped;
         for (local, relative) in collected.files {
             let bytes = tokio::fs::read(&local)

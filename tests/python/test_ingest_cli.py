@@ -209,6 +209,43 @@ def test_excluded_files_are_neither_uploaded_nor_deleted(mesh: Mesh, tmp_path: P
     assert done.returncode == 1 and "--exclude `a[` is not a glob" in done.stderr, done.stderr
 
 
+def test_hidden_entries_are_left_out_counted_and_kept_by_delete(mesh: Mesh, tmp_path: Path) -> None:
+    """A folder's hidden entries (`.git`, `.env`) are not read, so `--delete` must not take the
+    namespace's files of those names: it once deleted a `.notes.md` uploaded on its own while
+    the folder still held it."""
+    namespace = "ingest-hidden"
+    docs = tmp_path / "docs"
+    write_tree(
+        docs,
+        {
+            "guide.md": "# Guide\n\nThe vermilion sledge.\n",
+            ".notes.md": "# Notes\n\nThe hidden orchard.\n",
+            ".github/workflow.md": "# Workflow\n\nThe hidden mill.\n",
+            "sub/.draft.md": "# Draft\n\nThe hidden quarry.\n",
+        },
+    )
+    # One hidden file uploaded on its own: a single file is taken as named.
+    code, single = ingest_json(mesh, docs / ".notes.md", namespace)
+    assert code == 0 and single["uploaded"] == 1 and single["hidden"] == 0, single
+
+    code, plan = ingest_json(mesh, docs, namespace, "--delete", "--dry-run")
+    assert code == 0 and plan["delete"] == [] and plan["hidden"] == 3, plan
+    code, first = ingest_json(mesh, docs, namespace, "--delete")
+    assert code == 0 and first["deleted"] == [] and first["uploaded"] == 1 and first["hidden"] == 3, first
+    assert sorted(indexed_paths(mesh, namespace)) == [".notes.md", "guide.md"]
+    done = mesh.run("ingest", str(docs), "--namespace", namespace, "--delete", json_output=False)
+    assert done.returncode == 0, done.stderr
+    assert "3 hidden file(s) or folder(s) (named `.*`) left out, --hidden takes them in" in done.stdout, done.stdout
+
+    # --hidden takes them in, and then --delete mirrors them like any other file.
+    code, second = ingest_json(mesh, docs, namespace, "--hidden", "--delete")
+    assert code == 0 and second["uploaded"] == 2 and second["hidden"] == 0, second
+    assert sorted(indexed_paths(mesh, namespace)) == [".github/workflow.md", ".notes.md", "guide.md", "sub/.draft.md"]
+    (docs / ".notes.md").unlink()
+    code, third = ingest_json(mesh, docs, namespace, "--hidden", "--delete")
+    assert code == 0 and third["deleted"] == [".notes.md"], third
+
+
 def test_a_dry_run_says_what_would_change_and_changes_nothing(mesh: Mesh, tmp_path: Path) -> None:
     namespace = "ingest-dry-run"
     docs = tmp_path / "docs"
