@@ -578,6 +578,7 @@ async def test_read_tools_redact_and_bound_results(shop: Shop, transport: str) -
             assert "get_nothing" in str(err), err
         else:
             assert unknown.error()["code"] == "unknown_tool", unknown.data
+            assert "unknown tool `get_nothing`: call tools/list" in unknown.error()["message"], unknown.data
 
 
 HOSTILE = [chr(27)] + [chr(c) for c in range(0xE0000, 0xE0080)] + [chr(c) for c in range(0x202A, 0x202F)]

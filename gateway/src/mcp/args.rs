@@ -189,6 +189,21 @@ pub(crate) fn caps(raw: Option<RawCaps>) -> Result<PackageCaps, ClientError> {
     })
 }
 
+/// An optional list argument: omitted, empty (the tool's default); given, at least one item.
+/// An empty list would otherwise read as the default, which is never what `[]` asks for.
+pub(crate) fn given_list<T>(
+    name: &str,
+    list: Option<Vec<T>>,
+    omitted: &str,
+) -> Result<Vec<T>, ClientError> {
+    match list {
+        Some(list) if list.is_empty() => Err(ClientError::invalid(format!(
+            "{name} is empty: name at least one, or omit {name} {omitted}"
+        ))),
+        list => Ok(list.unwrap_or_default()),
+    }
+}
+
 /// `kg_namespaces` takes no arguments.
 pub(crate) fn namespaces_args(args: &Map<String, Value>) -> Result<(), ClientError> {
     if let Some(name) = args.keys().next() {
@@ -295,12 +310,14 @@ pub(crate) fn search_args(args: &Map<String, Value>) -> Result<SearchArgs, Clien
             "query is {chars} characters; shorten it to at most {MAX_QUERY_CHARS}"
         )));
     }
-    let namespaces = raw
-        .namespaces
-        .unwrap_or_default()
-        .iter()
-        .map(|ns| namespace("namespaces", ns))
-        .collect::<Result<Vec<_>, _>>()?;
+    let namespaces = given_list(
+        "namespaces",
+        raw.namespaces,
+        "to search every namespace you may read",
+    )?
+    .iter()
+    .map(|ns| namespace("namespaces", ns))
+    .collect::<Result<Vec<_>, _>>()?;
     let namespaces = dedup(namespaces);
     if namespaces.len() > MAX_NAMESPACES {
         return Err(ClientError::invalid(format!(
@@ -308,9 +325,7 @@ pub(crate) fn search_args(args: &Map<String, Value>) -> Result<SearchArgs, Clien
             namespaces.len()
         )));
     }
-    let lanes = raw
-        .lanes
-        .unwrap_or_default()
+    let lanes = given_list("lanes", raw.lanes, "for fulltext, vector and graph_expand")?
         .iter()
         .map(|l| lane("lanes", l))
         .collect::<Result<Vec<_>, _>>()?;
@@ -866,6 +881,14 @@ mod tests {
         assert!(
             refused(search_args(&obj(json!({"query": "q", "lanes": ["magic"]}))))
                 .contains("fulltext")
+        );
+        assert!(
+            refused(search_args(&obj(json!({"query": "q", "lanes": []}))))
+                .contains("lanes is empty: name at least one, or omit lanes for fulltext")
+        );
+        assert!(
+            refused(search_args(&obj(json!({"query": "q", "namespaces": []}))))
+                .contains("namespaces is empty")
         );
         assert!(
             refused(search_args(&obj(

@@ -136,7 +136,12 @@ pub(crate) fn entity_search_args(
         )));
     }
     let mut namespaces: Vec<String> = Vec::new();
-    for ns in raw.namespaces.unwrap_or_default() {
+    let given = super::args::given_list(
+        "namespaces",
+        raw.namespaces,
+        "to search every namespace you may read",
+    )?;
+    for ns in given {
         let ns = namespace("namespaces", &ns)?;
         if !namespaces.contains(&ns) {
             namespaces.push(ns);
@@ -440,7 +445,7 @@ fn input_schema() -> Value {
         "type": "object",
         "properties": {
             "text": {"type": "string", "minLength": 1, "maxLength": MAX_TEXT_CHARS, "description": "The entity name or alias to look up."},
-            "namespaces": {"type": "array", "items": namespace_input(), "maxItems": MAX_NAMESPACES,
+            "namespaces": {"type": "array", "items": namespace_input(), "minItems": 1, "maxItems": MAX_NAMESPACES,
                            "description": "Namespaces to search; omit for every namespace you may read."},
             "limit": {"type": "integer", "minimum": 1, "maximum": ENTITY_LIMIT.1, "default": ENTITY_LIMIT.0, "description": "Most entities to return (hard max 32)."},
             "evidenceLimit": {"type": "integer", "minimum": 0, "maximum": EVIDENCE_LIMIT.1, "default": EVIDENCE_LIMIT.0,
@@ -626,6 +631,14 @@ mod tests {
         assert!(entity_search_args(&args(json!({"text": "x", "limit": 33}))).is_err());
         assert!(entity_search_args(&args(json!({"text": "x", "evidenceLimit": 9}))).is_err());
         assert!(entity_search_args(&args(json!({"text": "x", "bogus": 1}))).is_err());
+        let empty = entity_search_args(&args(json!({"text": "x", "namespaces": []}))).unwrap_err();
+        assert!(
+            empty
+                .message
+                .starts_with("namespaces is empty: name at least one"),
+            "{}",
+            empty.message
+        );
         assert_eq!(ok.mode, "");
         let vector = entity_search_args(&args(json!({"text": "x", "mode": " vector "}))).unwrap();
         assert_eq!(vector.mode, "vector");

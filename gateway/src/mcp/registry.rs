@@ -246,9 +246,9 @@ fn search_input() -> Value {
         "type": "object",
         "properties": {
             "query": {"type": "string", "minLength": 1, "maxLength": MAX_QUERY_CHARS, "description": "The words or question to search for."},
-            "namespaces": {"type": "array", "items": namespace_input(), "maxItems": 32,
+            "namespaces": {"type": "array", "items": namespace_input(), "minItems": 1, "maxItems": 32,
                            "description": "Namespaces to search; omit to search every namespace you may read."},
-            "lanes": {"type": "array", "items": {"type": "string", "enum": KNOWN_LANES}, "default": DEFAULT_LANES,
+            "lanes": {"type": "array", "items": {"type": "string", "enum": KNOWN_LANES}, "minItems": 1, "default": DEFAULT_LANES,
                       "description": "Retrieval lanes to run; omit for the defaults (fulltext, vector, graph_expand). A lane that is not available soft-fails and is reported in trace."},
             "topK": {"type": "integer", "minimum": 1, "maximum": TOP_K.1, "default": TOP_K.0, "description": "How many packages to return (hard max 32)."},
             "tokenBudget": token_budget_input(),
@@ -260,7 +260,7 @@ fn search_input() -> Value {
                                     "propertyNames": {"enum": KNOWN_LANES},
                                     "default": KNOWN_LANES.iter().map(|lane| (lane.to_string(), json!(1))).collect::<serde_json::Map<_, _>>(),
                                     "description": "Per-lane multipliers on RRF contributions, by lane name (default 1 each)."},
-                    "minScore": {"type": "number", "minimum": 0, "maximum": 1, "description": "Drop hits below this display score."},
+                    "minScore": {"type": "number", "minimum": 0, "maximum": 1, "description": "Drop hits below this display score (see score: it says how well the lanes agree on a hit, not how relevant it is)."},
                     "collapseDuplicates": {"type": "boolean",
                                            "description": "Fold chunks with the same text into one result that lists the others under `duplicates` (default true, or as the deployment sets it)."}
                 },
@@ -383,7 +383,7 @@ pub(crate) fn package_schema() -> Value {
         "type": "object",
         "properties": {
             "namespace": string, "chunkKey": string, "fileId": string, "path": string,
-            "score": {"type": "number", "description": "Display score in [0, 1] for search hits."},
+            "score": {"type": "number", "description": "Display score in [0, 1] for search hits: the fused score over the best possible for the lanes that found something, so 1 is a hit each of them ranked first. It compares hits of one search; it does not measure relevance (the top hit of a query nothing matches well still scores high), so read the lanes' own scores in lanes[] for that."},
             "text": string, "contextHeader": string, "citation": string,
             "textTruncated": {"type": "boolean"}, "textOmitted": {"type": "boolean"},
             "position": {

@@ -122,7 +122,7 @@ pub(crate) fn decode_cursor(cursor: &str) -> Result<i64> {
         return Ok(-1);
     }
     let bad =
-        || GraphError::invalid("cursor is not one this service issued; pass next_cursor unchanged");
+        || GraphError::invalid("cursor is not one this service issued; pass nextCursor unchanged");
     let bytes = URL_SAFE_NO_PAD.decode(cursor.trim()).map_err(|_| bad())?;
     let text = std::str::from_utf8(&bytes).map_err(|_| bad())?;
     let order: i64 = text

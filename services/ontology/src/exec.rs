@@ -49,7 +49,7 @@ pub async fn call(
     let Some(tool) = compiled.tool(name) else {
         return Err(ToolError::new(
             ToolCode::UnknownTool,
-            format!("no generated tool `{name}`; call tools/list for the tools this server offers"),
+            format!("unknown tool `{name}`: call tools/list for the tools this server offers"),
         ));
     };
     let args = parse_args(arguments_json)?;

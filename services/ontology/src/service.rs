@@ -288,7 +288,10 @@ impl OntologyService {
         let Some(active) = self.active() else {
             return ToolError::new(
                 ToolCode::UnknownTool,
-                format!("no generated tool `{name}`: no ontology project is loaded"),
+                format!(
+                    "unknown tool `{name}`: call tools/list for the tools this server offers \
+                     (no ontology project is loaded, so it offers only the built-in kg_ tools)"
+                ),
             )
             .to_json();
         };
