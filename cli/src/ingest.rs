@@ -132,7 +132,9 @@ fn in_hidden_entry(relative: &str) -> bool {
 /// Files under `root` with their `/`-separated relative paths; symbolic links are not
 /// followed, and hidden entries are left out (counted) unless `include_hidden`.
 pub(crate) fn collect_files(root: &Path, include_hidden: bool) -> anyhow::Result<Collected> {
-    if root.is_file() {
+    let metadata =
+        std::fs::metadata(root).with_context(|| format!("cannot read {}", root.display()))?;
+    if metadata.is_file() {
         let name = root
             .file_name()
             .and_then(|n| n.to_str())
@@ -157,7 +159,14 @@ pub(crate) fn collect_files(root: &Path, include_hidden: bool) -> anyhow::Result
             !left_out
         })
     {
-        let entry = entry.with_context(|| format!("cannot read {}", root.display()))?;
+        // walkdir's error already names the path and repeats its I/O error as its source.
+        let entry = entry.map_err(|err| {
+            let path = err.path().unwrap_or(root).display().to_string();
+            match err.io_error() {
+                Some(io) => anyhow::anyhow!("cannot read {path}: {io}"),
+                None => anyhow::anyhow!("cannot read {path}: {err}"),
+            }
+        })?;
         if !entry.file_type().is_file() {
             continue;
         }
@@ -280,6 +289,7 @@ pub async fn plan(
     options: &IngestOptions,
 ) -> anyhow::Result<IngestPlan> {
     use sha2::{Digest as _, Sha256};
+    kg_common::access::validate_namespace(namespace)?;
     let mut prepared = prepare(root, options)?;
     let namespace_exists = namespace_visible(client, namespace).await?;
     let listing = if namespace_exists {
@@ -355,6 +365,7 @@ pub async fn ingest(
     namespace: &str,
     options: &IngestOptions,
 ) -> anyhow::Result<IngestReport> {
+    kg_common::access::validate_namespace(namespace)?;
     let mut prepared = prepare(root, options)?;
     ensure_namespace(client, namespace).await?;
 

@@ -266,3 +266,7 @@ def test_a_dry_run_says_what_would_change_and_changes_nothing(mesh: Mesh, tmp_pa
     assert code == 0 and plan["namespaceExists"] is False and plan["upload"] == ["a.md", "c.md", "k.md"], plan
     listed = mesh.cli("ns", "list")
     assert "ingest-dry-run-new" not in [entry["name"] for entry in listed["namespaces"]], listed
+
+    # A name the server would refuse is refused before anything is planned.
+    done = mesh.run("ingest", str(docs), "--namespace", "Bad NS", "--dry-run")
+    assert done.returncode == 1 and "invalid namespace `Bad NS`" in done.stderr, done.stderr
