@@ -27,6 +27,8 @@ pub struct IngestReport {
     pub retried: usize,
     /// Files indexed.
     pub indexed: usize,
+    /// Files kept without indexing: a type kgmesh reads no text from (an image, an archive).
+    pub stored: usize,
     /// Files of the namespace deleted because the folder no longer holds them (`--delete`).
     pub deleted: Vec<String>,
     /// Files of the folder left out by `--exclude`.
@@ -445,6 +447,7 @@ pub async fn ingest(
         }
         match status {
             "indexed" => report.indexed += 1,
+            "stored" => report.stored += 1,
             "failed" => report.failed.push((
                 path,
                 file.get("statusReason")
@@ -465,6 +468,7 @@ pub async fn ingest(
 
     let outcome = wait_indexed(client, namespace, waiting, options.timeout).await?;
     report.indexed += outcome.indexed;
+    report.stored += outcome.stored;
     report.failed.extend(outcome.failed);
     report.failed.sort();
     report.deleted.sort();
@@ -476,11 +480,13 @@ pub async fn ingest(
 pub struct Indexed {
     /// Versions indexed.
     pub indexed: usize,
+    /// Versions kept without indexing (a type kgmesh reads no text from).
+    pub stored: usize,
     /// Versions whose indexing failed, with the reason, by path.
     pub failed: Vec<(String, String)>,
 }
 
-/// Waits until each file in `waiting` (path -> version id) is indexed or failed at that
+/// Waits until each file in `waiting` (path -> version id) is indexed, stored or failed at that
 /// version, polling the namespace's listing; fails after `timeout` naming what is left. A
 /// file deleted or replaced by another upload meanwhile is no longer waited for (nor counted).
 pub async fn wait_indexed(
@@ -510,6 +516,7 @@ pub async fn wait_indexed(
             }
             match file.get("status").and_then(Value::as_str) {
                 Some("indexed") => outcome.indexed += 1,
+                Some("stored") => outcome.stored += 1,
                 Some("failed") => outcome.failed.push((
                     path.to_owned(),
                     file.get("statusReason")

@@ -674,6 +674,7 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<ExitCode> {
         "unchanged": report.unchanged,
         "retried": report.retried,
         "indexed": report.indexed,
+        "stored": report.stored,
         "deleted": report.deleted,
         "excluded": report.excluded,
         "hidden": report.hidden,
@@ -684,12 +685,13 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<ExitCode> {
         println!("{}", serde_json::to_string(&summary)?);
     } else {
         println!(
-            "{}: {} uploaded, {} unchanged, {} retried, {} indexed, {} deleted, {} excluded, {} failed in {:.1}s{}",
+            "{}: {} uploaded, {} unchanged, {} retried, {} indexed, {} stored without indexing, {} deleted, {} excluded, {} failed in {:.1}s{}",
             args.namespace,
             report.uploaded,
             report.unchanged,
             report.retried,
             report.indexed,
+            report.stored,
             report.deleted.len(),
             report.excluded,
             report.failed.len(),

@@ -562,7 +562,8 @@ impl Mesh {
 
     /// Loads a folder into `namespace` (created if missing) as the local
     /// operator, without a token: `kgmesh up --seed examples:demo`. Waits until
-    /// every file is indexed or failed; returns (indexed, failed with reasons).
+    /// every file is indexed, stored (not indexable) or failed; returns (indexed or stored,
+    /// failed with reasons).
     pub async fn seed(
         &self,
         dir: &Path,
@@ -624,7 +625,8 @@ impl Mesh {
                         continue;
                     }
                     match file.status() {
-                        FileStatus::Indexed => indexed += 1,
+                        // Kept, not indexed (an image): nothing to wait for, nothing failed.
+                        FileStatus::Indexed | FileStatus::Stored => indexed += 1,
                         FileStatus::Failed => {
                             failed.push((file.path.clone(), file.status_reason.clone()))
                         }

@@ -2,7 +2,8 @@
 what to change, every other file is still uploaded and indexed, and the exit code is 3.
 
 One refused upload used to stop the whole ingest at that file, leaving the files after it (in
-upload order) out and unreported.
+upload order) out and unreported. A file of a type kgmesh reads no text from (an image) is not
+a failure: it is stored without indexing, and running again queues nothing for it.
 """
 
 from __future__ import annotations
@@ -51,20 +52,25 @@ def test_files_that_cannot_go_in_are_reported_and_the_rest_are_indexed(mesh: Mes
     code, summary = ingest_json(mesh, folder, namespace)
     assert code == 3, (code, summary)
     failed = {entry["path"]: entry["reason"] for entry in summary["failed"]}
-    assert sorted(failed) == ["b-huge.txt", "c-bad\ufffdname.md", "d-blob.bin"], summary
+    assert sorted(failed) == ["b-huge.txt", "c-bad\ufffdname.md"], summary
     assert failed["b-huge.txt"].startswith("refused: PAYLOAD_TOO_LARGE"), failed
     assert "not UTF-8" in failed["c-bad\ufffdname.md"] and "rename" in failed["c-bad\ufffdname.md"], failed
-    assert "unsupported file type" in failed["d-blob.bin"], failed
-    assert summary["indexed"] == 2, summary
+    assert (summary["indexed"], summary["stored"]) == (2, 1), summary
 
-    statuses = indexed_paths(mesh, namespace)
+    listed = mesh.cli("file", "list", "--namespace", namespace)["files"]
+    statuses = {file["path"]: file["status"] for file in listed}
     assert statuses["a-first.md"] == statuses["z-last.md"] == "indexed", statuses
+    assert statuses["d-blob.bin"] == "stored", statuses
+    [blob] = [file for file in listed if file["path"] == "d-blob.bin"]
+    assert "unsupported file type `application/octet-stream`" in blob["statusReason"], blob
     assert "b-huge.txt" not in statuses, statuses
 
-    # The same folder again: the good files are unchanged, the same three are reported.
+    # The same folder again: the good files and the stored one are unchanged (nothing is
+    # queued again), the same two are reported.
     code, again = ingest_json(mesh, folder, namespace)
     assert code == 3, (code, again)
-    assert again["unchanged"] >= 2 and sorted(e["path"] for e in again["failed"]) == sorted(failed), again
+    assert (again["unchanged"], again["retried"], again["stored"]) == (3, 0, 1), again
+    assert sorted(e["path"] for e in again["failed"]) == sorted(failed), again
 
 
 def test_a_writer_of_one_folder_uploads_that_folder_and_hears_why_not_the_rest(
@@ -186,16 +192,16 @@ def test_excluded_files_are_neither_uploaded_nor_deleted(mesh: Mesh, tmp_path: P
     )
     (docs / "img").mkdir()
     (docs / "img" / "logo.png").write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(64))
-    # Without --exclude the image fails (kgmesh does not index PNG) and fails the run.
+    # Without --exclude the image is stored without indexing (kgmesh reads no text from PNG).
     code, first = ingest_json(mesh, docs, namespace)
-    assert code == 3 and [entry["path"] for entry in first["failed"]] == ["img/logo.png"], first
+    assert code == 0 and first["failed"] == [] and first["stored"] == 1, first
 
     # Excluded, the image is not sent and the run is clean.
     code, second = ingest_json(mesh, docs, namespace, "--exclude", "*.png")
     assert code == 0 and second["excluded"] == 1 and second["failed"] == [], second
 
-    # The draft leaves the folder but is excluded: --delete keeps it; the image's failed
-    # version from the first run is excluded too, so it stays as well.
+    # The draft leaves the folder but is excluded: --delete keeps it; the image stored by the
+    # first run is excluded too, so it stays as well.
     (docs / "drafts" / "idea.md").unlink()
     code, third = ingest_json(mesh, docs, namespace, "--delete", "--exclude", "*.png", "--exclude", "drafts/**")
     assert code == 0 and third["deleted"] == [] and third["excluded"] == 1, third

@@ -259,6 +259,7 @@ async fn reindex(
         "namespace": namespace,
         "queued": queued,
         "indexed": outcome.indexed,
+        "stored": outcome.stored,
         "failed": failed,
     }))?;
     Ok(if outcome.failed.is_empty() {

@@ -55,6 +55,7 @@ fn status_name(status: FileStatus) -> &'static str {
         FileStatus::Indexed => "indexed",
         FileStatus::Failed => "failed",
         FileStatus::Deleted => "deleted",
+        FileStatus::Stored => "stored",
         FileStatus::Unspecified => "unspecified",
     }
 }

@@ -42,6 +42,7 @@ fn status_name(status: i32) -> &'static str {
         Ok(FileStatus::Indexed) => "indexed",
         Ok(FileStatus::Failed) => "failed",
         Ok(FileStatus::Deleted) => "deleted",
+        Ok(FileStatus::Stored) => "stored",
         Ok(FileStatus::Unspecified) | Err(_) => "unknown",
     }
 }

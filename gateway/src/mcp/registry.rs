@@ -534,7 +534,9 @@ fn outline_output() -> Value {
 }
 
 /// The indexing states a file reports.
-const FILE_STATUSES: [&str; 5] = ["pending", "indexed", "failed", "deleted", "unknown"];
+const FILE_STATUSES: [&str; 6] = [
+    "pending", "indexed", "failed", "stored", "deleted", "unknown",
+];
 
 fn files_output() -> Value {
     let int = json!({"type": "integer"});

@@ -591,7 +591,7 @@ impl FilesService {
     /// anything (a status row, or for a branch upload its metadata and links).
     pub async fn apply_indexed(&self, event: &FileIndexed) -> Result<bool> {
         let status = match FileStatus::try_from(event.status) {
-            Ok(s @ (FileStatus::Indexed | FileStatus::Failed)) => s,
+            Ok(s @ (FileStatus::Indexed | FileStatus::Failed | FileStatus::Stored)) => s,
             _ => return Ok(false),
         };
         // A branch upload shares its version id with main when main holds the same content

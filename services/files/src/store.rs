@@ -58,6 +58,7 @@ pub(crate) fn status_str(s: FileStatus) -> &'static str {
         FileStatus::Indexed => "indexed",
         FileStatus::Failed => "failed",
         FileStatus::Deleted => "deleted",
+        FileStatus::Stored => "stored",
         FileStatus::Unspecified => "unspecified",
     }
 }
@@ -68,6 +69,7 @@ fn status_from(s: &str) -> FileStatus {
         "indexed" => FileStatus::Indexed,
         "failed" => FileStatus::Failed,
         "deleted" => FileStatus::Deleted,
+        "stored" => FileStatus::Stored,
         _ => FileStatus::Unspecified,
     }
 }

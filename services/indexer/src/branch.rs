@@ -85,6 +85,10 @@ impl BranchWorker {
         if event.op() != FileChangeOp::Upsert {
             return Handled::Ack;
         }
+        // An image or an archive has no metadata or links to read: its content is not fetched.
+        if pipeline::document_kind(&event.path, &event.mime).is_err() {
+            return Handled::Ack;
+        }
         let bytes = match self.blobs.get(&event.blob_key).await {
             Ok(bytes) => bytes,
             Err(StoreError::NotFound { .. }) => {

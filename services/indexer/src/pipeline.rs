@@ -87,16 +87,22 @@ fn detect_kind(path: &str, mime: &str) -> Option<DocumentKind> {
     })
 }
 
+/// The kind of document a file of this path and MIME type is read as, or why it is not
+/// indexed (an image, an archive): decided before its content is fetched.
+pub fn document_kind(path: &str, mime: &str) -> Result<DocumentKind, PipelineError> {
+    detect_kind(path, mime).ok_or_else(|| PipelineError::Unsupported {
+        path: path.to_owned(),
+        mime: mime.to_owned(),
+    })
+}
+
 /// Parses and chunks one file version into graph records.
 pub fn index_document(
     meta: &FileMeta,
     bytes: &[u8],
     options: &ChunkOptions,
 ) -> Result<IndexedDocument, PipelineError> {
-    let kind = detect_kind(&meta.path, &meta.mime).ok_or_else(|| PipelineError::Unsupported {
-        path: meta.path.clone(),
-        mime: meta.mime.clone(),
-    })?;
+    let kind = document_kind(&meta.path, &meta.mime)?;
     let doc = document::parse(kind, bytes)?;
     for warning in &doc.meta.warnings {
         tracing::warn!(namespace = %meta.namespace, path = %meta.path, "{warning}");

@@ -378,6 +378,7 @@ impl Worker {
         match result {
             Ok(()) => Handled::Ack,
             Err(Failure::Permanent(reason)) => self.give_up(&event, &reason, false).await,
+            Err(Failure::NotIndexed(reason)) => self.keep_unindexed(&event, &reason).await,
             Err(Failure::Retry(reason)) if delivery.last_attempt => {
                 let reason = format!(
                     "indexing failed after {} attempts: {reason}",
@@ -429,6 +430,11 @@ impl Worker {
         {
             tracing::info!(namespace = %event.namespace, path = %event.path, "skipping an upsert older than the indexed version");
             return Ok(());
+        }
+        // An image or an archive is kept by the files service and never indexed: said before
+        // its content is fetched, and not as a failure, so nothing retries it.
+        if let Err(not_indexed) = pipeline::document_kind(&event.path, &event.mime) {
+            return Err(Failure::NotIndexed(not_indexed.to_string()));
         }
         let (enabled, hidden) = self.upsert_flags(event, sequence, state.as_ref()).await?;
         // A rebuild trusts nothing the stores hold of the version: the graph may have been
@@ -731,6 +737,36 @@ impl Worker {
         Ok(())
     }
 
+    /// Reports a version of a type the indexer does not read as stored, with why: the files
+    /// service keeps it (listed, a link target), and uploading it again queues nothing.
+    async fn keep_unindexed(&self, event: &FileChanged, reason: &str) -> Handled {
+        tracing::info!(namespace = %event.namespace, path = %event.path, reason, "file stored, not indexed");
+        self.report_final(event, FileStatus::Stored, reason).await
+    }
+
+    /// Publishes a final outcome that is not an index (stored, failed) and counts it; a
+    /// publish that fails is retried.
+    async fn report_final(&self, event: &FileChanged, status: FileStatus, reason: &str) -> Handled {
+        match self.publish_status(event, status, reason, None).await {
+            Ok(()) => {
+                let outcome = if status == FileStatus::Stored {
+                    "stored"
+                } else {
+                    "failed"
+                };
+                kg_common::metrics::metrics()
+                    .files_indexed
+                    .get_or_create(&kg_common::metrics::ToolLabels {
+                        tool: "indexer".to_owned(),
+                        outcome: outcome.to_owned(),
+                    })
+                    .inc();
+                Handled::Ack
+            }
+            Err(err) => Handled::Retry(err.detail()),
+        }
+    }
+
     /// Records a final failure: status event for users, and the dead-letter
     /// subject when the failure came from running out of retries.
     async fn give_up(&self, event: &FileChanged, reason: &str, dead_letter: bool) -> Handled {
@@ -753,22 +789,7 @@ impl Worker {
         if event.op() != FileChangeOp::Upsert {
             return Handled::Ack;
         }
-        match self
-            .publish_status(event, FileStatus::Failed, reason, None)
-            .await
-        {
-            Ok(()) => {
-                kg_common::metrics::metrics()
-                    .files_indexed
-                    .get_or_create(&kg_common::metrics::ToolLabels {
-                        tool: "indexer".to_owned(),
-                        outcome: "failed".to_owned(),
-                    })
-                    .inc();
-                Handled::Ack
-            }
-            Err(err) => Handled::Retry(err.detail()),
-        }
+        self.report_final(event, FileStatus::Failed, reason).await
     }
 
     async fn publish_status(
@@ -823,4 +844,6 @@ enum Failure {
     Permanent(String),
     /// A store hiccup: redeliver with backoff.
     Retry(String),
+    /// Not a type the indexer reads (an image, an archive): the file is kept, not indexed.
+    NotIndexed(String),
 }
