@@ -6,6 +6,7 @@ mod admin_audit;
 mod approvals;
 mod dto;
 pub(crate) mod guard;
+mod jsonrpc_shape;
 mod knowledge_graph;
 mod namespaces;
 mod session_calls;
@@ -47,6 +48,7 @@ pub fn router(state: GatewayState) -> Router {
         ))
         .route_layer(from_fn(closed_session_is_no_content))
         .route_layer(from_fn(accept_anything_means_both))
+        .route_layer(from_fn(jsonrpc_shape::refuse_malformed_jsonrpc))
         .route_layer(from_fn_with_state(
             BearerGuard {
                 state: state.clone(),

@@ -146,7 +146,7 @@ fn input_schema() -> Value {
     json!({
         "type": "object",
         "properties": {
-            "namespace": {"type": "string", "description": "The namespace whose graph to query (see kg_namespaces)."},
+            "namespace": {"type": "string", "pattern": "^[a-z0-9][a-z0-9_-]{0,62}$", "description": "The namespace whose graph to query (see kg_namespaces)."},
             "statement": {"type": "string", "maxLength": MAX_STATEMENT_BYTES, "description": "One read-only openCypher statement ending in RETURN ... LIMIT n (1-50)."},
             "params": {"type": "object", "description": "Values for $name parameters in the statement, e.g. {\"afterId\": 42}. Names starting with kg_ are reserved.", "additionalProperties": true}
         },

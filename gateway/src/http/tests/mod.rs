@@ -213,6 +213,52 @@ async fn mcp_without_a_usable_token_is_401_with_a_challenge() {
 }
 
 #[tokio::test]
+async fn malformed_json_rpc_is_answered_with_json_rpc_errors() {
+    let auth = start_auth().await;
+    let app = app(config(&auth.addr).await);
+    let raw = |token: &str, body: &str| {
+        request("POST", "/mcp")
+            .header(header::AUTHORIZATION, format!("Bearer {token}"))
+            .header(header::CONTENT_TYPE, "application/json")
+            .header(header::ACCEPT, "application/json, text/event-stream")
+            .header(header::CONTENT_LENGTH, body.len())
+            .body(Body::from(body.to_owned()))
+            .unwrap()
+    };
+    // rmcp answered these with 415 and a plain-text serde message.
+    let response = app.clone().oneshot(raw(GOOD, "{bad json")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    let body = body_json(response).await;
+    assert_eq!(
+        (body["error"]["code"].clone(), body["id"].clone()),
+        (json!(-32700), Value::Null)
+    );
+    let batch = r#"[{"jsonrpc":"2.0","id":11,"method":"tools/list"}]"#;
+    let response = app.clone().oneshot(raw(GOOD, batch)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(body_json(response).await["error"]["code"], -32600);
+    // rmcp answered this one "method not found" (-32601) naming only the method.
+    let call = r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"kg_search","arguments":"x"}}"#;
+    let response = app.clone().oneshot(raw(GOOD, call)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let body = body_json(response).await;
+    assert_eq!(
+        (body["error"]["code"].clone(), body["id"].clone()),
+        (json!(-32602), json!(5))
+    );
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("params.arguments"),
+        "{body}"
+    );
+    // The bearer still comes first: without a token nothing about the body is said.
+    let response = app.oneshot(raw(REVOKED, "{bad json")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test]
 async fn bad_origin_and_host_are_403_before_auth() {
     let auth = start_auth().await;
     let app = app(config(&auth.addr).await);
