@@ -37,7 +37,7 @@ pub(crate) async fn refuse_malformed_jsonrpc(request: Request, next: Next) -> Re
         .get(header::CONTENT_LENGTH)
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.parse::<usize>().ok());
-    if !length.is_some_and(|length| length <= MAX_CHECKED_BYTES) {
+    if length.is_none_or(|length| length > MAX_CHECKED_BYTES) {
         return next.run(request).await;
     }
     let (parts, body) = request.into_parts();
