@@ -77,7 +77,7 @@ async def test_a_lost_graph_is_rebuilt_from_the_stored_files(
     assert code != 0 and "admin permission" in err, err
     code, summary, err = reindex(mesh, "--wait")
     assert code == 0, err
-    assert summary == {"namespace": NS, "queued": 3, "indexed": 3, "failed": []}, summary
+    assert summary == {"namespace": NS, "queued": 3, "indexed": 3, "stored": 0, "failed": []}, summary
     assert await top_paths(mesh, "promote the standby replica") == before
     assert {status for status, _ in statuses(mesh).values()} == {"indexed"}
 
