@@ -9,7 +9,7 @@
 //! - a `tools/call` without `params.name` as a string, or with `params.arguments` that is
 //!   not an object: 200, `-32602` (invalid params) to the request's id.
 //!
-//! Anything else goes to rmcp unchanged. A body over [`MAX_CHECKED_BYTES`], or without a
+//! Anything else goes to rmcp unchanged. A body over [`MAX_BODY_BYTES`], or without a
 //! length, is left to rmcp, which bounds what it reads.
 
 use axum::body::{Body, Bytes};
@@ -19,8 +19,8 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-/// Largest body this layer reads to check; MCP requests are far smaller.
-const MAX_CHECKED_BYTES: usize = 256 * 1024;
+// The body bound is the built-in call path's: MCP requests are far smaller.
+use super::session_calls::{MAX_BODY_BYTES, media_type_is};
 
 /// JSON-RPC 2.0 error codes.
 const PARSE_ERROR: i64 = -32700;
@@ -29,7 +29,11 @@ const INVALID_PARAMS: i64 = -32602;
 
 /// The middleware (inside the bearer guard: only a caller learns what was wrong).
 pub(crate) async fn refuse_malformed_jsonrpc(request: Request, next: Next) -> Response {
-    if request.method() != Method::POST || !is_json(&request) {
+    let json = media_type_is(
+        request.headers().get(header::CONTENT_TYPE),
+        "application/json",
+    );
+    if request.method() != Method::POST || !json {
         return next.run(request).await;
     }
     let length = request
@@ -37,11 +41,11 @@ pub(crate) async fn refuse_malformed_jsonrpc(request: Request, next: Next) -> Re
         .get(header::CONTENT_LENGTH)
         .and_then(|value| value.to_str().ok())
         .and_then(|value| value.parse::<usize>().ok());
-    if length.is_none_or(|length| length > MAX_CHECKED_BYTES) {
+    if length.is_none_or(|length| length > MAX_BODY_BYTES) {
         return next.run(request).await;
     }
     let (parts, body) = request.into_parts();
-    let Ok(bytes) = axum::body::to_bytes(body, MAX_CHECKED_BYTES).await else {
+    let Ok(bytes) = axum::body::to_bytes(body, MAX_BODY_BYTES).await else {
         return (
             StatusCode::BAD_REQUEST,
             "Bad Request: the body does not match its Content-Length",
@@ -55,15 +59,6 @@ pub(crate) async fn refuse_malformed_jsonrpc(request: Request, next: Next) -> Re
                 .await
         }
     }
-}
-
-fn is_json(request: &Request) -> bool {
-    request
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.split(';').next())
-        .is_some_and(|essence| essence.trim().eq_ignore_ascii_case("application/json"))
 }
 
 /// Why a body is not a JSON-RPC message rmcp can act on, as the answer to send.

@@ -42,7 +42,7 @@ use crate::error::ClientError;
 use crate::mcp::{McpServer, WireRevision};
 
 /// Largest tool call answered here; a larger one goes to rmcp (whose limit applies).
-const MAX_BODY_BYTES: usize = 256 * 1024;
+pub(super) const MAX_BODY_BYTES: usize = 256 * 1024;
 
 /// How long a session may go without rmcp seeing one of its requests; well inside rmcp's
 /// five-minute idle timeout.
@@ -292,7 +292,7 @@ fn builtin_tool_call(
     server.is_builtin(&params.name).then_some((id, params))
 }
 
-fn media_type_is(value: Option<&axum::http::HeaderValue>, want: &str) -> bool {
+pub(super) fn media_type_is(value: Option<&axum::http::HeaderValue>, want: &str) -> bool {
     value.and_then(|v| v.to_str().ok()).is_some_and(|v| {
         v.split(';')
             .next()
