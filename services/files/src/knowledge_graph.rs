@@ -8,8 +8,9 @@
 //! dropped whole, whether or not a file exists there, so neither an edge, a
 //! broken-link label nor a count reveals a denied file. A link to a readable
 //! path with no readable file is broken (the answer a reader gets for a file
-//! that does not exist); a link to a readable file outside the selection,
-//! filters or depth is simply not part of this graph.
+//! that does not exist): so is a link to a file denied by its id, or hidden,
+//! as dropping it would tell that a file is there. A link to a readable file
+//! outside the selection, filters or depth is simply not part of this graph.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 

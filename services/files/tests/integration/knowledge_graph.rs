@@ -354,6 +354,49 @@ async fn whole_graph_and_restricted_reader(files: &FilesService, ids: &HashMap<S
     assert!(!text.contains(&ids["private/secret.md"]), "{text}");
     assert!(!text.contains(&ids["hidden.md"]), "{text}");
 
+    // A file denied by its id reads as missing: the links to it are broken, labelled as the
+    // link to `missing.md` is, so the answer is the same whether a file is there or not.
+    let c_file = g
+        .nodes
+        .iter()
+        .find(|n| n.path == "c.md")
+        .map(|n| n.file_id.clone())
+        .unwrap();
+    let no_c = caller(AccessFilter {
+        allow_prefixes: vec![String::new()],
+        deny_prefixes: vec!["private/".into()],
+        deny_file_ids: vec![c_file.clone()],
+        permission: Permission::Read as i32,
+        enabled_only: true,
+        visible_only: true,
+        ..Default::default()
+    });
+    let g = graph(files, &no_c, request()).await;
+    let n = named(ids, &g);
+    assert_eq!(n.nodes, ["_index.md", "a.md", "b.md", "d/index.md", "e.md"]);
+    assert_eq!(
+        n.edges,
+        edges(&[
+            ("a.md", "b.md", 0),
+            ("b.md", "a.md", 1),
+            ("d/index.md", "e.md", 0)
+        ])
+    );
+    assert_eq!(
+        n.broken,
+        triples(&[
+            ("a.md", 2, "missing.md"),
+            ("a.md", 5, "c"),
+            ("b.md", 0, "c.md")
+        ])
+    );
+    assert_eq!((g.returned_nodes, g.total_nodes), (5, 5));
+    let text = format!("{g:?}");
+    assert!(
+        !text.contains(&c_file) && !text.contains(&ids["c.md"]),
+        "{text}"
+    );
+
     // A denied or hidden root is the same answer as a missing one.
     for root in ["private/secret.md", "hidden.md", "nope.md"] {
         let err = graph_err(
