@@ -53,7 +53,8 @@ async fn run(
         args.remove(name);
     }
     args.insert("project_reference".to_owned(), Value::String(ns));
-    let graph = knowledge_graph::run(state, caller, &args).await?;
+    // REST sends the JSON once: only the 512 KiB limit applies.
+    let graph = knowledge_graph::run(state, caller, &args, None).await?;
     Ok(Json(graph).into_response())
 }
 

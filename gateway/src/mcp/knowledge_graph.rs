@@ -15,7 +15,7 @@ use serde_json::{Map, Value, json};
 
 use super::registry::{ToolEntry, ToolKind};
 use super::tools::require_readable;
-use super::{MAX_RESULT_BYTES, wire_len};
+use super::wire_len;
 use crate::error::ClientError;
 use crate::state::{Caller, GatewayState};
 
@@ -49,10 +49,12 @@ filters.tags needs every tag. Paged by nodes: pagination.limit 1-200 (default 10
 with the same other arguments until it is null. total_nodes counts every page; partial is true while more pages exist or links were cut \
 (links_truncated: over 2000 links or the byte budget). caller_selector narrows the scope and never widens your access: true (everything), \
 false (nothing), a path, a folder ending in / or a glob, a list of those, or an object {selector: true to include, false to exclude}. \
-Files you may not read never appear, not as nodes, edges, broken-link labels or counts. lookup_target reads a preview branch \
+Files you may not read never appear as nodes, edges or counts, and links into folders you may not read are left out whole; \
+a file denied to you by its id reads as missing, so a link to it is broken exactly as a link to no file is. lookup_target reads a preview branch \
 {kind: preview_branch, branch_id}, a release {kind: release, release_id or release_version} or the release deployed to an environment \
 {kind: environment, environment_id or environment_name}; omit it for the main branch. Unresolved targets and roots are not_found. \
-A result over 512 KiB fails with PAYLOAD_TOO_LARGE: narrow it with root_path, max_depth, filters or pagination.limit.";
+A result over 512 KiB of JSON fails with PAYLOAD_TOO_LARGE, and so does one whose MCP result passes about 1 MiB (it carries the JSON twice, \
+as structuredContent and escaped as text): narrow it with root_path, max_depth, filters or pagination.limit.";
 
 /// The registry entry (read-only, idempotent, closed world).
 pub(crate) fn tool_entry(
@@ -559,19 +561,29 @@ pub(crate) fn result_json(response: &GetKnowledgeGraphResponse) -> Value {
     })
 }
 
-fn too_large(bytes: usize) -> ClientError {
-    ClientError::new(
-        ErrorCode::PayloadTooLarge,
-        format!(
-            "the knowledge graph page is {bytes} bytes, over the limit; narrow it with root_path or root_file_version_id \
-             and a lower max_depth, filters (search, type, tags) or a lower pagination.limit"
+/// What to narrow, said by every PAYLOAD_TOO_LARGE of this tool.
+const NARROW: &str = "narrow it with root_path or root_file_version_id and a lower max_depth, filters (search, type, tags) \
+                      or a lower pagination.limit";
+
+fn too_large(bytes: usize, wire: Option<(usize, usize)>) -> ClientError {
+    let message = match wire {
+        // The JSON fits 512 KiB, but an MCP result carries it twice (structuredContent, and
+        // the same JSON escaped as text), and one MCP response holds at most about 1 MiB.
+        Some((wire, limit)) => format!(
+            "the knowledge graph page is {bytes} bytes of JSON, {wire} bytes as an MCP result (which carries it twice: \
+             as structuredContent and escaped as text), over the {limit}-byte limit of one MCP response; {NARROW}"
         ),
-    )
+        None => format!(
+            "the knowledge graph page is {bytes} bytes, over the {MAX_GRAPH_BYTES}-byte (512 KiB) limit; {NARROW}"
+        ),
+    };
+    ClientError::new(ErrorCode::PayloadTooLarge, message)
 }
 
 /// Holds `value` to the link cap (whatever the files service sent), then under the 512 KiB
-/// payload and the tool-call wire limit: links go first (last list first), then the call fails.
-pub(crate) fn fit(mut value: Value, wire_limit: usize) -> Result<Value, ClientError> {
+/// payload and `wire_limit`, the bytes the result may take on the MCP wire (`None` over
+/// REST, where it travels once): links go first (last list first), then the call fails.
+pub(crate) fn fit(mut value: Value, wire_limit: Option<usize>) -> Result<Value, ClientError> {
     let mut room = MAX_LINKS;
     let mut capped = false;
     for list in ["edges", "external_links", "broken_links"] {
@@ -585,7 +597,10 @@ pub(crate) fn fit(mut value: Value, wire_limit: usize) -> Result<Value, ClientEr
         value["links_truncated"] = Value::Bool(true);
         value["partial"] = Value::Bool(true);
     }
-    let fits = |v: &Value| v.to_string().len() <= MAX_GRAPH_BYTES && wire_len(v) <= wire_limit;
+    let fits = |v: &Value| {
+        v.to_string().len() <= MAX_GRAPH_BYTES
+            && wire_limit.is_none_or(|limit| wire_len(v) <= limit)
+    };
     while !fits(&value) {
         let mut cut = false;
         for list in ["broken_links", "external_links", "edges"] {
@@ -599,7 +614,11 @@ pub(crate) fn fit(mut value: Value, wire_limit: usize) -> Result<Value, ClientEr
             }
         }
         if !cut {
-            return Err(too_large(value.to_string().len()));
+            let bytes = value.to_string().len();
+            let wire = wire_limit
+                .filter(|_| bytes <= MAX_GRAPH_BYTES)
+                .map(|limit| (wire_len(&value), limit));
+            return Err(too_large(bytes, wire));
         }
         value["links_truncated"] = Value::Bool(true);
         value["partial"] = Value::Bool(true);
@@ -607,11 +626,12 @@ pub(crate) fn fit(mut value: Value, wire_limit: usize) -> Result<Value, ClientEr
     Ok(value)
 }
 
-/// Runs get_knowledge_graph.
+/// Runs get_knowledge_graph; `wire_limit` as in [`fit`].
 pub(crate) async fn run(
     state: &GatewayState,
     caller: &Caller,
     args: &Map<String, Value>,
+    wire_limit: Option<usize>,
 ) -> Result<Value, ClientError> {
     let request = request(caller.context(), args)?;
     require_readable(caller.context(), &request.namespace)?;
@@ -623,13 +643,14 @@ pub(crate) async fn run(
         .await
         .map_err(|status| ClientError::from_status("files", &status))?
         .into_inner();
-    fit(result_json(&response), MAX_RESULT_BYTES)
+    fit(result_json(&response), wire_limit)
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+    use crate::mcp::MAX_RESULT_BYTES;
     use crate::mcp::registry::check_schema;
     use kg_proto::v1::{AccessFilter, GraphBrokenLink, GraphEdge, GraphNode};
 
@@ -894,13 +915,13 @@ mod tests {
             json!("Titlexxxxx"),
             "bidi overrides are stripped"
         );
-        let fitted = fit(value.clone(), MAX_RESULT_BYTES).unwrap();
+        let fitted = fit(value.clone(), Some(MAX_RESULT_BYTES)).unwrap();
         assert_eq!(fitted, value);
 
         // Links are cut to fit, and the answer says so.
         let big = result_json(&response(10, 20_000, 5));
         assert!(big.to_string().len() > MAX_GRAPH_BYTES);
-        let fitted = fit(big, MAX_RESULT_BYTES).unwrap();
+        let fitted = fit(big, Some(MAX_RESULT_BYTES)).unwrap();
         assert!(fitted.to_string().len() <= MAX_GRAPH_BYTES);
         assert_eq!(fitted["links_truncated"], json!(true));
         assert_eq!(fitted["partial"], json!(true));
@@ -916,16 +937,62 @@ mod tests {
                 .sum::<usize>()
         };
         assert!(links(&many) > MAX_LINKS);
-        let fitted = fit(many, MAX_RESULT_BYTES).unwrap();
+        let fitted = fit(many, Some(MAX_RESULT_BYTES)).unwrap();
         assert_eq!(links(&fitted), MAX_LINKS);
         assert_eq!(fitted["links_truncated"], json!(true));
         check_schema(&output_schema(), &fitted, "$").unwrap();
 
         // Nodes alone over the limit: PAYLOAD_TOO_LARGE naming the ways to narrow.
-        let err = fit(result_json(&response(200, 0, 2000)), MAX_RESULT_BYTES).unwrap_err();
+        let err = fit(result_json(&response(200, 0, 2000)), Some(MAX_RESULT_BYTES)).unwrap_err();
         assert_eq!(err.code, ErrorCode::PayloadTooLarge);
         for way in ["root_path", "max_depth", "filters", "pagination.limit"] {
             assert!(err.message.contains(way), "{}", err.message);
         }
+        assert!(
+            err.message.contains("over the 524288-byte (512 KiB) limit"),
+            "{}",
+            err.message
+        );
+    }
+
+    #[test]
+    fn a_page_under_512_kib_fails_on_mcp_only_for_the_wire_and_says_so() {
+        // Quotes in titles take two bytes each in the text copy of an MCP result.
+        let mut value = result_json(&response(1, 0, 5));
+        let node = value["nodes"][0].clone();
+        let nodes: Vec<Value> = (0..600)
+            .map(|i| {
+                let mut n = node.clone();
+                n["title"] = json!(format!("{i} \"quoted\" {}", "\"".repeat(300)));
+                n
+            })
+            .collect();
+        value["nodes"] = json!(nodes);
+        let bytes = value.to_string().len();
+        assert!(
+            bytes <= MAX_GRAPH_BYTES && wire_len(&value) > MAX_RESULT_BYTES,
+            "{bytes}"
+        );
+
+        let err = fit(value.clone(), Some(MAX_RESULT_BYTES)).unwrap_err();
+        assert_eq!(err.code, ErrorCode::PayloadTooLarge);
+        // The page as cut (no links left, marked partial): still under 512 KiB.
+        let said: usize = err
+            .message
+            .strip_prefix("the knowledge graph page is ")
+            .and_then(|rest| rest.split(' ').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap();
+        assert!(said <= MAX_GRAPH_BYTES, "{}", err.message);
+        assert!(err.message.contains(" bytes of JSON, "), "{}", err.message);
+        assert!(
+            err.message.contains(&format!(
+                "over the {MAX_RESULT_BYTES}-byte limit of one MCP response"
+            )),
+            "{}",
+            err.message
+        );
+        // REST sends it once: the same page is answered whole.
+        assert_eq!(fit(value.clone(), None).unwrap(), value);
     }
 }

@@ -85,7 +85,9 @@ pub(crate) async fn run(
             super::navigation::run(state, caller, kind, args).await
         }
         ToolKind::Cypher => super::cypher::run(state, caller, args).await,
-        ToolKind::KnowledgeGraph => super::knowledge_graph::run(state, caller, args).await,
+        ToolKind::KnowledgeGraph => {
+            super::knowledge_graph::run(state, caller, args, Some(super::MAX_RESULT_BYTES)).await
+        }
         ToolKind::EntitySearch => super::entity_search::run(state, caller, args).await,
     };
     Outcome {
