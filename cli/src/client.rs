@@ -68,6 +68,11 @@ impl AdminClient {
                 .map_err(|_| anyhow::anyhow!("--url cannot be a base URL"))?;
             path.pop_if_empty().push("api").push("v1");
             for segment in segments {
+                // `push` resolves these as the URL standard says, which would send the
+                // request to another resource than the one named.
+                if matches!(*segment, "." | "..") {
+                    anyhow::bail!("`{segment}` cannot be a URL path segment");
+                }
                 path.push(segment);
             }
         }

@@ -106,11 +106,23 @@ pub(crate) async fn blobs(command: BlobsCommand) -> anyhow::Result<()> {
 }
 
 /// `namespaces/<ns>/files/<path segments...>`: each segment of the path is its
-/// own URL segment, so `/` is not percent-encoded.
-fn file_segments<'a>(namespace: &'a str, path: &'a str) -> Vec<&'a str> {
-    let mut segments = vec!["namespaces", namespace, "files"];
-    segments.extend(path.trim_matches('/').split('/'));
-    segments
+/// own URL segment, so `/` is not percent-encoded. The path is checked as the
+/// server checks it first: a URL would resolve `a/../b.md` to `b.md` and act on
+/// another file than the one named.
+pub(crate) fn file_segments(namespace: &str, path: &str) -> anyhow::Result<Vec<String>> {
+    let path = kg_common::access::normalize_path(path)?;
+    let mut segments = vec![
+        "namespaces".to_owned(),
+        namespace.to_owned(),
+        "files".to_owned(),
+    ];
+    segments.extend(path.split('/').map(str::to_owned));
+    Ok(segments)
+}
+
+/// Borrows owned URL segments for the client's `&[&str]` calls.
+pub(crate) fn segment_refs(segments: &[String]) -> Vec<&str> {
+    segments.iter().map(String::as_str).collect()
 }
 
 pub(crate) async fn file(command: FileCommand) -> anyhow::Result<ExitCode> {
@@ -137,7 +149,10 @@ pub(crate) async fn file(command: FileCommand) -> anyhow::Result<ExitCode> {
             }
             let v = remote
                 .client()?
-                .patch(&file_segments(&namespace, &path), Value::Object(body))
+                .patch(
+                    &segment_refs(&file_segments(&namespace, &path)?),
+                    Value::Object(body),
+                )
                 .await?;
             remote.print(&v)?;
         }
@@ -148,7 +163,7 @@ pub(crate) async fn file(command: FileCommand) -> anyhow::Result<ExitCode> {
         } => {
             let v = remote
                 .client()?
-                .delete(&file_segments(&namespace, &path))
+                .delete(&segment_refs(&file_segments(&namespace, &path)?))
                 .await?;
             remote.print(&v)?;
         }
@@ -277,8 +292,16 @@ mod tests {
     #[test]
     fn file_paths_become_url_segments() {
         assert_eq!(
-            file_segments("demo", "/handbook/leave.md"),
+            file_segments("demo", "/handbook/leave.md").unwrap(),
             ["namespaces", "demo", "files", "handbook", "leave.md"]
         );
+    }
+
+    #[test]
+    fn dot_segments_are_refused_not_resolved() {
+        for path in ["guide/../index.md", "../escape.md", "a/./b.md", "a//b.md"] {
+            let err = file_segments("demo", path).unwrap_err().to_string();
+            assert!(err.starts_with(&format!("invalid path `{path}`")), "{err}");
+        }
     }
 }

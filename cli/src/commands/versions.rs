@@ -132,6 +132,7 @@ pub(crate) async fn branch(command: BranchCommand) -> anyhow::Result<()> {
             file,
             remote,
         } => {
+            let path = kg_common::access::normalize_path(&path)?;
             let content = tokio::fs::read(&file)
                 .await
                 .with_context(|| format!("reading {}", file.display()))?;
@@ -143,7 +144,7 @@ pub(crate) async fn branch(command: BranchCommand) -> anyhow::Result<()> {
                 branch.as_str(),
                 "files",
             ];
-            segments.extend(path.trim_matches('/').split('/'));
+            segments.extend(path.split('/'));
             let url = client.url(&segments)?;
             let out: serde_json::Value = client
                 .send(reqwest::Method::PUT, url, Some(RequestBody::Bytes(content)))

@@ -114,13 +114,23 @@ fn check_name(what: &str, name: &str, extra: &[char]) -> Result<()> {
         && name.len() <= MAX_NAME_LEN
         && name.chars().all(|c| {
             c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-') || extra.contains(&c)
-        });
+        })
+        // Each `/`-separated part starts with a letter or digit: no `..`, `.hidden`,
+        // `-flag` or empty part, so a name never reads as a path or an option.
+        && name
+            .split('/')
+            .all(|part| part.starts_with(|c: char| c.is_ascii_alphanumeric()));
     if ok {
         Ok(())
     } else {
         let allowed: String = extra.iter().map(|c| format!(", `{c}`")).collect();
+        let parts = if extra.contains(&'/') {
+            "each `/`-separated part starting"
+        } else {
+            "starting"
+        };
         Err(FilesError::Invalid(format!(
-            "invalid {what} `{}`: use 1-{MAX_NAME_LEN} characters: letters, digits, `.`, `_`, `-`{allowed}",
+            "invalid {what} `{}`: use 1-{MAX_NAME_LEN} characters: letters, digits, `.`, `_`, `-`{allowed}, {parts} with a letter or digit",
             name.chars().take(80).collect::<String>()
         )))
     }
@@ -1064,6 +1074,22 @@ mod tests {
         assert!(check_name("environment name", "prod/eu", &[]).is_err());
         assert!(check_name("environment name", "", &[]).is_err());
         assert!(check_name("environment name", &"a".repeat(256), &[]).is_err());
+        for refused in [
+            "../evil",
+            "feature/../main",
+            "feature//x",
+            "/main",
+            "main/",
+            ".hidden",
+            "-f",
+        ] {
+            let err = check_name("branch name", refused, &['/']).unwrap_err();
+            assert!(
+                err.to_string().contains("starting with a letter or digit"),
+                "{err}"
+            );
+        }
+        assert!(check_name("release version", "1.0.0-rc.1", &['+']).is_ok());
         let err = check_name("release version", "v 1", &['+']).unwrap_err();
         assert!(err.to_string().contains("`+`"), "{err}");
     }
