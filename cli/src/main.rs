@@ -325,9 +325,7 @@ async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Audit(args) => commands::audit::audit(args).await.map(success),
         Command::Ontology { command } => commands::ontology::ontology(command).await,
         Command::Tbox { command } => commands::ontology::tbox(command).await.map(success),
-        Command::Approvals { command } => {
-            commands::approvals::approvals(command).await.map(success)
-        }
+        Command::Approvals { command } => commands::approvals::approvals(command).await,
         Command::Serve(args) => serve(args).await,
         Command::BootstrapAdmin(args) => bootstrap_admin(args).await,
         Command::Stores(args) => stores(args).await,

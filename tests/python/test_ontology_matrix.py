@@ -479,6 +479,21 @@ def ids(rows: list[dict[str, Any]], key: str = "order_id") -> list[int]:
     return [row[key] for row in rows]
 
 
+# `kgmesh approvals approve` exits 0 only for an executed effect, 75 while it still runs.
+APPROVE_EXIT = {"executed": 0, "approved": 75}
+
+
+def approve(shop: Shop, proposal_id: str, *args: str) -> dict[str, Any]:
+    """Approves by the CLI; its exit code must tell the state it printed (3 for any other end)."""
+    done = shop.mesh.run("approvals", "approve", proposal_id, *args)
+    decided = json.loads(done.stdout)
+    expected = APPROVE_EXIT.get(decided["state"], 3)
+    assert done.returncode == expected, (decided["state"], done.returncode, done.stderr)
+    if expected == 3:
+        assert f"the proposal ended `{decided['state']}`" in done.stderr, done.stderr
+    return decided
+
+
 def wait_final(shop: Shop, proposal_id: str) -> dict[str, Any]:
     """The proposal once its effect run has ended (approve waits for it; this is the safety net)."""
     deadline = time.monotonic() + 30
@@ -737,7 +752,7 @@ async def test_approve_runs_the_effect_once(shop: Shop, transport: str, mode: st
         status, decided = shop.rest("POST", f"/approvals/{proposal['id']}/approve", {"reason": "ok via REST"})
         assert status == 200, decided
     else:
-        decided = shop.approvals("approve", proposal["id"], "--reason", "ok")
+        decided = approve(shop, proposal["id"], "--reason", "ok")
     decided = wait_final(shop, proposal["id"])
     assert decided["state"] == state, decided
     assert decided["decidedBy"] and decided["decidedBy"] != proposal["proposer"], decided
@@ -782,7 +797,7 @@ async def test_approval_rechecks_live_data(shop: Shop, transport: str) -> None:
     proposal = await _propose_cancel(shop, transport, 105, "late")
     shop.warehouse.execute("UPDATE orders SET shipped_at = '2026-11-29' WHERE order_id = 105")
     try:
-        shop.approvals("approve", proposal["id"])
+        approve(shop, proposal["id"])
         decided = wait_final(shop, proposal["id"])
     finally:
         shop.warehouse.execute("UPDATE orders SET shipped_at = NULL WHERE order_id = 105")
@@ -805,7 +820,7 @@ async def test_policy_changed_at_approval(shop: Shop, transport: str) -> None:
     yaml_path.write_text(changed)
     try:
         shop.reload()
-        shop.approvals("approve", proposal["id"])
+        approve(shop, proposal["id"])
         decided = wait_final(shop, proposal["id"])
     finally:
         yaml_path.write_text(original)

@@ -2,8 +2,10 @@
 //! actions (admin REST `/api/v1/approvals`, with an admin token). Approving
 //! re-checks the action against live data, then runs its effect once.
 
+use std::process::ExitCode;
+
 use clap::Subcommand;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::Remote;
 
@@ -27,7 +29,10 @@ pub(crate) enum ApprovalsCommand {
         #[command(flatten)]
         remote: Remote,
     },
-    /// Approve: re-check against live data, then run the effect once.
+    /// Approve: re-check against live data, then run the effect once. Exits 0 when the
+    /// effect ran (`executed`), 3 when the proposal ended otherwise (refused by the
+    /// re-check, effect failed, misconfigured or unknown), 75 when the effect is still
+    /// running when the answer comes (`approvals show` tells its outcome later).
     Approve {
         id: String,
         /// Why (kept in the audit trail).
@@ -47,7 +52,31 @@ pub(crate) enum ApprovalsCommand {
     },
 }
 
-pub(crate) async fn approvals(command: ApprovalsCommand) -> anyhow::Result<()> {
+/// The proposal's end, as an exit code and, unless it executed, the line saying why.
+fn approval_exit(decided: &Value) -> (ExitCode, Option<String>) {
+    let state = decided["state"].as_str().unwrap_or_default();
+    let detail = decided["outcomeDetail"].as_str().unwrap_or_default();
+    match state {
+        "executed" => (ExitCode::SUCCESS, None),
+        // Sent, no answer yet: the run goes on in the approval service.
+        "approved" => (
+            ExitCode::from(75),
+            Some(
+                "the effect is still running: `kgmesh approvals show` tells its outcome".to_owned(),
+            ),
+        ),
+        _ => (
+            ExitCode::from(3),
+            Some(if detail.is_empty() {
+                format!("the proposal ended `{state}`: the effect did not run to success")
+            } else {
+                format!("the proposal ended `{state}`: {detail}")
+            }),
+        ),
+    }
+}
+
+pub(crate) async fn approvals(command: ApprovalsCommand) -> anyhow::Result<ExitCode> {
     match command {
         ApprovalsCommand::List {
             state,
@@ -59,25 +88,61 @@ pub(crate) async fn approvals(command: ApprovalsCommand) -> anyhow::Result<()> {
                 ("limit", limit.map(|n| n.to_string()).unwrap_or_default()),
             ];
             let v = remote.client()?.get(&["approvals"], &query).await?;
-            remote.print(&v)
+            remote.print(&v)?;
         }
         ApprovalsCommand::Show { id, remote } => {
             let v = remote.client()?.get(&["approvals", &id], &[]).await?;
-            remote.print(&v)
+            remote.print(&v)?;
         }
         ApprovalsCommand::Approve { id, reason, remote } => {
             let v = remote
                 .client()?
                 .post(&["approvals", &id, "approve"], json!({ "reason": reason }))
                 .await?;
-            remote.print(&v)
+            remote.print(&v)?;
+            let (code, why) = approval_exit(&v);
+            if let Some(why) = why {
+                eprintln!("{why}");
+            }
+            return Ok(code);
         }
         ApprovalsCommand::Reject { id, reason, remote } => {
             let v = remote
                 .client()?
                 .post(&["approvals", &id, "reject"], json!({ "reason": reason }))
                 .await?;
-            remote.print(&v)
+            remote.print(&v)?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_executed_effect_exits_zero() {
+        assert_eq!(
+            approval_exit(&json!({"state": "executed"})),
+            (ExitCode::SUCCESS, None)
+        );
+        assert_eq!(
+            approval_exit(&json!({"state": "approved"})).0,
+            ExitCode::from(75)
+        );
+        for state in [
+            "effect_failed",
+            "effect_misconfigured",
+            "precondition_failed",
+            "unknown",
+        ] {
+            let (code, why) = approval_exit(&json!({"state": state, "outcomeDetail": "HTTP 500"}));
+            assert_eq!(code, ExitCode::from(3), "{state}");
+            assert_eq!(
+                why.as_deref(),
+                Some(format!("the proposal ended `{state}`: HTTP 500").as_str())
+            );
         }
     }
 }
