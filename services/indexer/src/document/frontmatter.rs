@@ -259,9 +259,9 @@ fn split_inline_list(inner: &str) -> Vec<String> {
         .collect()
 }
 
-/// A scalar as YAML reads it: double quotes with backslash escapes, single quotes with `''`
-/// (anything after the closing quote, such as a comment, is dropped), or a plain value with
-/// any ` #` comment removed. An unterminated quote is read as a plain value.
+/// A scalar as YAML reads it: double quotes with YAML's backslash escapes, single quotes with
+/// `''` (anything after the closing quote, such as a comment, is dropped), or a plain value
+/// with any ` #` comment removed. An unterminated quote is read as a plain value.
 fn unquote(value: &str) -> String {
     let value = value.trim();
     if let Some(rest) = value.strip_prefix('"') {
@@ -270,12 +270,7 @@ fn unquote(value: &str) -> String {
         while let Some(c) = chars.next() {
             match c {
                 '"' => return out,
-                '\\' => match chars.next() {
-                    Some('n') => out.push('\n'),
-                    Some('t') => out.push('\t'),
-                    Some(other) => out.push(other),
-                    None => out.push('\\'),
-                },
+                '\\' => unescape(&mut chars, &mut out),
                 c => out.push(c),
             }
         }
@@ -298,4 +293,97 @@ fn unquote(value: &str) -> String {
         None => value,
     };
     plain.trim().to_owned()
+}
+
+/// One escape of a double-quoted YAML scalar, after its backslash. Escapes that give a
+/// control character other than a tab or newline give nothing (a title is one line of text);
+/// an unknown or malformed escape is kept as written.
+fn unescape(chars: &mut std::str::Chars<'_>, out: &mut String) {
+    let Some(c) = chars.next() else {
+        out.push('\\');
+        return;
+    };
+    let hex_digits = match c {
+        'x' => 2,
+        'u' => 4,
+        'U' => 8,
+        _ => {
+            match c {
+                'n' => out.push('\n'),
+                't' | '\t' => out.push('\t'),
+                ' ' => out.push(' '),
+                '"' | '/' | '\\' => out.push(c),
+                '_' => out.push('\u{a0}'),
+                'L' => out.push('\u{2028}'),
+                'P' => out.push('\u{2029}'),
+                '0' | 'a' | 'b' | 'e' | 'f' | 'r' | 'v' | 'N' => {}
+                other => {
+                    out.push('\\');
+                    out.push(other);
+                }
+            }
+            return;
+        }
+    };
+    let digits: String = chars.clone().take(hex_digits).collect();
+    let code = (digits.len() == hex_digits && digits.chars().all(|d| d.is_ascii_hexdigit()))
+        .then(|| u32::from_str_radix(&digits, 16).ok())
+        .flatten();
+    let Some(mut code) = code else {
+        out.push('\\');
+        out.push(c);
+        return;
+    };
+    chars.nth(hex_digits - 1);
+    // JSON's surrogate pairs (`\ud83d\ude00`), which YAML documents copied from JSON carry.
+    if c == 'u' && (0xD800..0xDC00).contains(&code) {
+        let after = chars.as_str();
+        if let Some(low) = after
+            .strip_prefix("\\u")
+            .and_then(|rest| rest.get(..4))
+            .and_then(|digits| u32::from_str_radix(digits, 16).ok())
+            .filter(|low| (0xDC00..0xE000).contains(low))
+        {
+            code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00);
+            chars.nth(5);
+        }
+    }
+    match char::from_u32(code) {
+        Some(decoded) if !decoded.is_control() || matches!(decoded, '\n' | '\t') => {
+            out.push(decoded);
+        }
+        Some(_) => {}
+        None => {
+            out.push('\\');
+            out.push(c);
+            out.push_str(&digits);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unquote;
+
+    #[test]
+    fn double_quoted_scalars_decode_yaml_escapes() {
+        for (written, read) in [
+            (r#""Caf\u00e9 menu""#, "Café menu"),
+            (r#""Caf\xe9""#, "Café"),
+            (r#""smile \U0001F600""#, "smile 😀"),
+            (r#""smile \ud83d\ude00""#, "smile 😀"),
+            (r#""say \"hi\" \\ done""#, r#"say "hi" \ done"#),
+            (r#""a\/b""#, "a/b"),
+            (r#""tab\there\nline""#, "tab\there\nline"),
+            (r#""no\u0007bell\e""#, "nobell"),
+            (r#""nbsp\_here""#, "nbsp\u{a0}here"),
+            // Malformed or unknown escapes are kept as written.
+            (r#""bad \u12 end""#, r"bad \u12 end"),
+            (r#""odd \q""#, r"odd \q"),
+            (r#""lone \ud83d end""#, r"lone \ud83d end"),
+            (r#""trailing \"#, r#""trailing \"#),
+        ] {
+            assert_eq!(unquote(written), read, "{written}");
+        }
+    }
 }
