@@ -112,7 +112,7 @@ impl GraphService {
             Ok(Err(StoreError::GraphQuery { detail })) => {
                 tracing::info!(%detail, "FalkorDB refused a kg_cypher statement");
                 return Err(GraphError::invalid(
-                    "FalkorDB could not run the statement (for example a type mismatch, an aggregate mixed with a non-grouped value in ORDER BY, or a duplicate column name); check the types and the WITH/RETURN items",
+                    "the graph store could not run the statement (for example a type mismatch, an aggregate mixed with a non-grouped value in ORDER BY, or a duplicate column name); check the types and the WITH/RETURN items",
                 ));
             }
             Ok(other) => other?,

@@ -899,6 +899,30 @@ async fn cypher_table_against_real_falkordb() {
     params_must_be_given(&service, &limited).await;
     busy_when_the_gate_is_held(&service, &limited).await;
     slow_statements_time_out(&service, &limited).await;
+    store_refusals_name_no_store(&service, &limited).await;
+}
+
+/// A statement the checks accept and FalkorDB refuses at run time: a stable invalid-argument
+/// message that says what to check, with neither the store's name nor its own words.
+async fn store_refusals_name_no_store(service: &GraphService, caller: &CallerContext) {
+    let err = service
+        .cypher_for(
+            caller,
+            CypherRequest {
+                namespace: NS.into(),
+                statement: "MATCH (c:Chunk) RETURN toInteger(c) AS n LIMIT 1".into(),
+                params_json: String::new(),
+            },
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::InvalidArgument, "{err}");
+    let message = err.to_string();
+    assert!(message.contains("could not run the statement"), "{message}");
+    assert!(
+        !message.contains("FalkorDB") && !message.contains("Type mismatch"),
+        "{message}"
+    );
 }
 
 async fn slow_statements_time_out(service: &GraphService, caller: &CallerContext) {
