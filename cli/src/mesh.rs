@@ -131,6 +131,38 @@ impl MeshInfo {
     }
 }
 
+impl MeshOptions {
+    /// The gateway's configuration over these options.
+    fn gateway_config(&self, backends: BackendAddrs) -> GatewayConfig {
+        let mut config = GatewayConfig::new(backends);
+        config
+            .allowed_hosts
+            .extend(self.allowed_hosts.iter().cloned());
+        config.allowed_origins = self.allowed_origins.clone();
+        config.public_base_url = self.public_base_url.clone();
+        config.https = self.http_tls.clone();
+        if let Some(max) = self.max_upload_bytes {
+            config.max_upload_bytes = max;
+        }
+        config
+    }
+
+    /// Checks what only the gateway would check once every store and service runs (hosts,
+    /// origins, the public URL, the upload limit), so a bad setting fails before anything
+    /// starts or is written, every problem at once.
+    pub fn check(&self) -> anyhow::Result<()> {
+        let unused = "http://127.0.0.1:1".to_owned();
+        self.gateway_config(BackendAddrs {
+            auth: unused.clone(),
+            files: unused.clone(),
+            retrieval: unused.clone(),
+            graph: unused,
+        })
+        .validate()?;
+        Ok(())
+    }
+}
+
 /// A running mesh. Dropping it without [`Mesh::shutdown`] still stops the
 /// child stores (they are killed on drop).
 pub struct Mesh {
@@ -142,8 +174,10 @@ pub struct Mesh {
     files: kg_files::FilesService,
     shutdown: CancellationToken,
     tasks: JoinSet<(&'static str, anyhow::Result<()>)>,
-    _falkordb: Option<EmbeddedFalkor>,
-    _nats: Option<EmbeddedNats>,
+    /// The embedded stores, each owned by the task that restarts it when its process dies;
+    /// stopped after the services ([`Mesh::shutdown`]).
+    stores: JoinSet<(&'static str, anyhow::Result<()>)>,
+    stop_stores: CancellationToken,
     // Last, so it is released after the stores stop.
     _data_dir_lock: kg_stores::embedded::DirLock,
 }
@@ -212,12 +246,18 @@ impl Mesh {
     }
 
     async fn start_inner(options: MeshOptions, ontology: OntologyOptions) -> anyhow::Result<Mesh> {
+        options.check()?;
         let data_dir = &options.data_dir;
         std::fs::create_dir_all(data_dir)
             .with_context(|| format!("cannot create {}", data_dir.display()))?;
         let data_dir = data_dir.canonicalize()?;
         // Before anything reads or writes it: a second mesh on these files corrupts them.
         let data_dir_lock = kg_stores::embedded::DirLock::claim(&data_dir).await?;
+        // Before any store starts: an address in use fails in a moment, with nothing started.
+        let http_listener = TcpListener::bind(options.http_addr)
+            .await
+            .with_context(|| format!("cannot bind the gateway to {}", options.http_addr))?;
+        let http_addr = http_listener.local_addr()?;
 
         let secrets = data_dir.join("secrets");
         let signing_secret = load_or_create_secret(&secrets.join("caller-signing.key"), 32)?;
@@ -297,10 +337,6 @@ impl Mesh {
         let (files_listener, files_addr) = bind_loopback().await?;
         let (retrieval_listener, retrieval_addr) = bind_loopback().await?;
         let (graph_listener, graph_addr) = bind_loopback().await?;
-        let http_listener = TcpListener::bind(options.http_addr)
-            .await
-            .with_context(|| format!("cannot bind the gateway to {}", options.http_addr))?;
-        let http_addr = http_listener.local_addr()?;
 
         let backends = BackendAddrs {
             auth: auth_addr,
@@ -502,16 +538,7 @@ impl Mesh {
             wait_serving(addr, name, Duration::from_secs(30)).await?;
         }
 
-        let mut gateway_config = GatewayConfig::new(backends.clone());
-        gateway_config
-            .allowed_hosts
-            .extend(options.allowed_hosts.iter().cloned());
-        gateway_config.allowed_origins = options.allowed_origins.clone();
-        gateway_config.public_base_url = options.public_base_url.clone();
-        gateway_config.https = options.http_tls.clone();
-        if let Some(max) = options.max_upload_bytes {
-            gateway_config.max_upload_bytes = max;
-        }
+        let mut gateway_config = options.gateway_config(backends.clone());
         gateway_config.ontology_addr = Some(ontology_addr.clone());
         gateway_config.approval_addr = Some(approval_addr.clone());
         gateway_config.validate()?;
@@ -547,6 +574,14 @@ impl Mesh {
             &data_dir.join(MESH_FILE),
             serde_json::to_string_pretty(&info)?.as_bytes(),
         )?;
+        let stop_stores = CancellationToken::new();
+        let mut stores = JoinSet::new();
+        if let Some(falkordb) = falkordb {
+            stores.spawn(keep_running(falkordb, stop_stores.clone()));
+        }
+        if let Some(nats) = nats {
+            stores.spawn(keep_running(nats, stop_stores.clone()));
+        }
         Ok(Mesh {
             info,
             admin_token,
@@ -554,8 +589,8 @@ impl Mesh {
             files,
             shutdown,
             tasks,
-            _falkordb: falkordb,
-            _nats: nats,
+            stores,
+            stop_stores,
             _data_dir_lock: data_dir_lock,
         })
     }
@@ -662,6 +697,7 @@ impl Mesh {
         let failure = tokio::select! {
             _ = stop => None,
             Some(joined) = self.tasks.join_next() => Some(joined),
+            Some(joined) = self.stores.join_next() => Some(joined),
         };
         let result = match failure {
             None => Ok(()),
@@ -692,7 +728,75 @@ impl Mesh {
                 }
             }
         }
+        // Then the stores: each stops (SIGTERM, flushing its data) as its task drops it.
+        self.stop_stores.cancel();
+        while self.stores.join_next().await.is_some() {}
         let _ = std::fs::remove_file(self.info.data_dir.join(MESH_FILE));
+    }
+}
+
+/// Embedded store deaths tolerated within [`STORE_RESTART_WINDOW`]; one more stops the mesh.
+const MAX_STORE_RESTARTS: usize = 5;
+const STORE_RESTART_WINDOW: Duration = Duration::from_secs(300);
+
+/// Owns an embedded store and starts it again, on its port and data, whenever its process
+/// exits (a crash, the OOM killer, an operator's `kill`): the services' clients reconnect to
+/// the URL they hold, and the NATS redeliveries of the writes that failed meanwhile land.
+/// More than [`MAX_STORE_RESTARTS`] deaths in [`STORE_RESTART_WINDOW`], or a process that
+/// cannot be watched, fails the task, which stops the mesh with the reason. Returns (dropping
+/// the store, which stops it) when `stop` fires.
+async fn keep_running<S: kg_stores::embedded::Restartable>(
+    mut store: S,
+    stop: CancellationToken,
+) -> (&'static str, anyhow::Result<()>) {
+    let name = store.name();
+    let mut deaths: std::collections::VecDeque<Instant> = std::collections::VecDeque::new();
+    loop {
+        let exited = tokio::select! {
+            () = stop.cancelled() => return (name, Ok(())),
+            exited = store.wait_exit() => exited,
+        };
+        let status = match exited {
+            Ok(status) => status,
+            Err(err) => {
+                return (
+                    name,
+                    Err(anyhow::anyhow!(
+                        "cannot watch the embedded {name} process: {err}"
+                    )),
+                );
+            }
+        };
+        let now = Instant::now();
+        deaths.retain(|t| now.duration_since(*t) < STORE_RESTART_WINDOW);
+        deaths.push_back(now);
+        if deaths.len() > MAX_STORE_RESTARTS {
+            return (
+                name,
+                Err(anyhow::anyhow!(
+                    "the embedded {name} exited {} times within {}s (last: {status}); not restarting it again, see its log in the data dir",
+                    deaths.len(),
+                    STORE_RESTART_WINDOW.as_secs()
+                )),
+            );
+        }
+        tracing::error!(store = name, %status, deaths = deaths.len(), "the embedded store exited; restarting it on the same port");
+        // 0.5 s, 1 s, 2 s, ... between restarts.
+        let delay = Duration::from_millis(250 << deaths.len().min(5));
+        let restarted = tokio::select! {
+            () = stop.cancelled() => return (name, Ok(())),
+            restarted = async {
+                tokio::time::sleep(delay).await;
+                store.restart().await
+            } => restarted,
+        };
+        match restarted {
+            Ok(()) => tracing::warn!(store = name, "the embedded store is running again"),
+            // Its process is gone again: the next turn counts it as another death.
+            Err(err) => {
+                tracing::error!(store = name, error = %err, "the embedded store did not start again")
+            }
+        }
     }
 }
 

@@ -206,6 +206,25 @@ impl Supervised {
     pub(crate) fn exited(&mut self) -> Option<std::process::ExitStatus> {
         self.child.try_wait().ok().flatten()
     }
+
+    /// Waits until the process exits; cancel-safe.
+    pub(crate) async fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        self.child.wait().await
+    }
+}
+
+/// An embedded server that can be started again after its process died (a crash, the OOM
+/// killer, an operator's `kill`), on the same port and data, so the clients holding its URL
+/// reconnect by themselves.
+pub trait Restartable: Send {
+    /// Its name in logs and errors.
+    fn name(&self) -> &'static str;
+    /// Waits until the server's process exits; cancel-safe.
+    fn wait_exit(
+        &mut self,
+    ) -> impl std::future::Future<Output = std::io::Result<std::process::ExitStatus>> + Send;
+    /// Starts the server again after it exited and waits until it answers.
+    fn restart(&mut self) -> impl std::future::Future<Output = Result<(), StoreError>> + Send;
 }
 
 /// Has the kernel send the child `signal` when the thread that spawns it exits: for the main
@@ -399,6 +418,41 @@ where
         }
     }
     Err(last_error.unwrap_or_else(|| StoreError::embedded(spec.server, "no start attempt made")))
+}
+
+/// Starts a server again on the `port` it had (its clients hold that URL) and waits until
+/// `probe` succeeds; the process is stopped again when it does not.
+pub(crate) async fn restart_on_port<P, Fut>(
+    spec: ServerSpec<'_>,
+    port: u16,
+    command: Command,
+    probe: P,
+) -> Result<Supervised, StoreError>
+where
+    P: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let (log, stdout, stderr) = log_file(spec.data_dir, spec.log_name, spec.server)?;
+    let mut child = Supervised::spawn(
+        command,
+        stdout,
+        stderr,
+        spec.stop_signal,
+        Duration::from_secs(10),
+        spec.server,
+    )?;
+    wait_ready(
+        &mut child,
+        &log,
+        spec.ready_timeout,
+        spec.server,
+        spec.busy_marker,
+        probe,
+    )
+    .await
+    .map_err(|failure| failure.error)?;
+    tracing::debug!(server = spec.server, port, "restarted on its port");
+    Ok(child)
 }
 
 #[cfg(test)]

