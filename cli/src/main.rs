@@ -392,6 +392,10 @@ async fn up(args: UpArgs) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(64));
         }
     };
+    if let Err(err) = options.check() {
+        eprintln!("error: {err:#}");
+        return Ok(ExitCode::from(64));
+    }
     let seeds = match parse_seeds(&args.seed) {
         Ok(seeds) => seeds,
         Err(problem) => {

@@ -14,6 +14,7 @@ import re
 import secrets
 import shlex
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -156,6 +157,33 @@ def test_a_bad_seed_fails_before_anything_starts(tmp_path: Path) -> None:
         assert done.returncode == 64, (seed, done.returncode, done.stderr)
         assert problem in done.stderr, (seed, done.stderr)
         assert not (tmp_path / "data").exists(), f"{seed}: `kgmesh up` created its data dir before refusing"
+
+
+def test_a_bad_gateway_setting_or_a_taken_port_fails_before_any_store_starts(tmp_path: Path) -> None:
+    config = tmp_path / "kgmesh.toml"
+    config.write_text('max_upload_bytes = 999999999999\nallowed_origins = ["not an origin"]\n')
+    data = tmp_path / "data"
+    done = subprocess.run(
+        [str(kgmesh_bin()), "up", "--config", str(config), "--data-dir", str(data)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=30,
+    )
+    assert done.returncode == 64, (done.returncode, done.stderr)
+    # Every problem at once.
+    assert "max_upload_bytes: must be between 1 and" in done.stderr, done.stderr
+    assert "allowed_origins: `not an origin` is not an origin" in done.stderr, done.stderr
+    assert not data.exists(), "`kgmesh up` created its data dir before refusing"
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = subprocess.run(
+            [str(kgmesh_bin()), "up", "--data-dir", str(data), "--http-addr", f"127.0.0.1:{port}"],
+            cwd=REPO_ROOT, capture_output=True, text=True, timeout=30,
+        )
+    assert done.returncode != 0 and f"cannot bind the gateway to 127.0.0.1:{port}" in done.stderr, done.stderr
+    started = sorted(p.name for p in data.iterdir()) if data.exists() else []
+    assert not {"falkordb", "nats", "secrets"} & set(started), f"started or wrote {started} before binding"
 
 
 def test_a_signal_while_seeding_stops_every_store(tmp_path: Path) -> None:
