@@ -379,14 +379,17 @@ impl Worker {
             Ok(()) => Handled::Ack,
             Err(Failure::Permanent(reason)) => self.give_up(&event, &reason, false).await,
             Err(Failure::NotIndexed(reason)) => self.keep_unindexed(&event, &reason).await,
-            Err(Failure::Retry(reason)) if delivery.last_attempt => {
+            Err(Failure::Retry { reason, detail }) if delivery.last_attempt => {
+                tracing::warn!(namespace = %event.namespace, path = %event.path, detail, "last attempt failed");
+                // The registry's reason is read by admins and agents: the store's own words
+                // (driver text, addresses) stay in the log above.
                 let reason = format!(
                     "indexing failed after {} attempts: {reason}",
                     delivery.attempt
                 );
                 self.give_up(&event, &reason, true).await
             }
-            Err(Failure::Retry(reason)) => Handled::Retry(reason),
+            Err(Failure::Retry { detail, .. }) => Handled::Retry(detail),
         }
     }
 
@@ -396,7 +399,7 @@ impl Worker {
             .purges
             .outdated(&self.graph, &event.namespace, event.changed_at_ms)
             .await
-            .map_err(|e| Failure::Retry(e.detail()))?;
+            .map_err(|e| Failure::retry(&e))?;
         if outdated {
             kg_common::metrics::metrics().purged_events_dropped.inc();
             tracing::info!(namespace = %event.namespace, path = %event.path, "dropping a change made before its namespace was deleted");
@@ -408,7 +411,7 @@ impl Worker {
     async fn upsert(&self, event: &FileChanged, sequence: u64) -> Result<(), Failure> {
         let state = crate::backfill::file_state(&self.graph, &event.namespace, &event.file_id)
             .await
-            .map_err(|e| Failure::Retry(e.detail()))?;
+            .map_err(|e| Failure::retry(&e))?;
         // A re-queued event (the vector backfill) re-indexes what the graph holds: the file may
         // have been deleted or replaced since the stream was scanned.
         if event.requeued
@@ -442,7 +445,7 @@ impl Worker {
         if event.rebuild_at_ms != 0 {
             self.prepare_rebuild(event)
                 .await
-                .map_err(|e| Failure::Retry(e.detail()))?;
+                .map_err(|e| Failure::retry(&e))?;
         }
         self.wait_for_tbox(&event.namespace).await?;
         // Re-queued after a TBox publish: this replica may not have seen the publish yet, and
@@ -451,7 +454,7 @@ impl Worker {
             self.tboxes
                 .refresh(&event.namespace)
                 .await
-                .map_err(|e| Failure::Retry(e.detail()))?;
+                .map_err(|e| Failure::retry(&e))?;
         }
         let bytes = match self.blobs.get(&event.blob_key).await {
             Ok(bytes) => bytes,
@@ -460,7 +463,7 @@ impl Worker {
                     "the stored content is missing; upload the file again".to_owned(),
                 ));
             }
-            Err(err) => return Err(Failure::Retry(err.detail())),
+            Err(err) => return Err(Failure::retry(&err)),
         };
         let meta = FileMeta {
             namespace: event.namespace.clone(),
@@ -476,7 +479,10 @@ impl Worker {
         let indexed =
             tokio::task::spawn_blocking(move || pipeline::index_document(&meta, &bytes, &options))
                 .await
-                .map_err(|e| Failure::Retry(format!("indexing task failed: {e}")))?
+                .map_err(|e| Failure::Retry {
+                    reason: "the indexing task failed".to_owned(),
+                    detail: format!("indexing task failed: {e}"),
+                })?
                 .map_err(|e| Failure::Permanent(e.to_string()))?;
         // Vectors first: the graph marks the version done last, so a crash in between
         // redoes both. A version this embedder already wrote is not embedded again.
@@ -496,7 +502,7 @@ impl Worker {
                 .map_err(|e| match e.code() {
                     ErrorCode::InvalidArgument => Failure::Permanent(e.to_string()),
                     // Embedder down or out of retries: redeliver, never drop.
-                    _ => Failure::Retry(e.to_string()),
+                    _ => Failure::retry(&e),
                 })?;
             tracing::debug!(namespace = %event.namespace, path = %event.path, points = written.points, embedded = written.embedded, reused = written.reused, "vectors written");
         }
@@ -507,7 +513,7 @@ impl Worker {
                 .await
                 .map_err(|e| match e.code() {
                     ErrorCode::InvalidArgument => Failure::Permanent(e.to_string()),
-                    _ => Failure::Retry(e.to_string()),
+                    _ => Failure::retry(&e),
                 })?;
         }
         // Checked again before the first write: the namespace may have been deleted while the
@@ -526,7 +532,7 @@ impl Worker {
         .await
         .map_err(|e| match e.code() {
             ErrorCode::InvalidArgument => Failure::Permanent(e.to_string()),
-            _ => Failure::Retry(e.to_string()),
+            _ => Failure::retry(&e),
         })?;
         let entities = crate::entity_writer::index_entities_with(
             &self.graph,
@@ -536,10 +542,10 @@ impl Worker {
             self.config.llm.as_deref(),
         )
         .await
-        .map_err(|e| Failure::Retry(e.to_string()))?;
+        .map_err(|e| Failure::retry(&e))?;
         crate::backfill::mark_written(&self.graph, event, vector_stamp.as_deref())
             .await
-            .map_err(|e| Failure::Retry(e.detail()))?;
+            .map_err(|e| Failure::retry(&e))?;
         let llm = entities.llm.unwrap_or_default();
         tracing::info!(
             namespace = %event.namespace,
@@ -555,7 +561,7 @@ impl Worker {
         );
         self.publish_status(event, FileStatus::Indexed, "", Some(&indexed))
             .await
-            .map_err(|e| Failure::Retry(e.detail()))?;
+            .map_err(|e| Failure::retry(&e))?;
         kg_common::metrics::metrics()
             .files_indexed
             .get_or_create(&kg_common::metrics::ToolLabels {
@@ -607,7 +613,7 @@ impl Worker {
             .flags
             .newest(&event.namespace, &event.file_id)
             .await
-            .map_err(|e| Failure::Retry(e.detail()))?;
+            .map_err(|e| Failure::retry(&e))?;
         Ok(match newest {
             Some(newest) if newest.newer_than(event.flags_version, sequence) => {
                 (newest.enabled, newest.hidden)
@@ -626,7 +632,7 @@ impl Worker {
             match crate::entity_writer::published_tbox(&self.graph, &self.tboxes, namespace).await {
                 Ok(_) => return Ok(()),
                 Err(err) if tokio::time::Instant::now() >= deadline => {
-                    return Err(Failure::Retry(kg_common::error::detail(&err)));
+                    return Err(Failure::retry(&err));
                 }
                 Err(err) => {
                     tracing::debug!(namespace, error = %kg_common::error::detail(&err), "the TBox is unreadable; waiting for it");
@@ -641,28 +647,28 @@ impl Worker {
         // Before the FileRef goes: it lists the entities whose orphans must go too.
         crate::entity_writer::delete_file_entities(&self.graph, &event.namespace, &event.file_id)
             .await
-            .map_err(|e| Failure::Retry(e.to_string()))?;
+            .map_err(|e| Failure::retry(&e))?;
         graph_writer::delete_file(&self.graph, &event.namespace, &event.file_id)
             .await
-            .map_err(|e| Failure::Retry(e.to_string()))?;
+            .map_err(|e| Failure::retry(&e))?;
         if let Some(vectors) = &self.config.vectors {
             vectors
                 .index
                 .delete_file(&event.namespace, &event.file_id)
                 .await
-                .map_err(|e| Failure::Retry(e.to_string()))?;
+                .map_err(|e| Failure::retry(&e))?;
         }
         if let Some(sparse) = &self.config.sparse {
             sparse
                 .index
                 .delete_file(&event.namespace, &event.file_id)
                 .await
-                .map_err(|e| Failure::Retry(e.to_string()))?;
+                .map_err(|e| Failure::retry(&e))?;
         }
         self.flags
             .forget(&event.namespace, &event.file_id)
             .await
-            .map_err(|e| Failure::Retry(e.detail()))?;
+            .map_err(|e| Failure::retry(&e))?;
         Ok(())
     }
 
@@ -674,7 +680,7 @@ impl Worker {
             .flags
             .newest(&event.namespace, &event.file_id)
             .await
-            .map_err(|e| Failure::Retry(e.detail()))?;
+            .map_err(|e| Failure::retry(&e))?;
         if newest.is_some_and(|newest| newest.newer_than(event.flags_version, sequence)) {
             tracing::info!(namespace = %event.namespace, path = %event.path, "skipping a flags change older than one applied");
             return Ok(());
@@ -687,7 +693,7 @@ impl Worker {
             event.hidden,
         )
         .await
-        .map_err(|e| Failure::Retry(e.to_string()))?;
+        .map_err(|e| Failure::retry(&e))?;
         crate::entity_writer::set_relation_flags(
             &self.graph,
             &event.namespace,
@@ -696,7 +702,7 @@ impl Worker {
             event.hidden,
         )
         .await
-        .map_err(|e| Failure::Retry(e.to_string()))?;
+        .map_err(|e| Failure::retry(&e))?;
         if let Some(vectors) = &self.config.vectors {
             vectors
                 .index
@@ -707,7 +713,7 @@ impl Worker {
                     event.hidden,
                 )
                 .await
-                .map_err(|e| Failure::Retry(e.to_string()))?;
+                .map_err(|e| Failure::retry(&e))?;
         }
         if let Some(sparse) = &self.config.sparse {
             sparse
@@ -719,7 +725,7 @@ impl Worker {
                     event.hidden,
                 )
                 .await
-                .map_err(|e| Failure::Retry(e.to_string()))?;
+                .map_err(|e| Failure::retry(&e))?;
         }
         self.flags
             .record(
@@ -733,7 +739,7 @@ impl Worker {
                 },
             )
             .await
-            .map_err(|e| Failure::Retry(e.detail()))?;
+            .map_err(|e| Failure::retry(&e))?;
         Ok(())
     }
 
@@ -843,7 +849,42 @@ enum Failure {
     /// Retrying cannot help (bad content): report failed now.
     Permanent(String),
     /// A store hiccup: redeliver with backoff.
-    Retry(String),
+    Retry {
+        /// What the file's status says if every attempt fails: the error's own message,
+        /// which names the store and never the driver's words.
+        reason: String,
+        /// The whole chain, for the log.
+        detail: String,
+    },
     /// Not a type the indexer reads (an image, an archive): the file is kept, not indexed.
     NotIndexed(String),
+}
+
+impl Failure {
+    fn retry<E: std::error::Error + ?Sized>(err: &E) -> Self {
+        Failure::Retry {
+            reason: err.to_string(),
+            detail: kg_common::error::detail(err),
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use kg_stores::error::{StoreError, StoreKind};
+
+    use super::Failure;
+
+    #[test]
+    fn a_retry_keeps_the_drivers_words_for_the_log_only() {
+        let driver = "connection refused by 10.0.0.7:6379 (redis://:hunter2@graph)";
+        let Failure::Retry { reason, detail } =
+            Failure::retry(&StoreError::unavailable(StoreKind::Graph, driver))
+        else {
+            panic!("a store error is retried");
+        };
+        assert_eq!(reason, "graph store is unavailable");
+        assert_eq!(detail, format!("graph store is unavailable: {driver}"));
+    }
 }
