@@ -309,9 +309,32 @@ impl Mesh {
             .clone()
             .unwrap_or_else(|| format!("sqlite://{}", data_dir.join("kgmesh.db").display()));
 
-        let sql = SqlStore::connect(&database_url).await?;
-        let graph = GraphStore::connect(&falkordb_url).await?;
-        let jetstream = kg_stores::events::connect(&nats_url).await?;
+        // Which store and where: the drivers' own errors rarely say (a pool timeout names
+        // neither). main masks any password in the URL when it prints the error.
+        let given = |set: bool, setting: &str| {
+            if set {
+                format!(
+                    " (set by --{} or `{setting}` in the config)",
+                    setting.replace('_', "-")
+                )
+            } else {
+                " (embedded)".to_owned()
+            }
+        };
+        let sql = SqlStore::connect(&database_url).await.with_context(|| {
+            let how = given(options.database_url.is_some(), "database_url");
+            format!("cannot use the SQL database at {database_url}{how}")
+        })?;
+        let graph = GraphStore::connect(&falkordb_url).await.with_context(|| {
+            let how = given(options.falkordb_url.is_some(), "falkordb_url");
+            format!("cannot use FalkorDB at {falkordb_url}{how}")
+        })?;
+        let jetstream = kg_stores::events::connect(&nats_url)
+            .await
+            .with_context(|| {
+                let how = given(options.nats_url.is_some(), "nats_url");
+                format!("cannot use NATS at {nats_url}{how}")
+            })?;
         let blobs = BlobStore::new(data_dir.join("blobs"));
         // One embedder and one vector index for the process (qdrant-edge under the data dir).
         let vectors = options

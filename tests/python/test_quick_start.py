@@ -186,6 +186,19 @@ def test_a_bad_gateway_setting_or_a_taken_port_fails_before_any_store_starts(tmp
     assert not {"falkordb", "nats", "secrets"} & set(started), f"started or wrote {started} before binding"
 
 
+def test_an_unreachable_store_is_named_with_its_setting_and_no_secret(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [str(kgmesh_bin()), "up", "--data-dir", str(tmp_path / "data"), "--http-addr", "127.0.0.1:0",
+         "--nats-url", "nats://s3cr3t-token@127.0.0.1:1"],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 1, (done.returncode, done.stderr[-2000:])
+    assert "error: cannot use NATS at nats://***@127.0.0.1:1 (set by --nats-url or `nats_url` in the config)" in (
+        done.stderr
+    ), done.stderr[-2000:]
+    assert "s3cr3t-token" not in done.stderr
+
+
 def test_a_signal_while_seeding_stops_every_store(tmp_path: Path) -> None:
     # Enough files that the default embedder is still indexing them when the signal comes.
     corpus = tmp_path / "corpus"
