@@ -976,6 +976,43 @@ mod tests {
             "5"
         ]));
         assert!(parses(&["pat", "rotate", "pat_1"]));
+        // Out-of-range numbers are refused by the parser, naming the range.
+        for bad in [
+            &["audit", "--limit", "0"][..],
+            &["approvals", "list", "--limit", "1001"],
+            &[
+                "pat",
+                "create",
+                "--principal",
+                "p",
+                "--name",
+                "n",
+                "--expires-in-days",
+                "0",
+            ],
+            &[
+                "pat",
+                "create",
+                "--principal",
+                "p",
+                "--name",
+                "n",
+                "--expires-in-days",
+                "3651",
+            ],
+        ] {
+            assert!(!parses(bad), "{bad:?}");
+        }
+        assert!(parses(&[
+            "pat",
+            "create",
+            "--principal",
+            "p",
+            "--name",
+            "n",
+            "--expires-in-days",
+            "3650"
+        ]));
         assert!(parses(&["approvals", "list", "--state", "pending"]));
         assert!(parses(&["approvals", "approve", "prp_1", "--reason", "ok"]));
         assert!(parses(&["approvals", "reject", "prp_1"]));

@@ -17,8 +17,8 @@ pub(crate) enum ApprovalsCommand {
         /// effect_failed, unknown, precondition_failed, effect_misconfigured.
         #[arg(long)]
         state: Option<String>,
-        /// Most proposals to show (default 100, at most 1000).
-        #[arg(long)]
+        /// Most proposals to show: 1-1000 (default 100).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
         limit: Option<u32>,
         #[command(flatten)]
         remote: Remote,

@@ -19,8 +19,8 @@ pub(crate) struct AuditArgs {
     /// Only calls at or before this time (Unix milliseconds).
     #[arg(long)]
     until_ms: Option<i64>,
-    /// Most events to return.
-    #[arg(long)]
+    /// Most events to return: 1-1000 (default 100).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1000))]
     limit: Option<u32>,
     /// `nextCursor` of the previous page.
     #[arg(long)]

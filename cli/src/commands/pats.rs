@@ -13,8 +13,8 @@ pub(crate) enum PatCommand {
         principal: String,
         #[arg(long)]
         name: String,
-        /// Expire after this many days.
-        #[arg(long)]
+        /// Expire after this many days: 1-3650 (omit it for a token that never expires).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=3650))]
         expires_in_days: Option<u32>,
         #[command(flatten)]
         remote: Remote,

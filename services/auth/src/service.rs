@@ -29,6 +29,9 @@ use crate::store::{AuditQuery, AuthStore, PAT_TOUCH_MS, PatOwner};
 const MAX_NAME_LEN: usize = 200;
 /// Longest accepted file id in a deny.
 const MAX_FILE_ID_LEN: usize = 200;
+/// Furthest expiry a PAT may be given: ten years.
+const MAX_PAT_LIFETIME_MS: i64 = 3650 * 86_400_000;
+
 /// Audit field limits: an event is metadata, never payload.
 const MAX_AUDIT_TOOL_LEN: usize = 128;
 const MAX_AUDIT_OUTCOME_LEN: usize = 64;
@@ -339,12 +342,20 @@ impl AuthService {
         expires_at_ms: Option<i64>,
     ) -> Result<(String, Pat)> {
         check_name("PAT name", name)?;
-        if let Some(exp) = expires_at_ms
-            && exp <= now_ms()
-        {
-            return Err(AuthError::Invalid(
-                "expiresAtMs must be in the future".to_owned(),
-            ));
+        if let Some(exp) = expires_at_ms {
+            let now = now_ms();
+            if exp <= now {
+                return Err(AuthError::Invalid(
+                    "expiresAtMs must be in the future".to_owned(),
+                ));
+            }
+            // A date no one will see is a typo, not a policy: omit it for no expiry.
+            if exp - now > MAX_PAT_LIFETIME_MS {
+                return Err(AuthError::Invalid(format!(
+                    "expiresAtMs is more than {} days away; omit it for a token that never expires",
+                    MAX_PAT_LIFETIME_MS / 86_400_000
+                )));
+            }
         }
         let (token, prefix) = pat::generate(self.tag);
         let pat = Pat {

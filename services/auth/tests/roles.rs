@@ -1,5 +1,6 @@
 //! Roles for generated ontology tools come from `role:<name>` groups; an agent
-//! holds only the roles both it and its user have; admins also hold `admin`.
+//! holds only the roles both it and its user have; admins also hold `admin`. And the
+//! bounds of a PAT's expiry.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use kg_auth::AuthService;
@@ -149,4 +150,43 @@ async fn an_agent_is_never_an_admin() {
         .decoded
         .unwrap();
     assert!(!context.is_admin, "{context:?}");
+}
+
+#[tokio::test]
+async fn a_pat_expires_in_the_future_and_within_ten_years() {
+    let dir = tempfile::tempdir().unwrap();
+    let sql = kg_stores::sql::SqlStore::connect(&format!(
+        "sqlite://{}",
+        dir.path().join("a.db").display()
+    ))
+    .await
+    .unwrap();
+    let auth = AuthService::new(sql, ContextSigner::generate(), vec![7; 32], "dep".into())
+        .await
+        .unwrap();
+    let admin_token = auth.bootstrap_admin().await.unwrap().unwrap();
+    let admin = auth
+        .authorize(&admin_token, "admin", &[], "r")
+        .await
+        .unwrap()
+        .decoded
+        .unwrap();
+    let day = 86_400_000;
+    let now = kg_common::caller::now_ms();
+    for (expires, problem) in [
+        (now - 1, "expiresAtMs must be in the future"),
+        (now + 3651 * day, "more than 3650 days away"),
+    ] {
+        let err = auth
+            .create_pat(&admin, &admin.principal_id, "t", Some(expires))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), kg_common::ErrorCode::InvalidArgument);
+        assert!(err.to_string().contains(problem), "{err}");
+    }
+    let (_, pat) = auth
+        .create_pat(&admin, &admin.principal_id, "t", Some(now + 3649 * day))
+        .await
+        .unwrap();
+    assert_eq!(pat.expires_at_ms, Some(now + 3649 * day));
 }
