@@ -406,7 +406,7 @@ pub fn resolve_with_cluster(
         Ok(addr) => Some(addr),
         Err(_) => {
             problems.push(format!(
-                "http_addr: expected host:port such as 127.0.0.1:8080, got `{http_addr_text}`"
+                "http_addr: expected an IP address and port such as 127.0.0.1:8080 or [::1]:8080 (not a host name), got `{http_addr_text}`"
             ));
             None
         }

@@ -3,8 +3,9 @@
 
 use std::path::Path;
 
-use figment::Figment;
-use figment::providers::{Env, Format as _, Toml};
+use figment::providers::{Env, Format as _, Serialized, Toml};
+use figment::value::{Dict, Value};
+use figment::{Figment, Source};
 use serde::de::DeserializeOwned;
 
 /// Prefix of every environment variable kgmesh reads as config.
@@ -55,9 +56,76 @@ pub fn load<T: DeserializeOwned>(file: Option<&Path>) -> Result<T, ConfigError> 
                 "WAREHOUSE_URL",
             ]),
     );
-    figment.extract::<T>().map_err(|err| ConfigError {
-        problems: err.into_iter().map(|e| e.to_string()).collect(),
-    })
+    let first = match figment.extract::<T>() {
+        Ok(config) => return Ok(config),
+        Err(err) => err,
+    };
+    let mut problems = vec![describe(&figment, &first)];
+    // Deserialising stops at the first problem: take its key out and go again, so one run
+    // lists them all. Each later error names its origin through the first figment.
+    let Ok(mut values) = figment.extract::<Dict>() else {
+        return Err(ConfigError { problems });
+    };
+    let mut last = first;
+    while problems.len() < MAX_PROBLEMS && remove_key(&mut values, &last.path) {
+        match Figment::from(Serialized::defaults(&values)).extract::<T>() {
+            Ok(_) => break,
+            Err(err) => {
+                problems.push(describe(&figment, &err));
+                last = err;
+            }
+        }
+    }
+    Err(ConfigError { problems })
+}
+
+/// Most problems listed from one configuration.
+const MAX_PROBLEMS: usize = 20;
+
+/// `indexer.concurrency: invalid type: ... (in kgmesh.toml)`, or the variable's name for
+/// one set in the environment, without figment's profile prefix.
+fn describe(figment: &Figment, err: &figment::Error) -> String {
+    let key = err.path.join(".");
+    let metadata = figment.find_metadata(&key).or(err.metadata.as_ref());
+    let kind = &err.kind;
+    match metadata {
+        Some(meta) if key.is_empty() => format!("{kind} (in {})", origin(meta)),
+        Some(meta) => match &meta.source {
+            Some(Source::File(path)) => format!("{key}: {kind} (in {})", path.display()),
+            // Our only other provider: the variable, as the operator would set it.
+            _ => {
+                let keys: Vec<String> = err.path.iter().map(|k| k.to_ascii_uppercase()).collect();
+                format!(
+                    "{ENV_PREFIX}{}: {kind} (in the environment)",
+                    keys.join("__")
+                )
+            }
+        },
+        None if key.is_empty() => kind.to_string(),
+        None => format!("{key}: {kind}"),
+    }
+}
+
+fn origin(meta: &figment::Metadata) -> String {
+    match &meta.source {
+        Some(Source::File(path)) => path.display().to_string(),
+        _ => meta.name.to_string(),
+    }
+}
+
+/// Takes the key at `path` out of `values`; false when there is none to take.
+fn remove_key(values: &mut Dict, path: &[String]) -> bool {
+    let Some((last, parents)) = path.split_last() else {
+        return false;
+    };
+    let mut dict = values;
+    for key in parents {
+        match dict.get_mut(key) {
+            Some(Value::Dict(_, inner)) => dict = inner,
+            _ => return false,
+        }
+    }
+    dict.remove(last).is_some()
 }
 
 #[cfg(test)]
@@ -82,7 +150,13 @@ mod tests {
         let bad = dir.join("bad.toml");
         std::fs::write(&bad, "top_k = \"ten\"\nunknown = 1\n").unwrap();
         let err = load::<Demo>(Some(&bad)).unwrap_err();
-        assert!(!err.problems.is_empty());
+        let problems = err.problems.join("\n");
+        assert_eq!(err.problems.len(), 2, "{problems}");
+        assert!(
+            problems.contains("top_k: invalid type") && problems.contains("unknown"),
+            "{problems}"
+        );
+        assert!(!problems.contains("default."), "{problems}");
         assert!(load::<Demo>(Some(&dir.join("missing.toml"))).is_err());
     }
 }
