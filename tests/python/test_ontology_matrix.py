@@ -560,7 +560,8 @@ async def test_read_tools_redact_and_bound_results(shop: Shop, transport: str) -
         assert grace["rows"][0]["state"] == "churned"
         await refused(client, "get_customer", {"customer_id": 99}, "not_found")
         await refused(client, "get_order", {"order_id": 106}, "ambiguous_identity")
-        await refused(client, "get_customer", {"customer_id": "1 OR 1=1"}, "invalid_arguments")
+        injected = await refused(client, "get_customer", {"customer_id": "1 OR 1=1"}, "invalid_arguments")
+        assert "`customer_id` must be an integer" in injected["message"], injected
         await refused(client, "get_customer", {"customer_id": 1, "email": "x"}, "invalid_arguments")
 
         every = (await ok(client, "list_order", {})).data

@@ -129,7 +129,7 @@ fn identity(
             coerce(value, ty).ok_or_else(|| {
                 ToolError::new(
                     ToolCode::InvalidArguments,
-                    format!("`{id}` must be a {}", ty.json_type()),
+                    format!("`{id}` must be {}", ty.json_type_with_article()),
                 )
             })
         })
@@ -489,7 +489,10 @@ fn parameters(act: &ActionDef, args: &Map<String, Value>) -> Result<Map<String, 
                 let b = coerce(v, def.value_type).ok_or_else(|| {
                     ToolError::new(
                         ToolCode::InvalidArguments,
-                        format!("`{name}` must be a {}", def.value_type.json_type()),
+                        format!(
+                            "`{name}` must be {}",
+                            def.value_type.json_type_with_article()
+                        ),
                     )
                 })?;
                 if let Bound::Text(s) = &b {

@@ -84,6 +84,16 @@ pub enum ValueType {
 }
 
 impl ValueType {
+    /// The JSON type as a message names it: "an integer", "a string".
+    pub fn json_type_with_article(self) -> &'static str {
+        match self {
+            ValueType::String => "a string",
+            ValueType::Integer => "an integer",
+            ValueType::Number => "a number",
+            ValueType::Boolean => "a boolean",
+        }
+    }
+
     /// The JSON Schema type name.
     pub fn json_type(self) -> &'static str {
         match self {
