@@ -497,6 +497,17 @@ impl Mesh {
                 Some(tbox),
             )
             .await?;
+            // The approval child inherits this environment: a variable missing here is
+            // missing there, and approving the action would end `effect_misconfigured`.
+            if let Some(active) = service.active() {
+                for (variable, action) in active.compiled.project.unset_effect_secrets() {
+                    tracing::warn!(
+                        variable,
+                        action,
+                        "an effect's secret header names a variable that is not set; approving the action will end effect_misconfigured"
+                    );
+                }
+            }
             let verifier = verifier.clone();
             let token = shutdown.clone();
             tasks.spawn(async move {

@@ -142,6 +142,7 @@ pub(crate) async fn ontology(command: OntologyCommand) -> anyhow::Result<std::pr
                 active.compiled.tools.len(),
                 active.compiled.policy_version
             );
+            warn_unset_secrets(&active.compiled.project);
         }
         OntologyCommand::Compile {
             project: p,
@@ -184,6 +185,17 @@ pub(crate) async fn ontology(command: OntologyCommand) -> anyhow::Result<std::pr
         }
     }
     Ok(std::process::ExitCode::SUCCESS)
+}
+
+/// Not a problem of the project: the approval service reads the variables from its own
+/// environment (`kgmesh up` passes its own on), which is usually this shell's.
+fn warn_unset_secrets(project: &kg_ontology::Project) {
+    for (variable, action) in project.unset_effect_secrets() {
+        eprintln!(
+            "note: `{variable}` (a secret header of `{action}`'s effect) is not set in this environment; \
+             the approval service needs it, or approving that action ends `effect_misconfigured`"
+        );
+    }
 }
 
 fn report(problems: &[String]) -> std::process::ExitCode {

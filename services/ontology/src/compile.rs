@@ -988,6 +988,39 @@ mod tests {
     }
 
     #[test]
+    fn effect_secret_variables_are_listed_once_with_the_first_action_needing_them() {
+        let mut p = shop();
+        assert_eq!(
+            p.effect_secret_variables(),
+            [("SHOP_WEBHOOK_TOKEN".to_owned(), "order.cancel".to_owned())]
+        );
+        p.objects["order"].actions["refund"]
+            .effect
+            .secret_headers
+            .insert("X-Other".into(), "KGMESH_TEST_SURELY_UNSET_VARIABLE".into());
+        assert_eq!(
+            p.effect_secret_variables(),
+            [
+                (
+                    "KGMESH_TEST_SURELY_UNSET_VARIABLE".to_owned(),
+                    "order.refund".to_owned()
+                ),
+                ("SHOP_WEBHOOK_TOKEN".to_owned(), "order.cancel".to_owned()),
+            ]
+        );
+        assert!(p.unset_effect_secrets().contains(&(
+            "KGMESH_TEST_SURELY_UNSET_VARIABLE".to_owned(),
+            "order.refund".to_owned()
+        )));
+        // PATH is set in any environment a test runs in.
+        p.objects["order"].actions["refund"]
+            .effect
+            .secret_headers
+            .insert("X-Path".into(), "PATH".into());
+        assert!(!p.unset_effect_secrets().iter().any(|(v, _)| v == "PATH"));
+    }
+
+    #[test]
     fn effect_bounds_are_the_ones_the_approval_service_runs_within() {
         let with = |timeout_ms: u32, max_attempts: u32| {
             let mut p = shop();

@@ -32,6 +32,32 @@ pub struct Project {
     pub objects: IndexMap<String, ObjectDef>,
 }
 
+impl Project {
+    /// The environment variables the effects' secret headers name, each with the first
+    /// action (`object.action`) that needs it: the approval service reads them when it runs
+    /// an effect, so one it lacks ends that proposal `effect_misconfigured`.
+    pub fn effect_secret_variables(&self) -> Vec<(String, String)> {
+        let mut seen = std::collections::BTreeMap::new();
+        for (object, def) in &self.objects {
+            for (action, action_def) in &def.actions {
+                for variable in action_def.effect.secret_headers.values() {
+                    seen.entry(variable.clone())
+                        .or_insert_with(|| format!("{object}.{action}"));
+                }
+            }
+        }
+        seen.into_iter().collect()
+    }
+
+    /// [`Project::effect_secret_variables`] that this process's environment does not set.
+    pub fn unset_effect_secrets(&self) -> Vec<(String, String)> {
+        self.effect_secret_variables()
+            .into_iter()
+            .filter(|(variable, _)| std::env::var_os(variable).is_none_or(|v| v.is_empty()))
+            .collect()
+    }
+}
+
 /// Warehouse connection: a URL, or the name of an environment variable holding it.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
