@@ -32,6 +32,13 @@ pub struct ToolLabels {
     pub outcome: String,
 }
 
+/// Labels of an indexing outcome.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct IndexedLabels {
+    /// "indexed", "stored" (kept, not indexable) or "failed".
+    pub outcome: String,
+}
+
 /// Labels of LLM token counts.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TokenLabels {
@@ -65,7 +72,7 @@ pub struct Metrics {
     /// MCP tool latency.
     pub tool_latency: Family<ToolLabels, Histogram>,
     /// Files indexed, by outcome.
-    pub files_indexed: Family<ToolLabels, Counter>,
+    pub files_indexed: Family<IndexedLabels, Counter>,
     /// LLM extractor requests that returned an answer.
     pub llm_requests: Counter,
     /// LLM tokens the endpoint reported, by kind (prompt, completion).
@@ -144,7 +151,7 @@ pub fn metrics() -> &'static Metrics {
         let tool_latency = Family::<ToolLabels, Histogram>::new_with_constructor(
             latency_histogram as fn() -> Histogram,
         );
-        let files_indexed = Family::<ToolLabels, Counter>::default();
+        let files_indexed = Family::<IndexedLabels, Counter>::default();
         let llm_requests = Counter::default();
         let llm_tokens = Family::<TokenLabels, Counter>::default();
         // Both kinds exported from the start, so a dashboard sees 0 rather than no series.

@@ -564,8 +564,7 @@ impl Worker {
             .map_err(|e| Failure::retry(&e))?;
         kg_common::metrics::metrics()
             .files_indexed
-            .get_or_create(&kg_common::metrics::ToolLabels {
-                tool: "indexer".to_owned(),
+            .get_or_create(&kg_common::metrics::IndexedLabels {
                 outcome: "indexed".to_owned(),
             })
             .inc();
@@ -762,8 +761,7 @@ impl Worker {
                 };
                 kg_common::metrics::metrics()
                     .files_indexed
-                    .get_or_create(&kg_common::metrics::ToolLabels {
-                        tool: "indexer".to_owned(),
+                    .get_or_create(&kg_common::metrics::IndexedLabels {
                         outcome: outcome.to_owned(),
                     })
                     .inc();
