@@ -776,9 +776,10 @@ const STORE_RESTART_WINDOW: Duration = Duration::from_secs(300);
 /// Owns an embedded store and starts it again, on its port and data, whenever its process
 /// exits (a crash, the OOM killer, an operator's `kill`): the services' clients reconnect to
 /// the URL they hold, and the NATS redeliveries of the writes that failed meanwhile land.
-/// More than [`MAX_STORE_RESTARTS`] deaths in [`STORE_RESTART_WINDOW`], or a process that
-/// cannot be watched, fails the task, which stops the mesh with the reason. Returns (dropping
-/// the store, which stops it) when `stop` fires.
+/// The gateway's `/ready` names it while it is down. More than [`MAX_STORE_RESTARTS`] deaths
+/// in [`STORE_RESTART_WINDOW`], or a process that cannot be watched, fails the task, which
+/// stops the mesh with the reason. Returns (dropping the store, which stops it) when `stop`
+/// fires.
 async fn keep_running<S: kg_stores::embedded::Restartable>(
     mut store: S,
     stop: CancellationToken,
@@ -814,6 +815,7 @@ async fn keep_running<S: kg_stores::embedded::Restartable>(
                 )),
             );
         }
+        kg_common::readiness::mark_down(name);
         tracing::error!(store = name, %status, deaths = deaths.len(), "the embedded store exited; restarting it on the same port");
         // 0.5 s, 1 s, 2 s, ... between restarts.
         let delay = Duration::from_millis(250 << deaths.len().min(5));
@@ -825,7 +827,10 @@ async fn keep_running<S: kg_stores::embedded::Restartable>(
             } => restarted,
         };
         match restarted {
-            Ok(()) => tracing::warn!(store = name, "the embedded store is running again"),
+            Ok(()) => {
+                kg_common::readiness::mark_up(name);
+                tracing::warn!(store = name, "the embedded store is running again");
+            }
             // Its process is gone again: the next turn counts it as another death.
             Err(err) => {
                 tracing::error!(store = name, error = %err, "the embedded store did not start again")

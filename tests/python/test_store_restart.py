@@ -1,18 +1,22 @@
 """An embedded store whose process dies while `kgmesh up` runs (a crash, the OOM killer, an
 operator's `kill -9`) is started again on its port and data, and nothing is lost: what was
 indexed before is still found, and a file uploaded after is indexed. The log says what
-happened, and `up` keeps running and stops every store it started, the restarted one too.
+happened, `/ready` names the store while it is down, and `up` keeps running and stops every
+store it started, the restarted one too.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import signal
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 
@@ -61,6 +65,14 @@ def wait_for(check: Callable[[], T | None], seconds: float, what: str) -> T:
     return found
 
 
+def ready(mesh: Mesh) -> tuple[int, Any]:
+    try:
+        with urllib.request.urlopen(f"{mesh.base_url}/ready", timeout=5) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
 async def search_paths(mesh: Mesh, query: str) -> list[str]:
     async with mcp_http(mesh.mcp_url, mesh.admin_token) as client:
         found = await call_ok(client, "kg_search", {"namespaces": [NS], "query": query, "lanes": ["fulltext"]})
@@ -78,10 +90,15 @@ async def test_a_killed_store_is_restarted_and_nothing_is_lost(mesh: Mesh, store
     time.sleep(1.5)
 
     old = wait_for(lambda: store_pid(mesh, store), 5, f"{store} process of `kgmesh up`")
+    assert ready(mesh) == (200, {"ok": True})
     os.kill(old, signal.SIGKILL)
+    # Down for at least the half second before the restart: /ready names it meanwhile.
+    waiting = wait_for(lambda: answer if (answer := ready(mesh))[0] == 503 else None, 5, "/ready saying 503")
+    assert waiting == (503, {"ok": False, "waitingFor": [STORES[store]]}), waiting
     new = wait_for(lambda: (pid if (pid := store_pid(mesh, store)) not in (None, old) else None), 60,
                    f"restarted {store}")
     assert mesh.proc is not None and mesh.proc.poll() is None, f"`kgmesh up` stopped:\n{mesh.log_tail()}"
+    wait_for(lambda: True if ready(mesh)[0] == 200 else None, 30, "/ready saying 200 again")
 
     (docs / f"{store}-after.md").write_text(f"# After\n\nThe release is signed ({marker}after).\n")
     mesh.ingest(docs, NS)

@@ -207,13 +207,19 @@ async fn ready(State(state): State<GatewayState>) -> Response {
         auth.signing_key(kg_proto::v1::SigningKeyRequest {}),
     )
     .await;
-    match answer {
-        Ok(Ok(_)) => axum::Json(json!({"ok": true})).into_response(),
-        _ => (
+    // Parts of this process being restarted (the embedded stores of `kgmesh up`), then auth.
+    let mut waiting = kg_common::readiness::down();
+    if !matches!(answer, Ok(Ok(_))) {
+        waiting.push("auth");
+    }
+    if waiting.is_empty() {
+        axum::Json(json!({"ok": true})).into_response()
+    } else {
+        (
             StatusCode::SERVICE_UNAVAILABLE,
-            axum::Json(json!({"ok": false, "waitingFor": ["auth"]})),
+            axum::Json(json!({"ok": false, "waitingFor": waiting})),
         )
-            .into_response(),
+            .into_response()
     }
 }
 

@@ -15,6 +15,7 @@ pub mod config;
 pub mod error;
 pub mod grpc;
 pub mod metrics;
+pub mod readiness;
 pub mod redact;
 pub mod sanitize;
 pub mod telemetry;

@@ -97,6 +97,32 @@ fn mcp_post(token: &str, session: Option<&str>, body: Value) -> Request<Body> {
 }
 
 #[tokio::test]
+async fn ready_names_what_it_waits_for() {
+    let app = app(config(&dead_addr().await).await);
+    let ready = || async {
+        let response = app
+            .clone()
+            .oneshot(request("GET", "/ready").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        (response.status(), body_json(response).await)
+    };
+    assert_eq!(
+        ready().await,
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({"ok": false, "waitingFor": ["auth"]})
+        )
+    );
+    // An embedded store being restarted by `kgmesh up`, in this process.
+    kg_common::readiness::mark_down("falkordb");
+    let (status, body) = ready().await;
+    kg_common::readiness::mark_up("falkordb");
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(body["waitingFor"], json!(["falkordb", "auth"]));
+}
+
+#[tokio::test]
 async fn health_metrics_and_metadata_need_no_auth() {
     let app = app(config(&dead_addr().await).await);
     let response = app
