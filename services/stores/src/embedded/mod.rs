@@ -393,31 +393,51 @@ where
     let mut last_error = None;
     for _ in 0..START_ATTEMPTS {
         let port = free_port(spec.server)?;
-        let (log, stdout, stderr) = log_file(spec.data_dir, spec.log_name, spec.server)?;
-        let mut child = Supervised::spawn(
-            command_for(port),
-            stdout,
-            stderr,
-            spec.stop_signal,
-            Duration::from_secs(10),
-            spec.server,
-        )?;
-        match wait_ready(
-            &mut child,
-            &log,
-            spec.ready_timeout,
-            spec.server,
-            spec.busy_marker,
-            || probe(port),
-        )
-        .await
-        {
-            Ok(()) => return Ok((port, child)),
+        match launch(&spec, command_for(port), || probe(port)).await {
+            Ok(child) => return Ok((port, child)),
             Err(failure) if failure.port_in_use => last_error = Some(failure.error),
             Err(failure) => return Err(failure.error),
         }
     }
     Err(last_error.unwrap_or_else(|| StoreError::embedded(spec.server, "no start attempt made")))
+}
+
+/// Spawns `command` with its output in the server's log and waits until `probe` succeeds; the
+/// process is stopped (dropped) when it does not.
+async fn launch<P, Fut>(
+    spec: &ServerSpec<'_>,
+    command: Command,
+    probe: P,
+) -> Result<Supervised, StartFailure>
+where
+    P: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let failed = |error| StartFailure {
+        port_in_use: false,
+        error,
+    };
+    let (log, stdout, stderr) =
+        log_file(spec.data_dir, spec.log_name, spec.server).map_err(failed)?;
+    let mut child = Supervised::spawn(
+        command,
+        stdout,
+        stderr,
+        spec.stop_signal,
+        Duration::from_secs(10),
+        spec.server,
+    )
+    .map_err(failed)?;
+    wait_ready(
+        &mut child,
+        &log,
+        spec.ready_timeout,
+        spec.server,
+        spec.busy_marker,
+        probe,
+    )
+    .await?;
+    Ok(child)
 }
 
 /// Starts a server again on the `port` it had (its clients hold that URL) and waits until
@@ -432,25 +452,9 @@ where
     P: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<(), String>>,
 {
-    let (log, stdout, stderr) = log_file(spec.data_dir, spec.log_name, spec.server)?;
-    let mut child = Supervised::spawn(
-        command,
-        stdout,
-        stderr,
-        spec.stop_signal,
-        Duration::from_secs(10),
-        spec.server,
-    )?;
-    wait_ready(
-        &mut child,
-        &log,
-        spec.ready_timeout,
-        spec.server,
-        spec.busy_marker,
-        probe,
-    )
-    .await
-    .map_err(|failure| failure.error)?;
+    let child = launch(&spec, command, probe)
+        .await
+        .map_err(|failure| failure.error)?;
     tracing::debug!(server = spec.server, port, "restarted on its port");
     Ok(child)
 }
