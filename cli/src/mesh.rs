@@ -132,8 +132,8 @@ impl MeshInfo {
 }
 
 impl MeshOptions {
-    /// The gateway's configuration over these options.
-    fn gateway_config(&self, backends: BackendAddrs) -> GatewayConfig {
+    /// The gateway's configuration over these options (`kgmesh up` and `kgmesh serve gateway`).
+    pub(crate) fn gateway_config(&self, backends: BackendAddrs) -> GatewayConfig {
         let mut config = GatewayConfig::new(backends);
         config
             .allowed_hosts

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, anyhow, bail};
 use kg_common::caller::{ContextSigner, ContextVerifier, PublicKey};
 use kg_common::config::ConfigError;
-use kg_gateway::{BackendAddrs, GatewayConfig};
+use kg_gateway::BackendAddrs;
 use kg_stores::blobs::BlobStore;
 use kg_stores::graph::GraphStore;
 use kg_stores::sql::SqlStore;
@@ -561,21 +561,12 @@ async fn start(
             // The gateway verifies nothing itself, but waiting for auth's key means it starts
             // answering only once auth does.
             verifier()?;
-            let mut config = GatewayConfig::new(BackendAddrs {
+            let mut config = mesh.gateway_config(BackendAddrs {
                 auth: required_addr(&cluster.auth_addr, "cluster.auth_addr")?,
                 files: required_addr(&cluster.files_addr, "cluster.files_addr")?,
                 retrieval: required_addr(&cluster.retrieval_addr, "cluster.retrieval_addr")?,
                 graph: required_addr(&cluster.graph_addr, "cluster.graph_addr")?,
             });
-            config
-                .allowed_hosts
-                .extend(mesh.allowed_hosts.iter().cloned());
-            config.allowed_origins = mesh.allowed_origins.clone();
-            config.public_base_url = mesh.public_base_url.clone();
-            config.https = mesh.http_tls.clone();
-            if let Some(max) = mesh.max_upload_bytes {
-                config.max_upload_bytes = max;
-            }
             config.ontology_addr = cluster.ontology_addr.clone();
             config.approval_addr = cluster.approval_addr.clone();
             config.validate()?;

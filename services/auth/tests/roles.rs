@@ -6,17 +6,20 @@
 use kg_auth::AuthService;
 use kg_common::ErrorExt as _;
 use kg_common::caller::ContextSigner;
-use kg_proto::v1::PrincipalKind;
+use kg_proto::v1::{CallerContext, PrincipalKind};
 
-#[tokio::test]
-async fn roles_come_from_role_groups() {
+/// An auth service on a fresh SQLite file, with its first admin.
+struct Fixture {
+    _dir: tempfile::TempDir,
+    url: String,
+    auth: AuthService,
+    admin: CallerContext,
+}
+
+async fn fixture() -> Fixture {
     let dir = tempfile::tempdir().unwrap();
-    let sql = kg_stores::sql::SqlStore::connect(&format!(
-        "sqlite://{}",
-        dir.path().join("a.db").display()
-    ))
-    .await
-    .unwrap();
+    let url = format!("sqlite://{}", dir.path().join("a.db").display());
+    let sql = kg_stores::sql::SqlStore::connect(&url).await.unwrap();
     let auth = AuthService::new(sql, ContextSigner::generate(), vec![7; 32], "dep".into())
         .await
         .unwrap();
@@ -27,6 +30,20 @@ async fn roles_come_from_role_groups() {
         .unwrap()
         .decoded
         .unwrap();
+    Fixture {
+        _dir: dir,
+        url,
+        auth,
+        admin,
+    }
+}
+
+#[tokio::test]
+async fn roles_come_from_role_groups() {
+    // `_dir` is bound: the database file lives as long as the test.
+    let Fixture {
+        _dir, auth, admin, ..
+    } = fixture().await;
     assert_eq!(admin.roles, ["admin"]);
 
     let user = auth
@@ -109,19 +126,12 @@ async fn roles_come_from_role_groups() {
 /// (written before the rule) does not mint an admin context.
 #[tokio::test]
 async fn an_agent_is_never_an_admin() {
-    let dir = tempfile::tempdir().unwrap();
-    let url = format!("sqlite://{}", dir.path().join("a.db").display());
-    let sql = kg_stores::sql::SqlStore::connect(&url).await.unwrap();
-    let auth = AuthService::new(sql, ContextSigner::generate(), vec![7; 32], "dep".into())
-        .await
-        .unwrap();
-    let admin_token = auth.bootstrap_admin().await.unwrap().unwrap();
-    let admin = auth
-        .authorize(&admin_token, "admin", &[], "r")
-        .await
-        .unwrap()
-        .decoded
-        .unwrap();
+    let Fixture {
+        _dir,
+        url,
+        auth,
+        admin,
+    } = fixture().await;
     assert!(admin.is_admin);
     let refused = auth
         .create_principal(&admin, "bot", PrincipalKind::Agent, "", true)
@@ -154,23 +164,10 @@ async fn an_agent_is_never_an_admin() {
 
 #[tokio::test]
 async fn a_pat_expires_in_the_future_and_within_ten_years() {
-    let dir = tempfile::tempdir().unwrap();
-    let sql = kg_stores::sql::SqlStore::connect(&format!(
-        "sqlite://{}",
-        dir.path().join("a.db").display()
-    ))
-    .await
-    .unwrap();
-    let auth = AuthService::new(sql, ContextSigner::generate(), vec![7; 32], "dep".into())
-        .await
-        .unwrap();
-    let admin_token = auth.bootstrap_admin().await.unwrap().unwrap();
-    let admin = auth
-        .authorize(&admin_token, "admin", &[], "r")
-        .await
-        .unwrap()
-        .decoded
-        .unwrap();
+    // `_dir` is bound: the database file lives as long as the test.
+    let Fixture {
+        _dir, auth, admin, ..
+    } = fixture().await;
     let day = 86_400_000;
     let now = kg_common::caller::now_ms();
     for (expires, problem) in [
