@@ -393,7 +393,9 @@ where
     let mut last_error = None;
     for _ in 0..START_ATTEMPTS {
         let port = free_port(spec.server)?;
-        match launch(&spec, command_for(port), || probe(port)).await {
+        // Boxed: every caller's future holds this one, and inline it takes the layout of a
+        // test's async block past the compiler's query depth limit.
+        match Box::pin(launch(&spec, command_for(port), || probe(port))).await {
             Ok(child) => return Ok((port, child)),
             Err(failure) if failure.port_in_use => last_error = Some(failure.error),
             Err(failure) => return Err(failure.error),
@@ -452,7 +454,7 @@ where
     P: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<(), String>>,
 {
-    let child = launch(&spec, command, probe)
+    let child = Box::pin(launch(&spec, command, probe))
         .await
         .map_err(|failure| failure.error)?;
     tracing::debug!(server = spec.server, port, "restarted on its port");
