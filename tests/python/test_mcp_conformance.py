@@ -41,8 +41,6 @@ APPLICABLE = {
     "server-initialize": "protocol version, capabilities and serverInfo",
     "ping": "an empty result",
     "tools-list": "every tool with its input schema",
-    "tools-call-error": "a tool that fails answers a result with isError, not a protocol error "
-    "(the suite calls its fixture tool test_error_handling; kgmesh answers unknown_tool that way)",
     "server-sse-multiple-streams": "several POST requests in flight on one session, each streamed",
     "dns-rebinding-protection": "a foreign Host is refused; an allowed local Host and Origin are served",
 }
@@ -50,6 +48,8 @@ APPLICABLE = {
 NOT_APPLICABLE = {
     "logging-set-level": "kgmesh declares no logging capability: lanes and namespaces report in trace",
     "completion-complete": "no prompts or resource templates to complete",
+    "tools-call-error": "fixture tool test_error_handling: to kgmesh an unknown tool, which the "
+    "specification makes a protocol error (-32602), not a tool result with isError",
     "tools-call-simple-text": "fixture tool test_simple_text",
     "tools-call-image": "fixture tool test_image_content",
     "tools-call-audio": "fixture tool test_audio_content",

@@ -588,13 +588,11 @@ async def test_read_tools_redact_and_bound_results(shop: Shop, transport: str) -
         assert (one["count"], one["truncated"]) == (1, True)
         await refused(client, "traverse_customer_orders", {"customer_id": 42}, "not_found")
 
-        try:
-            unknown = await call_tool(client, "get_nothing", {})
-        except MCPError as err:
-            assert "get_nothing" in str(err), err
-        else:
-            assert unknown.error()["code"] == "unknown_tool", unknown.data
-            assert "unknown tool `get_nothing`: call tools/list" in unknown.error()["message"], unknown.data
+        # An unknown tool is a protocol error (-32602), whether or not the ontology is asked.
+        with pytest.raises(MCPError) as unknown:
+            await call_tool(client, "get_nothing", {})
+        assert unknown.value.error.code == -32602, unknown.value
+        assert "unknown tool `get_nothing`: call tools/list" in unknown.value.error.message
 
 
 HOSTILE = [chr(27)] + [chr(c) for c in range(0xE0000, 0xE0080)] + [chr(c) for c in range(0x202A, 0x202F)]

@@ -10,6 +10,7 @@ mod jsonrpc_shape;
 mod knowledge_graph;
 mod namespaces;
 mod session_calls;
+mod session_owner;
 mod tbox;
 mod versions;
 
@@ -32,6 +33,7 @@ use crate::mcp::{McpServer, ToolRegistry};
 use crate::state::GatewayState;
 use guard::{BearerGuard, refuse_nul_characters, require_bearer};
 use session_calls::{SessionCalls, answer_builtin_tool_calls};
+use session_owner::{SessionOwners, bind_sessions_to_principals};
 
 /// Builds the whole HTTP application.
 pub fn router(state: GatewayState) -> Router {
@@ -43,10 +45,14 @@ pub fn router(state: GatewayState) -> Router {
             mcp_service(&state, server.clone(), sessions.clone()),
         )
         .route_layer(from_fn_with_state(
-            SessionCalls::new(server, sessions),
+            SessionCalls::new(server, sessions.clone()),
             answer_builtin_tool_calls,
         ))
         .route_layer(from_fn(closed_session_is_no_content))
+        .route_layer(from_fn_with_state(
+            SessionOwners::new(sessions),
+            bind_sessions_to_principals,
+        ))
         .route_layer(from_fn(accept_anything_means_both))
         .route_layer(from_fn(jsonrpc_shape::refuse_malformed_jsonrpc))
         .route_layer(from_fn_with_state(

@@ -164,20 +164,25 @@ impl McpServer {
         }
     }
 
-    /// Runs a generated tool, or None when generated tools are off.
+    /// Runs a generated tool: None when generated tools are off, `Err` when the ontology
+    /// offers no tool of that name (a protocol error, neither metered by name nor audited,
+    /// like an unknown tool with generated tools off).
     pub(super) async fn call_generated(
         &self,
         request: &CallToolRequestParams,
         context: &RequestContext<RoleServer>,
-    ) -> Option<CallToolResult> {
+    ) -> Option<Result<CallToolResult, UnknownTool>> {
         let generated = &self.state.generated;
         let client = generated.client.as_ref()?;
+        if !super::is_tool_name(&request.name) {
+            return Some(Err(UnknownTool::NotOffered));
+        }
         let tool = request.name.to_string();
         let started = Instant::now();
         let at_ms = kg_common::caller::now_ms();
         let caller = match self.caller(context).await {
             Ok(caller) => caller,
-            Err(err) => return Some(error_result(&err)),
+            Err(err) => return Some(Ok(error_result(&err))),
         };
         let agent = context
             .peer
@@ -201,6 +206,17 @@ impl McpServer {
             Ok(Err(status)) => finish(Err(ClientError::from_status("ontology", &status))),
             Ok(Ok(r)) => match serde_json::from_str::<Value>(&r.into_inner().result_json) {
                 Ok(value) => match value.get("error").and_then(Value::as_str) {
+                    Some("unknown_tool") => {
+                        let loaded = !value
+                            .get("message")
+                            .and_then(Value::as_str)
+                            .is_some_and(|m| m.contains("no ontology project is loaded"));
+                        return Some(Err(if loaded {
+                            UnknownTool::NotOffered
+                        } else {
+                            UnknownTool::NoProjectLoaded
+                        }));
+                    }
                     Some(code) => {
                         let message = value.get("message").cloned().unwrap_or(Value::Null);
                         (
@@ -226,8 +242,15 @@ impl McpServer {
             &caller,
             summary.audit_event(at_ms, Vec::new(), self.transport()),
         );
-        Some(result.into_call_tool_result())
+        Some(Ok(result.into_call_tool_result()))
     }
+}
+
+/// Why a tool name is not one the ontology offers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum UnknownTool {
+    NotOffered,
+    NoProjectLoaded,
 }
 
 /// Sends `notifications/tools/list_changed` to `peer` on every recompile,

@@ -311,17 +311,52 @@ impl ServerHandler for McpServer {
             Ok(answer) => return Ok(CallToolResponse::Complete(answer.into_call_tool_result())),
             Err(request) => request,
         };
-        if let Some(result) = self.call_generated(&request, &context).await {
-            return Ok(CallToolResponse::Complete(result));
-        }
-        Err(McpError::invalid_params(
-            format!(
-                "unknown tool `{}`: call tools/list for the tools this server offers",
-                request.name
-            ),
-            None,
-        ))
+        let why = match self.call_generated(&request, &context).await {
+            Some(Ok(result)) => return Ok(CallToolResponse::Complete(result)),
+            Some(Err(why)) => Some(why),
+            None => None,
+        };
+        Err(unknown_tool(&request.name, why))
     }
+}
+
+/// Whether `name` has the shape of an MCP tool name (1-128 of `A-Z a-z 0-9 _ - .`); no tool
+/// this server offers has another, so no other name goes further.
+pub(crate) fn is_tool_name(name: &str) -> bool {
+    (1..=128).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+}
+
+/// The protocol error for a call of a tool this server does not offer (JSON-RPC -32602, as
+/// the specification lists it). It is not a tool call: it is counted under one label,
+/// `unknown_tool`, whatever name was sent (a name per series would let any caller grow
+/// `/metrics` without bound), and not audited (the audit log records tool calls; the name
+/// is the caller's text).
+fn unknown_tool(name: &str, why: Option<generated::UnknownTool>) -> McpError {
+    metrics()
+        .tool_calls
+        .get_or_create(&ToolLabels {
+            tool: "unknown_tool".to_owned(),
+            outcome: ErrorCode::NotFound.as_str().to_owned(),
+        })
+        .inc();
+    // The name as sent, cut and with control characters escaped: it may be anything.
+    let mut shown: String = name.chars().take(64).flat_map(char::escape_debug).collect();
+    if name.chars().nth(64).is_some() {
+        shown.push_str("...");
+    }
+    let hint = match why {
+        Some(generated::UnknownTool::NoProjectLoaded) => {
+            " (no ontology project is loaded, so it offers only the built-in tools)"
+        }
+        _ => "",
+    };
+    McpError::invalid_params(
+        format!("unknown tool `{shown}`: call tools/list for the tools this server offers{hint}"),
+        None,
+    )
 }
 
 /// A built-in tool call's answer, before it goes on the wire.
@@ -543,6 +578,28 @@ mod tests {
     fn finished(value: serde_json::Value) -> (CallToolResult, Option<ErrorCode>) {
         let (answer, failure) = finish(tools::json_text(&value));
         (answer.into_call_tool_result(), failure)
+    }
+
+    #[test]
+    fn an_unknown_tool_is_one_label_and_its_name_is_cut_and_escaped_in_the_error() {
+        let long = format!("q_{}", "y".repeat(5000));
+        let forged = "admin:POST /api/v1/grants\n\u{1b}[31m";
+        assert!(!is_tool_name(&long) && !is_tool_name(forged) && !is_tool_name(""));
+        assert!(is_tool_name("get_customer") && is_tool_name("a.b-c_9"));
+        let err = unknown_tool(&long, None);
+        assert_eq!(err.code, rmcp::model::ErrorCode::INVALID_PARAMS);
+        assert!(err.message.len() < 200, "{}", err.message);
+        assert!(
+            err.message.starts_with("unknown tool `q_yyy"),
+            "{}",
+            err.message
+        );
+        let err = unknown_tool(forged, Some(generated::UnknownTool::NoProjectLoaded));
+        assert!(!err.message.contains('\u{1b}') && !err.message.contains('\n'));
+        assert!(err.message.contains("no ontology project is loaded"));
+        let exported = crate::metrics::encode_text();
+        assert!(exported.contains("tool=\"unknown_tool\""));
+        assert!(!exported.contains("q_yyy") && !exported.contains("admin:POST"));
     }
 
     #[test]

@@ -765,6 +765,58 @@ async fn session_tool_calls_are_answered_as_json_on_the_request_task() {
 }
 
 #[tokio::test]
+async fn a_session_answers_only_the_principal_that_opened_it() {
+    let auth = start_auth().await;
+    let app = app(full_config(&auth).await);
+    let session = open_session(&app).await;
+    let namespaces = json!({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": {"name": "kg_namespaces", "arguments": {}}});
+    let with = |token: &str, method: &str, session: &str| {
+        let mut builder = request(method, "/mcp")
+            .header(header::AUTHORIZATION, format!("Bearer {token}"))
+            .header("mcp-session-id", session)
+            .header("mcp-protocol-version", "2025-06-18");
+        if method == "GET" {
+            builder = builder.header(header::ACCEPT, "text/event-stream");
+        }
+        builder.body(Body::empty()).unwrap()
+    };
+    // Another principal's token (the agent's) finds no such session, whatever it asks: a
+    // tool call (on the direct path and through rmcp alike), its stream, its end.
+    for _ in 0..2 {
+        let response = app
+            .clone()
+            .oneshot(mcp_post(doubles::AGENT, Some(&session), namespaces.clone()))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    }
+    for method in ["GET", "DELETE"] {
+        let response = app
+            .clone()
+            .oneshot(with(doubles::AGENT, method, &session))
+            .await
+            .unwrap();
+        assert_eq!(response.status(), StatusCode::NOT_FOUND, "{method}");
+    }
+    // The session is untouched for its owner.
+    let (status, messages) = call_in(&app, &session, 3, "kg_namespaces", json!({})).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(messages[0]["result"].is_object(), "{messages:?}");
+    // Its owner ends it; a second DELETE, and one of an id never issued, are 404.
+    let response = app
+        .clone()
+        .oneshot(with(GOOD, "DELETE", &session))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::NO_CONTENT);
+    for id in [session.as_str(), "no-such-session"] {
+        let response = app.clone().oneshot(with(GOOD, "DELETE", id)).await.unwrap();
+        assert_eq!(response.status(), StatusCode::NOT_FOUND, "{id}");
+    }
+}
+
+#[tokio::test]
 async fn admin_rest_forwards_the_signed_context() {
     let auth = start_auth().await;
     let mut config = config(&auth.addr).await;
