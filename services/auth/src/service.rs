@@ -317,9 +317,6 @@ impl AuthService {
     /// Creates the first admin principal and a PAT for it when no admin exists
     /// yet; returns the token (shown once) or `None` when an admin exists.
     pub async fn bootstrap_admin(&self) -> Result<Option<String>> {
-        if self.store.any_admin().await? {
-            return Ok(None);
-        }
         let principal = Principal {
             id: new_id("usr"),
             name: "admin".to_owned(),
@@ -328,7 +325,9 @@ impl AuthService {
             is_admin: true,
             created_at_ms: now_ms(),
         };
-        self.store.create_principal(&principal).await?;
+        if !self.store.create_first_admin(&principal).await? {
+            return Ok(None);
+        }
         let (token, _) = self
             .issue_pat(&principal.id, "bootstrap admin", None)
             .await?;

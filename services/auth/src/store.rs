@@ -209,6 +209,9 @@ const EPOCH_TABLES: &[&str] = &[
 /// The PAT columns Authorize depends on; `last_used_at_ms` (rewritten by use) is not one.
 const EPOCH_PAT_COLUMNS: &str = "token_hash, principal_id, expires_at_ms, revoked_at_ms";
 
+/// `pg_advisory_xact_lock` key serialising the first admin's creation ("kgboot" in ASCII).
+const BOOTSTRAP_LOCK: i64 = 0x6b67_626f_6f74;
+
 /// `pg_advisory_xact_lock` key serialising the trigger DDL ("kgepoch" in ASCII).
 const EPOCH_DDL_LOCK: i64 = 0x006b_6765_706f_6368;
 
@@ -476,11 +479,31 @@ impl AuthStore {
         rows.iter().map(principal_from).collect()
     }
 
-    pub(crate) async fn any_admin(&self) -> Result<bool> {
-        let row = sqlx::query("SELECT COUNT(*) AS n FROM kg_principals WHERE is_admin = 1")
-            .fetch_one(self.sql.pool())
-            .await?;
-        Ok(row.try_get::<i64, _>("n")? > 0)
+    /// Creates `admin` only when no admin exists, in one statement; on PostgreSQL under an
+    /// advisory lock, as two transactions would both see no admin and both insert (SQLite
+    /// runs one writer at a time). Whether it was created.
+    pub(crate) async fn create_first_admin(&self, admin: &Principal) -> Result<bool> {
+        let mut tx = self.sql.pool().begin().await?;
+        if self.sql.backend() == SqlBackend::Postgres {
+            sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                .bind(BOOTSTRAP_LOCK)
+                .execute(&mut *tx)
+                .await?;
+        }
+        let created = sqlx::query(
+            "INSERT INTO kg_principals (id, name, kind, acts_for, is_admin, created_at_ms) \
+             SELECT $1, $2, $3, NULL, 1, $4 \
+             WHERE NOT EXISTS (SELECT 1 FROM kg_principals WHERE is_admin = 1)",
+        )
+        .bind(&admin.id)
+        .bind(&admin.name)
+        .bind(kind_str(admin.kind()))
+        .bind(admin.created_at_ms)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        tx.commit().await?;
+        Ok(created == 1)
     }
 
     pub(crate) async fn namespace_exists(&self, name: &str) -> Result<bool> {
