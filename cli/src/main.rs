@@ -166,8 +166,9 @@ struct OntologyArgs {
     /// Ontology project directory (ontology.yaml) whose objects become generated tools.
     #[arg(long, env = "KGMESH_ONTOLOGY_PROJECT_DIR")]
     project_dir: Option<PathBuf>,
-    /// Overrides the ontology project's warehouse URL.
-    #[arg(long, env = "KGMESH_WAREHOUSE_URL")]
+    /// Overrides the ontology project's warehouse URL. It usually holds a password: set
+    /// KGMESH_WAREHOUSE_URL rather than the flag, which `ps` shows to every local user.
+    #[arg(long, env = "KGMESH_WAREHOUSE_URL", hide_env_values = true)]
     warehouse_url: Option<String>,
     /// Let actions that declare no approval run their effect at once.
     #[arg(long)]
@@ -271,8 +272,9 @@ struct McpArgs {
     /// instead of the mesh's project.
     #[arg(long)]
     project_dir: Option<PathBuf>,
-    /// Overrides the project's warehouse URL.
-    #[arg(long, env = "KGMESH_WAREHOUSE_URL")]
+    /// Overrides the project's warehouse URL (set KGMESH_WAREHOUSE_URL rather than the flag,
+    /// which `ps` shows).
+    #[arg(long, env = "KGMESH_WAREHOUSE_URL", hide_env_values = true)]
     warehouse_url: Option<String>,
     /// With --project-dir: let actions without approval run their effect at once.
     #[arg(long)]

@@ -123,7 +123,7 @@ Environment variable names of the secrets. None starts with KGMESH_ (reserved fo
 {{- define "kgmesh.env.qdrantApiKey" -}}QDRANT_API_KEY{{- end }}
 {{- define "kgmesh.env.embeddingApiKey" -}}EMBEDDING_API_KEY{{- end }}
 {{- define "kgmesh.env.llmApiKey" -}}LLM_API_KEY{{- end }}
-{{- define "kgmesh.env.warehouseUrl" -}}ONTOLOGY_WAREHOUSE_URL{{- end }}
+{{- define "kgmesh.env.warehouseUrl" -}}KGMESH_WAREHOUSE_URL{{- end }}
 
 {{/*
 One secret-backed value: (dict "root" $ "spec" .Values.database "key" "database-url").
