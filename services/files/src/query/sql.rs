@@ -29,6 +29,8 @@ use datafusion::error::DataFusionError;
 use datafusion::execution::context::SQLOptions;
 use datafusion::execution::disk_manager::{DiskManagerBuilder, DiskManagerMode};
 use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
+use datafusion::physical_plan::ExecutionPlan;
+use datafusion::physical_plan::aggregates::AggregateExec;
 use datafusion::prelude::{CsvReadOptions, SessionConfig, SessionContext};
 use datafusion::sql::parser::{DFParserBuilder, Statement as DfStatement};
 use datafusion::sql::sqlparser::ast::{
@@ -717,7 +719,12 @@ impl SqlEngine {
             .limit(0, Some(max_rows + 1))
             .map_err(engine_error)?;
         let schema = frame.schema().as_arrow().clone();
-        let batches = frame.collect().await.map_err(engine_error)?;
+        let task = frame.task_ctx();
+        let physical = frame.create_physical_plan().await.map_err(engine_error)?;
+        refuse_unbounded_joins(&physical)?;
+        let batches = datafusion::physical_plan::collect(physical, Arc::new(task))
+            .await
+            .map_err(engine_error)?;
         let columns = schema
             .fields()
             .iter()
@@ -735,6 +742,52 @@ impl SqlEngine {
             rows,
             truncated,
         })
+    }
+}
+
+/// Refuses a plan holding a join without an equality condition (a cross or nested-loop
+/// join) unless one side is a single row. Its output is the product of its inputs (9 million rows from two copies of a
+/// 3,000-row file), and the engine computes it without yielding to the runtime, so the time
+/// limit's abort would not land: the statement would keep its slot and a core after its
+/// caller had its timeout, and two such calls would shut SQL off for every caller.
+fn refuse_unbounded_joins(plan: &Arc<dyn ExecutionPlan>) -> Result<()> {
+    if matches!(plan.name(), "CrossJoinExec" | "NestedLoopJoinExec")
+        && !plan.children().into_iter().any(at_most_one_row)
+    {
+        return Err(FilesError::Invalid(
+            "the statement joins rows without an equality condition (a cross join, a comma \
+             between tables, or ON with only <, >, <> ...), which is not run: join on \
+             `a.column = b.column`, or aggregate in a subquery first"
+                .to_owned(),
+        ));
+    }
+    plan.children()
+        .into_iter()
+        .try_for_each(refuse_unbounded_joins)
+}
+
+/// Whether `plan` gives at most one row: an aggregate without GROUP BY (`(SELECT MAX(k) FROM
+/// data) m`), under nodes that never add rows. A join with it multiplies nothing. (The
+/// engine keeps no row counts for a CSV scan, so its statistics cannot tell.)
+fn at_most_one_row(plan: &Arc<dyn ExecutionPlan>) -> bool {
+    if let Some(aggregate) = plan.downcast_ref::<AggregateExec>() {
+        return aggregate.group_expr().expr().is_empty();
+    }
+    let keeps_or_drops_rows = matches!(
+        plan.name(),
+        "ProjectionExec"
+            | "FilterExec"
+            | "CoalescePartitionsExec"
+            | "CoalesceBatchesExec"
+            | "RepartitionExec"
+            | "SortExec"
+            | "SortPreservingMergeExec"
+            | "GlobalLimitExec"
+            | "LocalLimitExec"
+    );
+    match plan.children().as_slice() {
+        [only] if keeps_or_drops_rows => at_most_one_row(only),
+        _ => false,
     }
 }
 

@@ -359,6 +359,87 @@ async fn sql_time_limit_stops_a_runaway_statement() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sql_joins_that_multiply_rows_are_stopped_or_refused_and_free_the_engine() {
+    let env = env().await;
+    let mut csv = String::from("k,g\n");
+    for i in 0..3000 {
+        csv.push_str(&format!("{i},1\n"));
+    }
+    put(&env.files, "data/wide.csv", csv.as_bytes()).await;
+    let tight = env
+        .files
+        .clone()
+        .with_query_limits(QueryLimits {
+            sql_timeout: Duration::from_millis(500),
+            ..QueryLimits::default()
+        })
+        .unwrap();
+    let run = |sql: &'static str| {
+        let tight = tight.clone();
+        async move { query_err(&tight, &admin(), by_path("data/wide.csv", "sql", sql)).await }
+    };
+    // Without an equality condition a self-join is a cross or nested-loop join: billions of
+    // rows from a few thousand, which no time limit could stop (the engine's join loop does
+    // not yield), so it is refused before it runs.
+    for sql in [
+        "SELECT count(*) FROM data a, data b, data c",
+        "SELECT count(*) FROM data a JOIN data b ON a.k <> b.k",
+        "SELECT count(*) FROM data a CROSS JOIN data b",
+    ] {
+        let err = run(sql).await;
+        assert_eq!(err.code(), ErrorCode::InvalidArgument, "{sql}: {err}");
+        assert!(
+            err.to_string().contains("without an equality condition"),
+            "{sql}: {err}"
+        );
+    }
+    // A join with a one-row side (a scalar subquery) is no product: it runs.
+    let (_, v) = query(
+        &tight,
+        &admin(),
+        by_path(
+            "data/wide.csv",
+            "sql",
+            "SELECT COUNT(*) AS n FROM data WHERE k > (SELECT AVG(k) FROM data)",
+        ),
+    )
+    .await;
+    assert_eq!(v["rows"], json!([[1500]]));
+    let (_, v) = query(
+        &tight,
+        &admin(),
+        by_path(
+            "data/wide.csv",
+            "sql",
+            "SELECT a.k, m.top FROM data a, (SELECT MAX(k) AS top FROM data) m WHERE a.k = 7",
+        ),
+    )
+    .await;
+    assert_eq!(v["rows"], json!([[7, 2999]]));
+    // An equi-join that multiplies rows runs until the time limit, and stops there.
+    for _ in 0..3 {
+        let err =
+            run("SELECT count(*) FROM data a JOIN data b ON a.g = b.g JOIN data c ON b.g = c.g")
+                .await;
+        assert_eq!(err.code(), ErrorCode::Timeout, "{err}");
+    }
+    // Every slot is free again: a small statement runs at once.
+    let started = std::time::Instant::now();
+    let (_, v) = query(
+        &tight,
+        &admin(),
+        by_path("data/wide.csv", "sql", "SELECT COUNT(*) AS n FROM data"),
+    )
+    .await;
+    assert_eq!(v["rows"], json!([[3000]]));
+    assert!(
+        started.elapsed() < Duration::from_millis(400),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn text_json_and_large_files() {
     let env = env().await;
     let files = &env.files;
