@@ -281,6 +281,27 @@ struct McpArgs {
     allow_auto_effects: bool,
 }
 
+impl Command {
+    /// Whether the command runs services (which must outlive any one peer going away).
+    fn is_server(&self) -> bool {
+        matches!(
+            self,
+            Command::Up(_) | Command::Mcp(_) | Command::Serve(_) | Command::Stores(_)
+        )
+    }
+}
+
+/// Rust starts with SIGPIPE ignored, so a client command piped into `head` panicked on its
+/// next `println!` once `head` had read enough. With the default action it ends quietly, as
+/// any Unix tool does. Servers keep ignoring it: a client closing its socket must not stop them.
+fn restore_default_sigpipe() {
+    // SAFETY: first thing in main, before any other thread exists; SIG_DFL is a valid action.
+    #[allow(unsafe_code)]
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() -> ExitCode {
     // SAFETY: first thing in main; no other thread exists before the runtime below starts.
     #[allow(unsafe_code)]
@@ -288,6 +309,9 @@ fn main() -> ExitCode {
         kg_embed::pin_matmul_threads();
     }
     let cli = Cli::parse();
+    if !cli.command.is_server() {
+        restore_default_sigpipe();
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

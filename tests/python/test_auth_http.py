@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import secrets
+import signal
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable
@@ -16,6 +18,7 @@ import pytest
 
 from kgmesh_support import (
     DEMO_NAMESPACE,
+    REPO_ROOT,
     RUNBOOK,
     TARGETS,
     Mesh,
@@ -518,3 +521,20 @@ async def test_a_nul_character_is_refused_saying_where(mesh: Mesh) -> None:
         assert audit.status_code == 400 and audit.json()["code"] == "invalid_argument", audit.text
         listed = http.get(f"{mesh.base_url}/api/v1/namespaces", headers=admin).json()
     assert f"{namespace}-x" not in json.dumps(listed), "nothing was stored"
+
+
+def test_a_listing_piped_into_a_reader_that_stops_ends_quietly(mesh: Mesh) -> None:
+    """`kgmesh ns list | head -1`: the reader is gone before the listing is written; the
+    command ends by SIGPIPE as any Unix tool does, not with a panic and exit 101."""
+    listing = subprocess.Popen(
+        [str(mesh.binary), "ns", "list", "--url", mesh.base_url, "--token", mesh.admin_token],
+        cwd=REPO_ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert listing.stdout is not None and listing.stderr is not None
+    listing.stdout.close()
+    stderr = listing.stderr.read().decode()
+    assert listing.wait(timeout=60) == -signal.SIGPIPE, stderr
+    assert "panicked" not in stderr, stderr
