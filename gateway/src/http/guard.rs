@@ -38,6 +38,7 @@ pub(crate) async fn require_bearer(
     let Some(token) = bearer_token(request.headers()) else {
         return unauthorized(
             config,
+            request.uri(),
             request.headers(),
             false,
             "missing bearer token: send `Authorization: Bearer kg_pat_...`",
@@ -46,6 +47,7 @@ pub(crate) async fn require_bearer(
     if !token.starts_with(PAT_PREFIX) {
         return unauthorized(
             config,
+            request.uri(),
             request.headers(),
             true,
             "invalid token: expected a kgmesh personal access token (`kg_pat_...`)",
@@ -73,7 +75,7 @@ pub(crate) async fn require_bearer(
             request.extensions_mut().insert(caller);
             next.run(request).await
         }
-        Err(err) => refused(&guard, &token, request.headers(), &err),
+        Err(err) => refused(&guard, &token, request.uri(), request.headers(), &err),
     }
 }
 
@@ -87,7 +89,7 @@ async fn run_ahead(
     mut request: Request,
     next: Next,
 ) -> Response {
-    let headers = request.headers().clone();
+    let (uri, headers) = (request.uri().clone(), request.headers().clone());
     let (speculative, verdict) = SpeculativeCaller::new(ahead);
     request.extensions_mut().insert(speculative);
     let authorize = async {
@@ -108,15 +110,21 @@ async fn run_ahead(
             guard.state.recent_callers.remember(&token, &caller);
             response
         }
-        Err(err) => refused(guard, &token, &headers, &err),
+        Err(err) => refused(guard, &token, &uri, &headers, &err),
     }
 }
 
 /// The response when auth did not authorize `token`; a token it rejected is forgotten.
-fn refused(guard: &BearerGuard, token: &str, headers: &HeaderMap, err: &ClientError) -> Response {
+fn refused(
+    guard: &BearerGuard,
+    token: &str,
+    uri: &http::Uri,
+    headers: &HeaderMap,
+    err: &ClientError,
+) -> Response {
     if err.code == ErrorCode::Unauthenticated {
         guard.state.recent_callers.forget(token);
-        unauthorized(&guard.state.config, headers, true, &err.message)
+        unauthorized(&guard.state.config, uri, headers, true, &err.message)
     } else {
         error_response(err)
     }
@@ -176,13 +184,14 @@ pub(crate) fn error_response(err: &ClientError) -> Response {
 
 fn unauthorized(
     config: &GatewayConfig,
+    uri: &http::Uri,
     headers: &HeaderMap,
     token_given: bool,
     message: &str,
 ) -> Response {
     let metadata = format!(
         "{}/.well-known/oauth-protected-resource",
-        base_url(config, headers)
+        base_url(config, uri, headers)
     );
     let challenge = if token_given {
         format!("Bearer resource_metadata=\"{metadata}\", error=\"invalid_token\"")
@@ -205,17 +214,32 @@ fn bearer_token(headers: &HeaderMap) -> Option<&str> {
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
-/// The external base URL: configured, else `http://<Host>` when the host is
-/// allowed (never reflect an arbitrary Host), else `http://localhost`.
-pub(crate) fn base_url(config: &GatewayConfig, headers: &HeaderMap) -> String {
+/// The external base URL: configured, else `<scheme>://<host>` when the host is allowed
+/// (never reflect an arbitrary Host), else `<scheme>://localhost`. The host is the `Host`
+/// header, or the request's authority (HTTP/2 sends `:authority` instead); the scheme is
+/// `https` when the gateway serves HTTPS (`[http_tls]`).
+pub(crate) fn base_url(config: &GatewayConfig, uri: &http::Uri, headers: &HeaderMap) -> String {
     if let Some(base) = &config.public_base_url {
         return base.trim_end_matches('/').to_owned();
     }
-    match request_host(headers) {
+    let scheme = if config.https.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let host = request_host(headers).or_else(|| {
+        let authority = uri.authority()?;
+        let host = HostPort {
+            name: normalize_host(authority.host()),
+            port: authority.port_u16(),
+        };
+        Some((authority.as_str().to_owned(), host))
+    });
+    match host {
         Some((authority, host)) if host_is_allowed(&host, &config.allowed_hosts) => {
-            format!("http://{authority}")
+            format!("{scheme}://{authority}")
         }
-        _ => "http://localhost".to_owned(),
+        _ => format!("{scheme}://localhost"),
     }
 }
 
@@ -513,15 +537,34 @@ mod tests {
     #[test]
     fn base_url_never_reflects_a_disallowed_host() {
         let mut c = config(&["localhost"], &[]);
+        let no_authority = http::Uri::from_static("/mcp");
         assert_eq!(
-            base_url(&c, &headers(&[("host", "localhost:7000")])),
+            base_url(&c, &no_authority, &headers(&[("host", "localhost:7000")])),
             "http://localhost:7000"
         );
         assert_eq!(
-            base_url(&c, &headers(&[("host", "evil.example")])),
+            base_url(&c, &no_authority, &headers(&[("host", "evil.example")])),
             "http://localhost"
         );
+        // HTTP/2 names the host in the request's authority, not in a Host header.
+        let h2 = http::Uri::from_static("https://localhost:7443/mcp");
+        let h2_evil = http::Uri::from_static("https://evil.example/mcp");
+        c.https = Some(kg_common::tls::HttpsFiles {
+            cert_file: "cert.pem".into(),
+            key_file: "key.pem".into(),
+        });
+        assert_eq!(
+            base_url(&c, &h2, &HeaderMap::new()),
+            "https://localhost:7443"
+        );
+        assert_eq!(
+            base_url(&c, &h2_evil, &HeaderMap::new()),
+            "https://localhost"
+        );
         c.public_base_url = Some("https://kg.example.com/".into());
-        assert_eq!(base_url(&c, &HeaderMap::new()), "https://kg.example.com");
+        assert_eq!(
+            base_url(&c, &no_authority, &HeaderMap::new()),
+            "https://kg.example.com"
+        );
     }
 }

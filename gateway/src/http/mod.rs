@@ -243,9 +243,10 @@ async fn metrics() -> Response {
 /// RFC 9728 protected-resource metadata for `/mcp`.
 async fn protected_resource(
     State(state): State<GatewayState>,
+    uri: axum::http::Uri,
     headers: HeaderMap,
 ) -> impl IntoResponse {
-    let base = guard::base_url(&state.config, &headers);
+    let base = guard::base_url(&state.config, &uri, &headers);
     axum::Json(json!({
         "resource": format!("{base}/mcp"),
         "bearer_methods_supported": ["header"],
