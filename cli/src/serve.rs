@@ -305,8 +305,12 @@ async fn open_vector_lanes(
     Ok((vectors, sparse))
 }
 
-/// Asks auth for the public key that verifies caller contexts, retrying while it starts.
-async fn fetch_verifier(auth_addr: &str) -> anyhow::Result<ContextVerifier> {
+/// Asks auth for the public key that verifies caller contexts, retrying while it starts;
+/// None when `shutdown` fires first (a pod stopped before auth came up exits at once).
+async fn fetch_verifier(
+    auth_addr: &str,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<Option<ContextVerifier>> {
     use kg_proto::v1::SigningKeyRequest;
     use kg_proto::v1::auth_client::AuthClient;
     let channel = kg_common::grpc::channel(auth_addr)
@@ -314,18 +318,30 @@ async fn fetch_verifier(auth_addr: &str) -> anyhow::Result<ContextVerifier> {
     let mut client = AuthClient::new(channel);
     let deadline = Instant::now() + SIGNING_KEY_WAIT;
     loop {
-        match client.signing_key(SigningKeyRequest {}).await {
+        let answer = tokio::select! {
+            () = shutdown.cancelled() => return Ok(None),
+            answer = client.signing_key(SigningKeyRequest {}) => answer,
+        };
+        match answer {
             Ok(reply) => {
                 let key = PublicKey::from_bytes(&reply.into_inner().public_key)
                     .map_err(|err| anyhow!("auth at {auth_addr} sent an unusable key: {err}"))?;
-                return Ok(ContextVerifier::new(vec![key]));
+                return Ok(Some(ContextVerifier::new(vec![key])));
             }
+            // The message carries the cause (a refused connection, a certificate the CA did
+            // not issue), which the code alone (Unavailable) hides.
             Err(status) if Instant::now() > deadline => bail!(
                 "auth at {auth_addr} did not hand out its signing key within {SIGNING_KEY_WAIT:?} \
-                 (last answer: {:?})",
-                status.code()
+                 (last answer: {:?}: {})",
+                status.code(),
+                status.message()
             ),
-            Err(_) => tokio::time::sleep(Duration::from_millis(500)).await,
+            Err(_) => {
+                tokio::select! {
+                    () = shutdown.cancelled() => return Ok(None),
+                    () = tokio::time::sleep(Duration::from_millis(500)) => {}
+                }
+            }
         }
     }
 }
@@ -402,7 +418,14 @@ async fn start(
     let cluster = &options.cluster;
     let verifier = match options.service {
         Service::Auth => None,
-        _ => Some(fetch_verifier(&required_addr(&cluster.auth_addr, "cluster.auth_addr")?).await?),
+        _ => {
+            let auth_addr = required_addr(&cluster.auth_addr, "cluster.auth_addr")?;
+            match fetch_verifier(&auth_addr, &shutdown).await? {
+                Some(verifier) => Some(verifier),
+                // Stopped while waiting for auth: nothing was started.
+                None => return Ok(()),
+            }
+        }
     };
     let verifier = move || verifier.clone().context("no caller-context verifier");
     let blobs = || BlobStore::new(cluster.blob_dir(&mesh.data_dir));

@@ -429,6 +429,39 @@ def serve_check(service: str, config: Path, env: dict[str, str] | None = None) -
     )
 
 
+def test_a_service_waiting_for_auth_stops_at_once_on_sigterm(tmp_path: Path) -> None:
+    """A pod stopped before auth came up (a rollout, a scale-down) exits at SIGTERM, not
+    when its 60 s wait for auth's signing key runs out, past Kubernetes' grace period."""
+    config = tmp_path / "kgmesh.toml"
+    config.write_text(
+        'falkordb_url = "redis://127.0.0.1:1"\n[embedding]\nprovider = "none"\n'
+        f'[cluster]\nauth_addr = "http://127.0.0.1:{free_port()}"\n'
+    )
+    env = {
+        **os.environ,
+        "KGMESH_CLUSTER__LISTEN_ADDR": f"127.0.0.1:{free_port()}",
+        "KGMESH_CLUSTER__METRICS_ADDR": f"127.0.0.1:{free_port()}",
+    }
+    waiting = subprocess.Popen(
+        [str(kgmesh_bin()), "serve", "retrieval", "--config", str(config)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+    )
+    time.sleep(2)
+    assert waiting.poll() is None, "the service should still be waiting for auth"
+    waiting.send_signal(signal.SIGTERM)
+    started = time.monotonic()
+    try:
+        code = waiting.wait(timeout=10)
+    finally:
+        if waiting.poll() is None:
+            waiting.kill()
+    stderr = waiting.stderr.read().decode() if waiting.stderr else ""
+    assert code == 0, (code, stderr[-2000:])
+    assert time.monotonic() - started < 10, stderr[-2000:]
+
+
 def test_serve_refuses_a_config_it_cannot_run_and_says_what_to_change(tmp_path: Path) -> None:
     config = tmp_path / "kgmesh.toml"
     config.write_text('[embedding]\nprovider = "minilm"\n[cluster]\nauth_addr = "auth:7101"\n')
