@@ -197,6 +197,31 @@ fn expires_at(chain: &[CertificateDer<'_>]) -> Option<i64> {
     Some(leaf.validity().not_after.timestamp())
 }
 
+/// Whether the leaf of `chain` is valid now: every client would refuse it otherwise, so a
+/// renewal that is not is not taken, and `--check` refuses it.
+fn valid_now(chain: &[CertificateDer<'_>]) -> Result<(), String> {
+    let Some(leaf) = chain.first() else {
+        return Err("holds no certificate".to_owned());
+    };
+    let (_, leaf) = x509_parser::parse_x509_certificate(leaf.as_ref())
+        .map_err(|err| format!("holds a certificate that does not parse: {err}"))?;
+    let validity = leaf.validity();
+    let now = x509_parser::time::ASN1Time::now();
+    if now > validity.not_after {
+        return Err(format!(
+            "holds a certificate that expired on {}: renew it",
+            validity.not_after
+        ));
+    }
+    if now < validity.not_before {
+        return Err(format!(
+            "holds a certificate not valid before {}",
+            validity.not_before
+        ));
+    }
+    Ok(())
+}
+
 /// Exports when the certificate now in use as `which` expires.
 fn record_expiry(which: &str, expires_at: Option<i64>) {
     if let Some(at) = expires_at {
@@ -400,6 +425,8 @@ pub fn https_server_config(files: &HttpsFiles) -> Result<Arc<rustls::ServerConfi
         ("http_tls.key_file", &files.key_file),
     )?;
     let expires = expires_at(&chain);
+    valid_now(&chain)
+        .map_err(|problem| invalid("http_tls.cert_file", &files.cert_file, problem))?;
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .and_then(|builder| builder.with_no_client_auth().with_single_cert(chain, key))
@@ -541,6 +568,24 @@ mod tests {
         };
         let text = https_server_config(&missing).unwrap_err().to_string();
         assert!(text.starts_with("http_tls.cert_file: "), "{text}");
+        // An expired certificate every client would refuse is not served (nor taken as a
+        // renewal, which loads through here too).
+        let (cert, key) = ca.leaf_until(
+            &["localhost"],
+            &[rcgen::ExtendedKeyUsagePurpose::ServerAuth],
+            Some(2001),
+        );
+        let expired = write(dir.path(), "expired", &ca.pem, &cert, &key);
+        let text = https_server_config(&HttpsFiles {
+            cert_file: expired.cert_file,
+            key_file: expired.key_file,
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(
+            text.starts_with("http_tls.cert_file: ") && text.contains("expired on"),
+            "{text}"
+        );
     }
 
     #[test]
