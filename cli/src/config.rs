@@ -296,6 +296,36 @@ impl AuditSection {
     }
 }
 
+/// What is wrong with the host and port of a service address whose scheme is right: a
+/// service is reached at a host and an explicit port, with no path (gRPC routes by its own).
+fn authority_problem(addr: &str) -> Option<String> {
+    let rest = addr.split_once("://").map_or(addr, |(_, rest)| rest);
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    if rest.contains(['/', '?', '#']) {
+        return Some("has a path or query; give only http://HOST:PORT".to_owned());
+    }
+    let Ok(authority) = rest.parse::<http::uri::Authority>() else {
+        return Some(
+            "does not name a host and a port (1-65535): expected http://HOST:PORT".to_owned(),
+        );
+    };
+    // `Authority` reads a port past 65535 as none at all.
+    let port_written = authority
+        .as_str()
+        .rsplit_once(':')
+        .is_some_and(|(_, port)| !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit()));
+    match (port_written, authority.port_u16()) {
+        _ if authority.host().is_empty() => {
+            Some("names no host: expected http://HOST:PORT".to_owned())
+        }
+        (false, _) => {
+            Some("names no port: every service listens on its own, e.g. :7101".to_owned())
+        }
+        (true, None | Some(0)) => Some("names no port from 1 to 65535 (1-65535)".to_owned()),
+        (true, Some(_)) => None,
+    }
+}
+
 impl ClusterSection {
     fn problems(&self) -> Vec<String> {
         let mut problems = Vec::new();
@@ -309,7 +339,11 @@ impl ClusterSection {
         ] {
             let Some(addr) = addr else { continue };
             match (addr.split_once("://").map(|(scheme, _)| scheme), &self.tls) {
-                (Some("http"), None) | (Some("https"), Some(_)) => {}
+                (Some("http"), None) | (Some("https"), Some(_)) => {
+                    if let Some(problem) = authority_problem(addr) {
+                        problems.push(format!("cluster.{key}: `{addr}` {problem}"));
+                    }
+                }
                 (Some("http"), Some(_)) => problems.push(format!(
                     "cluster.{key}: `{addr}` is plaintext but [cluster.tls] is set, and every \
                      service then requires TLS: use https://HOST:PORT"
@@ -841,5 +875,26 @@ mod tests {
         std::fs::write(&file, "no_such_key = 1\n").unwrap();
         let err = resolve(Some(&file), UpFlags::default()).unwrap_err();
         assert!(err.to_string().contains("no_such_key"), "{err}");
+    }
+
+    #[test]
+    fn a_service_address_needs_a_host_and_a_port_and_no_path() {
+        for good in [
+            "http://auth:7101",
+            "http://127.0.0.1:7101/",
+            "http://[::1]:7101",
+        ] {
+            assert_eq!(authority_problem(good), None, "{good}");
+        }
+        for (bad, says) in [
+            ("http://127.0.0.1:99999", "(1-65535)"),
+            ("http://files", "names no port"),
+            ("http://", "(1-65535)"),
+            ("http://127.0.0.1:7104/some/path?x=1", "has a path or query"),
+            ("http://auth:0", "(1-65535)"),
+        ] {
+            let problem = authority_problem(bad).unwrap_or_default();
+            assert!(problem.contains(says), "{bad}: {problem}");
+        }
     }
 }
