@@ -185,7 +185,7 @@ const FILE_DESCRIPTION: &str = "Read or query one file: pass namespace and exact
 Omit format for size, mime type and indexing status (and the reason when it failed); a CSV or TSV also returns columns (its header names) and columnTypes. \
 format \"sql\" (CSV, TSV): one read-only SELECT or WITH statement over the table data, e.g. SELECT region, sum(amount) FROM data GROUP BY region; \
 quote a header that is not a bare name: \"Market Value (AUD)\". Several statements, DDL/DML, functions that read files or the network, and a self-join without an equality condition (a cross join, or ON with only <, >, <>; a one-row side such as (SELECT max(x) FROM data) is fine) are refused. \
-Returns {columns, types, rows, rowCount, truncated}. format \"text\" (any text file): query is a regular expression and returns the matching lines with \
+Returns {columns, types, rows, rowCount, truncated}, plus malformedRows when rows were left out because their field count differs from the header's (the metadata says so too) and cellsCut when text cells were cut at 65,536 characters (each ends in …). format \"text\" (any text file): query is a regular expression and returns the matching lines with \
 lineNumber (a regular expression is at most 4096 bytes), or omit query and pass startLine and endLine (1-based, inclusive; at most 2000 lines, 200 when endLine is omitted) for a line window. format \"jsonpath\" (RFC 9535), \"jsonata\" or \"jinja\" \
 (JSON files): query is the expression or template; a Jinja template reads the parsed document as data. maxRows caps rows and matches \
 (default 100, hard max 1000) and truncated says when more exist. A file over 10 MiB returns only its size: read it with format text and a line window. \

@@ -278,6 +278,9 @@ impl FilesService {
                     .profile(&file.version_id, path, delimiter, false)
                     .await
                 {
+                    if let Value::Object(map) = &mut result {
+                        rows_read_note(map, &profile);
+                    }
                     columns = Some(profile.columns.clone());
                     types = Some(
                         profile
@@ -349,10 +352,12 @@ impl FilesService {
             "rows": output.rows,
             "truncated": output.truncated,
         });
-        if profile.malformed_rows > 0
-            && let Value::Object(map) = &mut result
-        {
-            map.insert("malformedRows".to_owned(), json!(profile.malformed_rows));
+        if let Value::Object(map) = &mut result {
+            rows_read_note(map, &profile);
+            // A cut cell reads like a value; the count says some are not whole.
+            if output.cells_cut > 0 {
+                map.insert("cellsCut".to_owned(), json!(output.cells_cut));
+            }
         }
         answer.columns = profile.columns.clone();
         answer.truncated = output.truncated;
@@ -495,6 +500,14 @@ struct Answer {
     result: Value,
     columns: Vec<String>,
     truncated: bool,
+}
+
+/// How the table differs from the file: the rows SQL leaves out because their field count
+/// differs from the header's (`malformedRows`), told beside the columns and every answer.
+fn rows_read_note(map: &mut serde_json::Map<String, Value>, profile: &sql::CsvProfile) {
+    if profile.malformed_rows > 0 {
+        map.insert("malformedRows".to_owned(), json!(profile.malformed_rows));
+    }
 }
 
 #[cfg(test)]

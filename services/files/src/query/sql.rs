@@ -73,6 +73,8 @@ pub(crate) struct SqlOutput {
     pub types: Vec<String>,
     pub rows: Vec<Value>,
     pub truncated: bool,
+    /// Text cells cut at [`DEFAULT_FIELD_CAP`] characters (each ends in `…`).
+    pub cells_cut: usize,
 }
 
 /// The SQL engine: DataFusion's runtime environment (memory-capped, no
@@ -470,7 +472,13 @@ fn float_json(v: f64) -> Value {
 
 /// One cell as JSON: numbers and booleans natively, text sanitised, dates
 /// and times as ISO strings.
-fn cell(array: &ArrayRef, formatter: &ArrayFormatter<'_>, row: usize) -> Value {
+fn cell(array: &ArrayRef, formatter: &ArrayFormatter<'_>, row: usize, cut: &mut usize) -> Value {
+    let mut text = |value: &str| {
+        if value.chars().nth(DEFAULT_FIELD_CAP).is_some() {
+            *cut += 1;
+        }
+        Value::String(sanitize_text(value, DEFAULT_FIELD_CAP))
+    };
     if array.is_null(row) {
         return Value::Null;
     }
@@ -492,30 +500,21 @@ fn cell(array: &ArrayRef, formatter: &ArrayFormatter<'_>, row: usize) -> Value {
                 .ok()
                 .map_or(Value::String(text), float_json)
         }
-        DataType::Utf8 => Value::String(sanitize_text(
-            array.as_string::<i32>().value(row),
-            DEFAULT_FIELD_CAP,
-        )),
-        DataType::LargeUtf8 => Value::String(sanitize_text(
-            array.as_string::<i64>().value(row),
-            DEFAULT_FIELD_CAP,
-        )),
-        DataType::Utf8View => Value::String(sanitize_text(
-            array.as_string_view().value(row),
-            DEFAULT_FIELD_CAP,
-        )),
-        _ => Value::String(sanitize_text(
-            &formatter.value(row).to_string(),
-            DEFAULT_FIELD_CAP,
-        )),
+        DataType::Utf8 => text(array.as_string::<i32>().value(row)),
+        DataType::LargeUtf8 => text(array.as_string::<i64>().value(row)),
+        DataType::Utf8View => text(array.as_string_view().value(row)),
+        _ => text(&formatter.value(row).to_string()),
     }
 }
 
+/// At most `max_rows` rows within `budget` bytes; whether more exist, and how many text
+/// cells were cut.
 fn rows_json(
     batches: &[RecordBatch],
     max_rows: usize,
     budget: usize,
-) -> Result<(Vec<Value>, bool)> {
+) -> Result<(Vec<Value>, bool, usize)> {
+    let mut cut = 0;
     let options = FormatOptions::default();
     let mut rows = Vec::new();
     let mut used = 0usize;
@@ -528,24 +527,24 @@ fn rows_json(
             .map_err(|err| FilesError::Engine(err.to_string()))?;
         for row in 0..batch.num_rows() {
             if rows.len() == max_rows {
-                return Ok((rows, true));
+                return Ok((rows, true, cut));
             }
             let values: Vec<Value> = batch
                 .columns()
                 .iter()
                 .zip(&formatters)
-                .map(|(array, formatter)| cell(array, formatter, row))
+                .map(|(array, formatter)| cell(array, formatter, row, &mut cut))
                 .collect();
             let value = Value::Array(values);
             let len = json_len(&value) + 1;
             if used + len > budget {
-                return Ok((rows, true));
+                return Ok((rows, true, cut));
             }
             used += len;
             rows.push(value);
         }
     }
-    Ok((rows, false))
+    Ok((rows, false, cut))
 }
 
 impl SqlEngine {
@@ -735,12 +734,13 @@ impl SqlEngine {
             .iter()
             .map(|f| type_name(f.data_type()))
             .collect();
-        let (rows, truncated) = rows_json(&batches, max_rows, budget)?;
+        let (rows, truncated, cells_cut) = rows_json(&batches, max_rows, budget)?;
         Ok(SqlOutput {
             columns,
             types,
             rows,
             truncated,
+            cells_cut,
         })
     }
 }

@@ -175,6 +175,8 @@ async fn csv_and_tsv_metadata_and_sql() {
         v["columnTypes"],
         json!(["VARCHAR", "DOUBLE", "BIGINT", "DATE", "VARCHAR", "VARCHAR"])
     );
+    // The rows SQL will leave out are told before any query.
+    assert_eq!(v["malformedRows"], 2);
     assert_eq!(json!(r.columns), columns);
 
     // A grouped aggregate over a quoted header; malformed rows skipped and counted.
@@ -193,9 +195,30 @@ async fn csv_and_tsv_metadata_and_sql() {
     assert_eq!(v["types"], json!(["VARCHAR", "DOUBLE", "BIGINT"]));
     assert_eq!(v["malformedRows"], 2);
     assert_eq!(v["rowCount"], 4);
+    assert!(v.get("cellsCut").is_none());
     assert_eq!(v["truncated"], false);
     assert_eq!(v["rows"][0], json!(["Financials", 42210.0, 2]));
     assert_eq!(v["rows"][1], json!(["Materials", 15234.5, 1]));
+    // A text cell past 65,536 characters is cut (ending in …) and counted, so a cut value
+    // is not taken for a whole one.
+    let (_, v) = query(
+        files,
+        &who,
+        by_path(
+            "data/holdings.csv",
+            "sql",
+            "SELECT repeat('x', 70000) AS long, 'short' AS short FROM data LIMIT 2",
+        ),
+    )
+    .await;
+    assert_eq!(v["cellsCut"], 2);
+    assert_eq!(v["truncated"], false);
+    let long = v["rows"][0][0].as_str().unwrap();
+    assert!(
+        long.ends_with('…') && long.chars().count() == 65_537,
+        "{}",
+        long.len()
+    );
     assert_eq!(json!(r.columns), columns);
 
     // Dates compare as dates and come back as ISO strings; quoted newlines survive.
