@@ -220,12 +220,57 @@ pub fn write_private(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn bind_loopback() -> anyhow::Result<(TcpListener, String)> {
-    let listener = TcpListener::bind("127.0.0.1:0")
-        .await
-        .context("cannot bind a loopback port")?;
-    let addr = format!("http://{}", listener.local_addr()?);
-    Ok((listener, addr))
+/// The services' loopback ports, each taken again from the last run where it is free
+/// (`<data_dir>/ports.json`, which stays when `mesh.json` goes at shutdown). A `kgmesh mcp
+/// --stdio` started by an MCP host reads `mesh.json` once; with the same ports it reaches
+/// the services again after `up` restarts, instead of answering "unavailable" until the
+/// host restarts it.
+struct LoopbackPorts {
+    file: PathBuf,
+    last: std::collections::HashMap<String, u16>,
+    now: std::collections::BTreeMap<String, u16>,
+}
+
+impl LoopbackPorts {
+    const FILE: &'static str = "ports.json";
+
+    fn open(data_dir: &Path) -> Self {
+        let file = data_dir.join(Self::FILE);
+        // A missing or unreadable file means new ports, as on a first start.
+        let last = std::fs::read(&file)
+            .ok()
+            .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+            .unwrap_or_default();
+        Self {
+            file,
+            last,
+            now: Default::default(),
+        }
+    }
+
+    /// A listener for service `name`: its last port when free, else a new one.
+    async fn bind(&mut self, name: &str) -> anyhow::Result<(TcpListener, String)> {
+        let again = match self.last.get(name) {
+            Some(&port) => TcpListener::bind(("127.0.0.1", port)).await.ok(),
+            None => None,
+        };
+        let listener = match again {
+            Some(listener) => listener,
+            None => TcpListener::bind("127.0.0.1:0")
+                .await
+                .context("cannot bind a loopback port")?,
+        };
+        let local = listener.local_addr()?;
+        self.now.insert(name.to_owned(), local.port());
+        Ok((listener, format!("http://{local}")))
+    }
+
+    fn save(&self) -> anyhow::Result<()> {
+        write_private(
+            &self.file,
+            serde_json::to_string_pretty(&self.now)?.as_bytes(),
+        )
+    }
 }
 
 impl Mesh {
@@ -356,10 +401,11 @@ impl Mesh {
             crate::parts::files_service(&options, sql.clone(), blobs.clone(), jetstream.clone())
                 .await?;
 
-        let (auth_listener, auth_addr) = bind_loopback().await?;
-        let (files_listener, files_addr) = bind_loopback().await?;
-        let (retrieval_listener, retrieval_addr) = bind_loopback().await?;
-        let (graph_listener, graph_addr) = bind_loopback().await?;
+        let mut ports = LoopbackPorts::open(&data_dir);
+        let (auth_listener, auth_addr) = ports.bind("auth").await?;
+        let (files_listener, files_addr) = ports.bind("files").await?;
+        let (retrieval_listener, retrieval_addr) = ports.bind("retrieval").await?;
+        let (graph_listener, graph_addr) = ports.bind("graph").await?;
 
         let backends = BackendAddrs {
             auth: auth_addr,
@@ -479,8 +525,9 @@ impl Mesh {
             });
         }
         // Ontology and approval call each other (Submit, CheckAction): bind both first.
-        let (ontology_listener, ontology_addr) = bind_loopback().await?;
-        let (approval_listener, approval_addr) = bind_loopback().await?;
+        let (ontology_listener, ontology_addr) = ports.bind("ontology").await?;
+        let (approval_listener, approval_addr) = ports.bind("approval").await?;
+        ports.save()?;
         {
             let tbox = kg_ontology::TboxStore::open(
                 sql.clone(),

@@ -25,11 +25,13 @@ from kgmesh_support import (
     Mesh,
     Principal,
     assert_no_content_leak,
+    call_ok,
     call_tool,
     check_core_tools,
     check_runbook_outline,
     check_search_open,
     mcp_stdio,
+    mesh_with_config,
     shop_project,
 )
 
@@ -186,3 +188,21 @@ def test_stdio_stdout_is_only_jsonrpc(
         if server.poll() is None:
             server.kill()
             server.wait(timeout=10)
+
+
+@pytest.mark.anyio
+async def test_a_stdio_server_reaches_the_mesh_again_after_up_restarts(tmp_path: Path) -> None:
+    """An MCP host keeps its `kgmesh mcp --stdio` child running; when `up` restarts on the
+    same data dir, the child's next calls must reach it again (the services take their
+    ports back), not answer "unavailable" until the host is restarted."""
+    with mesh_with_config(tmp_path, '[embedding]\nprovider = "none"\n') as running:
+        with open(tmp_path / "stdio.err", "w", encoding="utf-8") as errlog:
+            async with mcp_stdio(running.binary, running.data_dir, running.admin_token, errlog) as client:
+                before = await call_ok(client, "kg_namespaces", {})
+                first_ports = json.loads((running.data_dir / "ports.json").read_text())
+                problems = running.stop()
+                assert not problems, problems
+                running.start()
+                assert json.loads((running.data_dir / "ports.json").read_text()) == first_ports
+                after = await call_ok(client, "kg_namespaces", {})
+                assert after == before, (before, after)
