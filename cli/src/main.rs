@@ -837,9 +837,9 @@ async fn mcp(args: McpArgs) -> anyhow::Result<ExitCode> {
         .await?;
         config.ontology_addr = Some(addr);
     }
-    let served = kg_gateway::serve_stdio_with_role(config, args.token.trim().to_owned(), args.role)
-        .await
-        .context("stdio MCP server failed");
+    // The error says "stdio MCP server failed: ..." itself.
+    let served =
+        kg_gateway::serve_stdio_with_role(config, args.token.trim().to_owned(), args.role).await;
     shutdown.cancel();
     served?;
     Ok(ExitCode::SUCCESS)

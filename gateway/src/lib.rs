@@ -87,6 +87,22 @@ pub async fn serve_stdio_with_role(
             .map_err(|problem| GatewayError::Config(format!("--role {problem}")))?;
     }
     let state = GatewayState::new(config, CancellationToken::new())?;
+    // A token auth refuses fails every call: say so now, to the person starting the server,
+    // rather than to the model on each call. Auth not answering yet is no verdict: each call
+    // is authorized as it comes anyway.
+    match state
+        .authorize(&token, kg_common::caller::MCP_TOOL, Some(&role))
+        .await
+    {
+        Err(err) if err.code == kg_common::ErrorCode::Unauthenticated => {
+            return Err(GatewayError::Stdio(format!(
+                "the token (KGMESH_TOKEN or --token) is not accepted by this mesh: {}",
+                err.message
+            )));
+        }
+        Err(err) => tracing::warn!(code = %err.code, "could not check the token at start"),
+        Ok(_) => {}
+    }
     let server = mcp::McpServer::for_launcher(state, mcp::ToolRegistry::builtin(), token, role);
     let running = server
         .serve(rmcp::transport::stdio())

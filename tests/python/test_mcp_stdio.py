@@ -206,3 +206,22 @@ async def test_a_stdio_server_reaches_the_mesh_again_after_up_restarts(tmp_path:
                 assert json.loads((running.data_dir / "ports.json").read_text()) == first_ports
                 after = await call_ok(client, "kg_namespaces", {})
                 assert after == before, (before, after)
+
+
+def test_a_stdio_server_with_a_token_the_mesh_refuses_says_so_at_start(mesh: Mesh) -> None:
+    """A mistyped or revoked KGMESH_TOKEN is reported to whoever starts the server, once,
+    instead of the server starting and failing every call the model makes."""
+    done = subprocess.run(
+        [str(mesh.binary), "mcp", "--stdio", "--data-dir", str(mesh.data_dir)],
+        cwd=REPO_ROOT,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=EXIT_TIMEOUT_S * 3,
+        env={**os.environ, "KGMESH_TOKEN": "kg_pat_" + "0" * 40},
+        check=False,
+    )
+    assert done.returncode == 1, (done.returncode, done.stderr)
+    assert done.stdout == "", done.stdout
+    assert "the token (KGMESH_TOKEN or --token) is not accepted by this mesh" in done.stderr, done.stderr
+    assert done.stderr.count("stdio MCP server failed") == 1, done.stderr
