@@ -108,8 +108,17 @@ pub(crate) fn nests_too_deep(err: &serde_json::Error) -> bool {
 }
 
 pub(crate) fn parse<T: DeserializeOwned>(args: &Map<String, Value>) -> Result<T, ClientError> {
-    serde_json::from_value(Value::Object(args.clone()))
-        .map_err(|err| ClientError::invalid(format!("invalid arguments: {err}")))
+    // The path names the argument as the caller wrote it (`filters.dateFrom`, `ids[2]`):
+    // serde's own text says only what it expected.
+    serde_path_to_error::deserialize(Value::Object(args.clone())).map_err(|err| {
+        let path = err.path().to_string();
+        let inner = err.into_inner();
+        if path == "." {
+            ClientError::invalid(format!("invalid arguments: {inner}"))
+        } else {
+            ClientError::invalid(format!("invalid arguments: {path}: {inner}"))
+        }
+    })
 }
 
 pub(crate) fn bounded(
@@ -783,6 +792,39 @@ mod tests {
             Value::Object(m) => m,
             _ => panic!("not an object"),
         }
+    }
+
+    #[test]
+    fn a_wrong_type_names_the_argument_as_the_caller_wrote_it() {
+        for (value, says) in [
+            (
+                json!({"query": 5}),
+                "invalid arguments: query: invalid type: integer `5`",
+            ),
+            (
+                json!({"query": "a", "namespaces": "team"}),
+                "invalid arguments: namespaces: invalid type: string",
+            ),
+            (
+                json!({"query": "a", "ranking": {"laneWeights": {"vector": "x"}}}),
+                "invalid arguments: ranking.laneWeights.vector: invalid type: string",
+            ),
+            (
+                json!({"query": "a", "topK": 2.5}),
+                "invalid arguments: topK: expected a whole number, got 2.5",
+            ),
+        ] {
+            let message = refused(search_args(&obj(value)));
+            assert!(message.starts_with(says), "{message}");
+        }
+        // An unknown argument, nested or not, is named where it was written.
+        let message = refused(search_args(&obj(
+            json!({"query": "a", "ranking": {"rrk": 3}}),
+        )));
+        assert!(
+            message.starts_with("invalid arguments: ranking.rrk: unknown field `rrk`"),
+            "{message}"
+        );
     }
 
     fn refused(result: Result<impl std::fmt::Debug, ClientError>) -> String {
