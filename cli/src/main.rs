@@ -574,6 +574,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
 }
 
 async fn bootstrap_admin(args: BootstrapArgs) -> anyhow::Result<ExitCode> {
+    // Warnings (a key file others can read) go to stderr; the token alone to stdout.
+    let _telemetry = kg_common::telemetry::init("kgmesh-bootstrap-admin", &Default::default())?;
     let Some((options, _)) = serve_options(
         kgmesh::serve::Service::Auth,
         args.config.as_deref(),

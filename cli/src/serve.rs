@@ -237,6 +237,19 @@ fn check_key_file(path: &Path) -> Result<(), String> {
 fn read_key(dir: &Path, file: &str) -> anyhow::Result<[u8; 32]> {
     let path = dir.join(file);
     check_key_file(&path).map_err(|problem| anyhow!(problem))?;
+    #[cfg(unix)]
+    if let Ok(meta) = std::fs::metadata(&path) {
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = meta.permissions().mode() & 0o777;
+        if mode & 0o077 != 0 {
+            tracing::warn!(
+                "{} is readable by others than its owner (mode {mode:03o}): whoever reads it \
+                 can sign a caller context (an admin's included) or mint PAT hashes; \
+                 `chmod 600` it",
+                path.display()
+            );
+        }
+    }
     let bytes = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
     bytes
         .as_slice()

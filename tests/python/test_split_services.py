@@ -130,6 +130,7 @@ class SplitMesh:
         secrets_dir.mkdir()
         for key in ("caller-signing.key", "pat-hmac.key"):
             (secrets_dir / key).write_bytes(os.urandom(32))
+            (secrets_dir / key).chmod(0o600)
         scheme = "https" if self.tls else "http"
         addr = {name: f"{scheme}://127.0.0.1:{self.ports[name]}" for name in SERVICES}
         self.config.write_text(
@@ -427,6 +428,33 @@ def serve_check(service: str, config: Path, env: dict[str, str] | None = None) -
         env={**os.environ, **(env or {})},
         check=False,
     )
+
+
+def test_auth_keys_others_can_read_are_warned_about(tmp_path: Path) -> None:
+    """Whoever reads caller-signing.key can sign an admin's caller context: a key file with
+    group or other read bits is named on stderr, and the token still goes to stdout alone."""
+    secrets_dir = tmp_path / "secrets"
+    secrets_dir.mkdir()
+    for key in ("caller-signing.key", "pat-hmac.key"):
+        (secrets_dir / key).write_bytes(os.urandom(32))
+    (secrets_dir / "pat-hmac.key").chmod(0o600)
+    (secrets_dir / "caller-signing.key").chmod(0o644)
+    config = tmp_path / "kgmesh.toml"
+    config.write_text(
+        f'database_url = "sqlite://{tmp_path / "auth.db"}"\n'
+        f'[cluster]\nsecrets_dir = "{secrets_dir}"\ndeployment_id = "dev"\n'
+    )
+    done = subprocess.run(
+        [str(kgmesh_bin()), "bootstrap-admin", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("kg_pat_") and done.stdout.count("\n") == 1, done.stdout
+    warned = [line for line in done.stderr.splitlines() if "readable by others" in line]
+    assert len(warned) == 1 and "caller-signing.key" in warned[0] and "mode 644" in warned[0], done.stderr
 
 
 def test_a_service_waiting_for_auth_stops_at_once_on_sigterm(tmp_path: Path) -> None:
