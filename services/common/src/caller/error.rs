@@ -9,8 +9,13 @@ pub enum CallerError {
     /// The metadata is not a signed context.
     #[error("malformed caller context")]
     Malformed,
-    /// Signed by a key this service does not trust.
-    #[error("caller context signed by an unknown key")]
+    /// Signed by a key this service does not trust: auth signs with another key than the
+    /// one this service fetched at its start. No token is at fault.
+    #[error(
+        "caller context signed by a key this service does not know: auth's signing key \
+         (cluster.secrets_dir/caller-signing.key) changed after this service started; \
+         restart the service so it fetches the key auth uses now"
+    )]
     UnknownKey,
     /// The signature does not match.
     #[error("caller context signature is invalid")]
@@ -53,6 +58,9 @@ impl ErrorExt for CallerError {
             | CallerError::NotAdminApi(_)
             | CallerError::RoleNotHeld { .. } => ErrorCode::PermissionDenied,
             CallerError::BadKey => ErrorCode::InvalidArgument,
+            // A deployment fault, not the caller's: saying "unauthenticated" would send them
+            // to check a token that is fine.
+            CallerError::UnknownKey => ErrorCode::FailedPrecondition,
             _ => ErrorCode::Unauthenticated,
         }
     }
