@@ -286,9 +286,17 @@ impl ServerHandler for McpServer {
 
     async fn list_tools(
         &self,
-        _request: Option<PaginatedRequestParams>,
+        request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, McpError> {
+        // Every tool comes in one page, which has no nextCursor: any cursor is not one of
+        // ours (the specification's answer to an invalid cursor is -32602).
+        if request.and_then(|r| r.cursor).is_some() {
+            return Err(McpError::invalid_params(
+                "tools/list answers every tool in one page and issues no cursor: send none",
+                None,
+            ));
+        }
         let mut tools = self.registry.tools();
         tools.extend(self.generated_tools(&context).await);
         Ok(ListToolsResult::with_all_items(tools))

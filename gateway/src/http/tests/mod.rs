@@ -765,6 +765,36 @@ async fn session_tool_calls_are_answered_as_json_on_the_request_task() {
 }
 
 #[tokio::test]
+async fn a_tools_list_cursor_this_server_never_issued_is_invalid_params() {
+    let auth = start_auth().await;
+    let app = app(full_config(&auth).await);
+    let session = open_session(&app).await;
+    let list = |params: Value| json!({"jsonrpc": "2.0", "id": 9, "method": "tools/list", "params": params});
+    let response = app
+        .clone()
+        .oneshot(mcp_post(GOOD, Some(&session), list(json!({}))))
+        .await
+        .unwrap();
+    let listed = rpc_messages(response).await;
+    assert!(listed[0]["result"]["tools"].is_array(), "{listed:?}");
+    assert!(
+        listed[0]["result"].get("nextCursor").is_none(),
+        "{listed:?}"
+    );
+    let response = app
+        .clone()
+        .oneshot(mcp_post(
+            GOOD,
+            Some(&session),
+            list(json!({"cursor": "bogus"})),
+        ))
+        .await
+        .unwrap();
+    let refused = rpc_messages(response).await;
+    assert_eq!(refused[0]["error"]["code"], -32602, "{refused:?}");
+}
+
+#[tokio::test]
 async fn a_session_answers_only_the_principal_that_opened_it() {
     let auth = start_auth().await;
     let app = app(full_config(&auth).await);

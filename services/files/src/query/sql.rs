@@ -410,7 +410,12 @@ fn with_end_position(err: FilesError, sql: &str) -> FilesError {
 }
 
 fn capped(message: &str) -> String {
-    sanitize_text(message, MAX_MESSAGE_CHARS)
+    // The engine's own advice names a setting the caller cannot change.
+    let message = message.replace(
+        " or disable the datafusion.sql_parser.enable_ident_normalization configuration",
+        "",
+    );
+    sanitize_text(&message, MAX_MESSAGE_CHARS)
 }
 
 /// Maps an engine error to a client error: mistakes in the statement are

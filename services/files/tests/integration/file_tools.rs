@@ -326,6 +326,16 @@ async fn csv_and_tsv_metadata_and_sql() {
     .await;
     assert_eq!(err.code(), ErrorCode::InvalidArgument);
     assert!(err.to_string().contains("nope"), "{err}");
+    // A header in other case: the engine's hint to quote it stays, its advice to change an
+    // engine setting (which the caller cannot) goes.
+    let err = query_err(
+        files,
+        &who,
+        by_path("data/holdings.csv", "sql", "SELECT ticker FROM data"),
+    )
+    .await;
+    assert_eq!(err.code(), ErrorCode::InvalidArgument);
+    assert!(!err.to_string().contains("datafusion."), "{err}");
     let err = query_err(files, &who, by_path("handbook/intro.md", "sql", "SELECT 1")).await;
     assert_eq!(err.code(), ErrorCode::InvalidArgument);
     assert_eq!(
