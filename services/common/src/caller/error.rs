@@ -9,12 +9,12 @@ pub enum CallerError {
     /// The metadata is not a signed context.
     #[error("malformed caller context")]
     Malformed,
-    /// Signed by a key this service does not trust: auth signs with another key than the
-    /// one this service fetched at its start. No token is at fault.
+    /// Signed by a key this service does not trust: forged, or auth signs with another key
+    /// than the one this service fetched at its start. Refused as unauthenticated either way
+    /// (fail closed); the message names the deployment fault an operator can fix.
     #[error(
-        "caller context signed by a key this service does not know: auth's signing key \
-         (cluster.secrets_dir/caller-signing.key) changed after this service started; \
-         restart the service so it fetches the key auth uses now"
+        "caller context signed by a key this service does not know (if auth's \
+         caller-signing.key was replaced, restart every service so each fetches the new one)"
     )]
     UnknownKey,
     /// The signature does not match.
@@ -58,9 +58,6 @@ impl ErrorExt for CallerError {
             | CallerError::NotAdminApi(_)
             | CallerError::RoleNotHeld { .. } => ErrorCode::PermissionDenied,
             CallerError::BadKey => ErrorCode::InvalidArgument,
-            // A deployment fault, not the caller's: saying "unauthenticated" would send them
-            // to check a token that is fine.
-            CallerError::UnknownKey => ErrorCode::FailedPrecondition,
             _ => ErrorCode::Unauthenticated,
         }
     }
