@@ -7,7 +7,9 @@ services/graph/tests/integration/navigation.rs."""
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -208,3 +210,33 @@ async def test_a_caller_without_a_grant_gets_nothing(
             denied = await call_tool(client, name, arguments)
             assert denied.error()["code"] == "permission_denied", (name, denied.data)
             assert_no_content_leak(denied, RUNBOOK.phrase, hit["text"][:80])
+
+
+async def test_open_and_outline_say_why_a_readable_file_has_no_chunks(
+    mesh: Mesh, make_principal: Callable[..., Principal], tmp_path: Path
+) -> None:
+    """A stored image and a file whose indexing failed are there (kg_files lists them) but
+    have no chunks: kg_open and kg_outline by fileId say so with the status and its reason,
+    rather than "not found"; to a caller who may not read them they stay not found."""
+    namespace = f"unindexed-{secrets.token_hex(4)}"
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    (folder / "logo.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 64)
+    (folder / "latin1.txt").write_bytes("caf\xe9 na\xefve\n".encode("latin-1"))
+    (folder / "ok.md").write_text("# Fine\n\nIndexed text.\n")
+    done = mesh.run("ingest", str(folder), "--namespace", namespace, json_output=False, timeout=300)
+    assert done.returncode == 3, (done.returncode, done.stdout, done.stderr)  # latin1.txt failed
+    outsider = make_principal("outsider")
+    async with mcp_http(mesh.mcp_url, mesh.admin_token) as client:
+        listed = await call_ok(client, "kg_files", {"namespace": namespace})
+        ids = {f["path"]: f["fileId"] for f in listed["files"]}
+        for path, status in (("logo.png", "stored"), ("latin1.txt", "failed")):
+            for tool in ("kg_open", "kg_outline"):
+                outcome = await call_tool(client, tool, {"namespace": namespace, "fileId": ids[path]})
+                error = outcome.error()
+                assert error["code"] == "failed_precondition", (tool, path, error)
+                assert f"({path})" in error["message"] and f"status {status}" in error["message"], error
+    async with mcp_http(mesh.mcp_url, outsider.token) as client:
+        outcome = await call_tool(client, "kg_open", {"namespace": namespace, "fileId": ids["logo.png"]})
+        assert outcome.error()["code"] in ("not_found", "permission_denied"), outcome.data
+        assert "logo.png" not in outcome.raw, outcome.raw

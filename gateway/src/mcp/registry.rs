@@ -165,12 +165,14 @@ outlineKey (the chunks of that section, in order), entityKey (chunks that mentio
 Use it after kg_search (prevChunkKey/nextChunkKey to read on) or kg_outline (outlineKey to read a section). \
 Returns {packages, total, truncated} in the same package shape as kg_search; limit defaults to 8 (hard max 32) and truncated says more exist. \
 tokenBudget caps the returned text as in kg_search (packages keep their order, the one that overflows is cut, later ones lose their text), reported in tokenBudget. \
-trace.missingOffsets, when present, lists files indexed before character offsets existed.";
+trace.missingOffsets, when present, lists files indexed before character offsets existed. \
+A fileId you may read that has no chunks is failed_precondition with its status: pending (retry shortly), failed (with the reason) or stored (a type with no text).";
 
 const OUTLINE_DESCRIPTION: &str = "Read a file's table of contents: its sections in document order with outlineKey, title, depth, order, parentKey, \
 line and page starts and how many chunks each covers. Use it to navigate a long file, then kg_open {namespace, outlineKey} to read one section. \
 Paged: limit defaults to 50 (hard max 200); when nextCursor is not null pass it back as cursor for the next page. \
-maxDepth keeps only headings up to that depth (1 = top level). Returns {fileId, path, sections, nextCursor, total}.";
+maxDepth keeps only headings up to that depth (1 = top level). Returns {fileId, path, sections, nextCursor, total}. \
+A file you may read that has no chunks is failed_precondition with its status (pending, failed with the reason, or stored).";
 
 const FILES_DESCRIPTION: &str = "Find files in one namespace by folder, path and content. folderPrefix (a folder such as reports/), \
 name (a case-insensitive glob: *.csv or *runbook* match the file name, a glob with / such as reports/**/*.csv the path; a bare word matches part of the path) \

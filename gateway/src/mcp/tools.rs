@@ -494,21 +494,78 @@ async fn open(
     args: args::OpenArgs,
 ) -> Result<Value, ClientError> {
     require_readable(caller.context(), &args.namespace)?;
+    let file_id = match &args.key {
+        kg_proto::v1::open_request::Key::FileId(id) => Some(id.clone()),
+        _ => None,
+    };
+    let namespace = args.namespace.clone();
     let request = caller.request(OpenRequest {
         namespace: args.namespace,
         key: Some(args.key),
         limit: args.limit,
         caps: Some(args.caps),
     });
-    let response = state
-        .backends
-        .graph
-        .clone()
-        .open(request)
-        .await
-        .map_err(|status| ClientError::from_status("graph", &status))?
-        .into_inner();
+    let response = match state.backends.graph.clone().open(request).await {
+        Ok(response) => response.into_inner(),
+        Err(status) => {
+            let err = ClientError::from_status("graph", &status);
+            return Err(match file_id {
+                Some(id) => explain_unindexed(state, caller, &namespace, &id, err).await,
+                None => err,
+            });
+        }
+    };
     Ok(packages_result(response, args.token_budget))
+}
+
+/// A file the graph holds no chunks of is "not found" to it. When the caller may read the
+/// file (the files service checks, under the caller's own access), the file is there and
+/// only not indexed: say why, so an agent neither concludes it does not exist nor retries a
+/// file that will never have chunks. Anything else keeps the graph's answer, so a file the
+/// caller may not read stays exactly as not found as a missing one.
+async fn explain_unindexed(
+    state: &GatewayState,
+    caller: &Caller,
+    namespace: &str,
+    file_id: &str,
+    err: ClientError,
+) -> ClientError {
+    use kg_proto::v1::FileStatus;
+    if err.code != ErrorCode::NotFound {
+        return err;
+    }
+    let request = caller.request(kg_proto::v1::QueryFileRequest {
+        namespace: namespace.to_owned(),
+        selector: Some(kg_proto::v1::query_file_request::Selector::FileId(
+            file_id.to_owned(),
+        )),
+        ..Default::default()
+    });
+    let Ok(response) = state.backends.files.clone().query_file(request).await else {
+        return err;
+    };
+    let Some(file) = response.into_inner().file else {
+        return err;
+    };
+    let path = kg_common::sanitize::sanitize_text(&file.path, 1024);
+    let reason = kg_common::sanitize::sanitize_text(&file.status_reason, 1024);
+    let why = match file.status() {
+        FileStatus::Pending => {
+            "is not indexed yet (status pending): retry shortly; kg_file reads it now".to_owned()
+        }
+        FileStatus::Failed => {
+            format!("could not be indexed (status failed: {reason}); kg_file reads what is stored")
+        }
+        FileStatus::Stored => format!(
+            "is stored without indexing (status stored: {reason}): it has no chunks or \
+             outline; kg_file gives its size and type"
+        ),
+        _ => return err,
+    };
+    ClientError::new(
+        ErrorCode::FailedPrecondition,
+        format!("file `{file_id}` ({path}) {why}"),
+    )
 }
 
 /// The `{packages, total, truncated}` result of kg_open and kg_hop, with `tokenBudget` when
@@ -537,6 +594,7 @@ async fn outline(
     args: args::OutlineArgs,
 ) -> Result<Value, ClientError> {
     require_readable(caller.context(), &args.namespace)?;
+    let (namespace, file_id) = (args.namespace.clone(), args.file_id.clone());
     let request = caller.request(OutlineRequest {
         namespace: args.namespace,
         file_id: args.file_id,
@@ -544,14 +602,13 @@ async fn outline(
         cursor: args.cursor,
         max_depth: args.max_depth,
     });
-    let response = state
-        .backends
-        .graph
-        .clone()
-        .outline(request)
-        .await
-        .map_err(|status| ClientError::from_status("graph", &status))?
-        .into_inner();
+    let response = match state.backends.graph.clone().outline(request).await {
+        Ok(response) => response.into_inner(),
+        Err(status) => {
+            let err = ClientError::from_status("graph", &status);
+            return Err(explain_unindexed(state, caller, &namespace, &file_id, err).await);
+        }
+    };
     Ok(outline_result(response))
 }
 
