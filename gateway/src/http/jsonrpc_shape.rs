@@ -6,6 +6,9 @@
 //! nothing from either. This layer checks the shape of a JSON POST before rmcp reads it:
 //! - not JSON: 400, `-32700` (parse error), with where serde stopped;
 //! - a batch (an array) or anything but an object: 400, `-32600` (invalid request);
+//! - an object whose `jsonrpc` is not "2.0", whose `id` is not a string or an integer, or
+//!   whose `method` is missing (and it is no response) or not a string: 400, `-32600`, naming
+//!   the member, to the id when it is a valid one;
 //! - a `tools/call` without `params.name` as a string, or with `params.arguments` that is
 //!   not an object: 200, `-32602` (invalid params) to the request's id.
 //!
@@ -61,6 +64,28 @@ pub(crate) async fn refuse_malformed_jsonrpc(request: Request, next: Next) -> Re
     }
 }
 
+/// What is wrong with the JSON-RPC 2.0 envelope of an object: `jsonrpc` must be "2.0", a
+/// request or notification names its `method` as a string, an `id` is a string or an integer
+/// (MCP forbids null). A response (a `result` or an `error` with an id) has no method.
+/// `params` is left to rmcp, which answers a method it does not know.
+fn envelope_problem(message: &serde_json::Map<String, Value>) -> Option<String> {
+    if message.get("jsonrpc") != Some(&json!("2.0")) {
+        return Some("`jsonrpc` must be \"2.0\"".to_owned());
+    }
+    if let Some(id) = message.get("id")
+        && !(id.is_string() || id.is_i64() || id.is_u64())
+    {
+        return Some(format!("`id` must be a string or an integer, got {id}"));
+    }
+    let response = message.contains_key("result") || message.contains_key("error");
+    match message.get("method") {
+        Some(Value::String(_)) => None,
+        Some(other) => Some(format!("`method` must be a string, got {other}")),
+        None if response => None,
+        None => Some("no `method`: name the request or notification".to_owned()),
+    }
+}
+
 /// Why a body is not a JSON-RPC message rmcp can act on, as the answer to send.
 #[derive(Debug, PartialEq)]
 struct Refused {
@@ -113,6 +138,19 @@ fn refusal(body: &[u8]) -> Option<Refused> {
             message: format!("Invalid Request: the body is {what}"),
         });
     };
+    if let Some(problem) = envelope_problem(&message) {
+        // The id is echoed only when it is one JSON-RPC allows.
+        let id = match message.get("id") {
+            Some(id) if id.is_string() || id.is_i64() || id.is_u64() => id.clone(),
+            _ => Value::Null,
+        };
+        return Some(Refused {
+            status: StatusCode::BAD_REQUEST,
+            id,
+            code: INVALID_REQUEST,
+            message: format!("Invalid Request: {problem}"),
+        });
+    }
     if message.get("method").and_then(Value::as_str) != Some("tools/call") {
         return None;
     }
@@ -166,6 +204,57 @@ mod tests {
         );
         assert!(batch.message.contains("one JSON-RPC message per POST"));
         assert_eq!(refused("42").code, INVALID_REQUEST);
+    }
+
+    #[test]
+    fn a_broken_envelope_is_invalid_request_saying_which_member() {
+        for (body, says, id) in [
+            (
+                r#"{"id":7,"method":"ping"}"#,
+                "`jsonrpc` must be \"2.0\"",
+                json!(7),
+            ),
+            (
+                r#"{"jsonrpc":"1.0","id":7,"method":"ping"}"#,
+                "`jsonrpc`",
+                json!(7),
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":1.5,"method":"ping"}"#,
+                "`id` must be",
+                Value::Null,
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":null,"method":"ping"}"#,
+                "`id` must be",
+                Value::Null,
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":{"a":1},"method":"ping"}"#,
+                "`id` must be",
+                Value::Null,
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":"x","method":5}"#,
+                "`method` must be a string",
+                json!("x"),
+            ),
+            (r#"{"jsonrpc":"2.0","id":3}"#, "no `method`", json!(3)),
+        ] {
+            let refused = refused(body);
+            assert_eq!(
+                (refused.status, refused.code, refused.id),
+                (StatusCode::BAD_REQUEST, INVALID_REQUEST, id),
+                "{body}"
+            );
+            assert!(
+                refused.message.contains(says),
+                "{body}: {}",
+                refused.message
+            );
+        }
+        // A response from the client (to a server request) has no method.
+        assert_eq!(refusal(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#), None);
     }
 
     #[test]
