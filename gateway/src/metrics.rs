@@ -4,8 +4,10 @@
 
 use std::sync::OnceLock;
 
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::text::{encode_eof, encode_registry};
 use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::Registry;
 
 /// Counters of the gateway's own paths.
@@ -25,6 +27,17 @@ pub(crate) struct GatewayMetrics {
     pub(crate) session_calls_direct: Counter,
     /// Sessionless (2026-07-28) tool calls answered on the HTTP task, not through rmcp.
     pub(crate) sessionless_calls_direct: Counter,
+    /// Requests refused with 401, by why: a leaked token tried after its revocation, or a
+    /// guessing client, shows here (no audit event: there is no principal to record).
+    pub(crate) bearer_refused: Family<RefusedLabels, Counter>,
+}
+
+/// Why a bearer was refused.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub(crate) struct RefusedLabels {
+    /// `missing` (no bearer), `malformed` (not a kgmesh PAT) or `refused` (auth did not
+    /// accept it: unknown, revoked, expired, another deployment's).
+    pub(crate) reason: &'static str,
 }
 
 /// The process-wide gateway metrics.
@@ -39,6 +52,12 @@ pub(crate) fn gateway_metrics() -> &'static GatewayMetrics {
         let run_ahead_refused = Counter::default();
         let session_calls_direct = Counter::default();
         let sessionless_calls_direct = Counter::default();
+        let bearer_refused = Family::<RefusedLabels, Counter>::default();
+        registry.register(
+            "bearer_refused",
+            "requests refused with 401 by the bearer check, by reason (missing, malformed, refused by auth)",
+            bearer_refused.clone(),
+        );
         registry.register(
             "audit_dropped",
             "audit events dropped because the audit queue was full",
@@ -83,6 +102,7 @@ pub(crate) fn gateway_metrics() -> &'static GatewayMetrics {
             run_ahead_refused,
             session_calls_direct,
             sessionless_calls_direct,
+            bearer_refused,
         }
     })
 }

@@ -36,6 +36,7 @@ pub(crate) async fn require_bearer(
         return error_response(&err);
     }
     let Some(token) = bearer_token(request.headers()) else {
+        count_refused("missing");
         return unauthorized(
             config,
             request.uri(),
@@ -45,6 +46,7 @@ pub(crate) async fn require_bearer(
         );
     };
     if !token.starts_with(PAT_PREFIX) {
+        count_refused("malformed");
         return unauthorized(
             config,
             request.uri(),
@@ -123,11 +125,19 @@ fn refused(
     err: &ClientError,
 ) -> Response {
     if err.code == ErrorCode::Unauthenticated {
+        count_refused("refused");
         guard.state.recent_callers.forget(token);
         unauthorized(&guard.state.config, uri, headers, true, &err.message)
     } else {
         error_response(err)
     }
+}
+
+fn count_refused(reason: &'static str) {
+    crate::metrics::gateway_metrics()
+        .bearer_refused
+        .get_or_create(&crate::metrics::RefusedLabels { reason })
+        .inc();
 }
 
 /// The `{code, message, retryable}` response with the code's HTTP status.

@@ -236,6 +236,17 @@ async fn mcp_without_a_usable_token_is_401_with_a_challenge() {
         .await
         .unwrap();
     assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+
+    // No principal to audit, but each refusal is counted by why (a revoked token still in
+    // use shows as `refused`).
+    let exported = crate::metrics::encode_text();
+    for line in [
+        "kgmesh_bearer_refused_total{reason=\"missing\"} 2",
+        "kgmesh_bearer_refused_total{reason=\"malformed\"} 1",
+        "kgmesh_bearer_refused_total{reason=\"refused\"} 1",
+    ] {
+        assert!(exported.contains(line), "{line} not in\n{exported}");
+    }
 }
 
 #[tokio::test]
