@@ -151,7 +151,11 @@ fn refusal(body: &[u8]) -> Option<Refused> {
             message: format!("Invalid Request: {problem}"),
         });
     }
-    if message.get("method").and_then(Value::as_str) != Some("tools/call") {
+    let method = message.get("method").and_then(Value::as_str);
+    if method == Some("initialize") {
+        return initialize_refusal(&message);
+    }
+    if method != Some("tools/call") {
         return None;
     }
     let id = message.get("id").cloned().unwrap_or(Value::Null);
@@ -177,6 +181,31 @@ fn refusal(body: &[u8]) -> Option<Refused> {
             "params.arguments must be an object of the tool's arguments, or left out",
         ),
     }
+}
+
+/// An `initialize` without the params every revision requires: rmcp takes it for some other
+/// message and answers "Session ID is required", which sends a client after the wrong thing.
+fn initialize_refusal(message: &serde_json::Map<String, Value>) -> Option<Refused> {
+    let params = message.get("params").and_then(Value::as_object);
+    let missing = match params {
+        None => "needs params: {\"protocolVersion\", \"capabilities\", \"clientInfo\"}",
+        Some(p) if !p.get("protocolVersion").is_some_and(Value::is_string) => {
+            "needs params.protocolVersion, a revision such as \"2025-06-18\""
+        }
+        Some(p) if !p.get("capabilities").is_some_and(Value::is_object) => {
+            "needs params.capabilities, an object ({} for none)"
+        }
+        Some(p) if !p.get("clientInfo").is_some_and(Value::is_object) => {
+            "needs params.clientInfo, an object {\"name\", \"version\"}"
+        }
+        Some(_) => return None,
+    };
+    Some(Refused {
+        status: StatusCode::BAD_REQUEST,
+        id: message.get("id").cloned().unwrap_or(Value::Null),
+        code: INVALID_PARAMS,
+        message: format!("Invalid params: initialize {missing}"),
+    })
 }
 
 #[cfg(test)]
@@ -255,6 +284,31 @@ mod tests {
         }
         // A response from the client (to a server request) has no method.
         assert_eq!(refusal(br#"{"jsonrpc":"2.0","id":1,"result":{}}"#), None);
+        // An initialize without what every revision requires names the missing member.
+        for (body, says) in [
+            (
+                r#"{"jsonrpc":"2.0","id":1,"method":"initialize"}"#,
+                "needs params",
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":"x","clientInfo":{}}}"#,
+                "params.capabilities",
+            ),
+        ] {
+            let refused = refused(body);
+            assert_eq!(
+                (refused.code, refused.id),
+                (INVALID_PARAMS, json!(1)),
+                "{body}"
+            );
+            assert!(
+                refused.message.contains(says),
+                "{body}: {}",
+                refused.message
+            );
+        }
+        let good = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"c","version":"1"}}}"#;
+        assert_eq!(refusal(good.as_bytes()), None);
     }
 
     #[test]
