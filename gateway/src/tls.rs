@@ -70,6 +70,7 @@ impl TlsListener {
                 Ok(current) => current.clone(),
                 Err(poisoned) => poisoned.into_inner().clone(),
             },
+            "http",
             shutdown,
         );
         Ok(Self { handshaken, local })

@@ -83,6 +83,7 @@ pub fn incoming_for(
             Incoming::Tls(crate::tls::accept_tls(
                 listener,
                 move || tls.acceptor(),
+                "cluster",
                 shutdown.child_token(),
             ))
         }
@@ -425,6 +426,25 @@ mod tests {
             by_address.is_err(),
             "the server's certificate does not name 127.0.0.1"
         );
+        // The server saw each refusal too: counted (plaintext, no certificate, another CA;
+        // the wrong name is refused by the client, after the server's side succeeded).
+        let failed = || {
+            crate::metrics::metrics()
+                .tls_handshakes_failed
+                .get_or_create(&crate::metrics::CertificateLabels {
+                    certificate: "cluster".to_owned(),
+                })
+                .get()
+        };
+        // The server counts on its handshake task, which may finish just after the client
+        // saw the connection close.
+        for _ in 0..200 {
+            if failed() >= 3 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(failed() >= 3, "{} failed handshakes counted", failed());
         shutdown.cancel();
     }
 

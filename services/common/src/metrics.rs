@@ -86,6 +86,9 @@ pub struct Metrics {
     /// When each TLS certificate in use expires (Unix seconds), for an alert on a renewal that
     /// did not happen.
     pub tls_certificate_expiry: Family<CertificateLabels, Gauge>,
+    /// TLS handshakes refused or timed out on a served port (a peer without the CA's client
+    /// certificate, plaintext on a TLS port, a scanner), by the certificate served.
+    pub tls_handshakes_failed: Family<CertificateLabels, Counter>,
     /// Events a durable consumer of the indexer has not settled (queued or running), as
     /// JetStream counts them for every replica together.
     pub indexer_pending_events: Family<ConsumerLabels, Gauge>,
@@ -164,6 +167,7 @@ pub fn metrics() -> &'static Metrics {
         let llm_dropped = Counter::default();
         let llm_skipped_chunks = Counter::default();
         let tls_certificate_expiry = Family::<CertificateLabels, Gauge>::default();
+        let tls_handshakes_failed = Family::<CertificateLabels, Counter>::default();
         let indexer_pending_events = Family::<ConsumerLabels, Gauge>::default();
         let blobs_swept = Counter::default();
         let blob_bytes_swept = Counter::default();
@@ -227,6 +231,11 @@ pub fn metrics() -> &'static Metrics {
             "tls_certificate_expiry_timestamp_seconds",
             "when the TLS certificate in use expires, in Unix seconds",
             tls_certificate_expiry.clone(),
+        );
+        registry.register(
+            "tls_handshakes_failed",
+            "TLS handshakes refused or timed out on a served port, by the certificate served",
+            tls_handshakes_failed.clone(),
         );
         registry.register(
             "indexer_pending_events",
@@ -306,6 +315,7 @@ pub fn metrics() -> &'static Metrics {
             llm_dropped,
             llm_skipped_chunks,
             tls_certificate_expiry,
+            tls_handshakes_failed,
             indexer_pending_events,
             blobs_swept,
             blob_bytes_swept,

@@ -49,9 +49,12 @@ impl HandshakenConnections {
 /// own with the acceptor `current` gives at that moment, so a client that stalls mid-handshake
 /// holds up no other and a reloaded certificate serves the next connection. Needs a tokio
 /// runtime.
+/// `certificate` names what is served (`cluster`, `http`) in the metric and log of failed
+/// handshakes.
 pub fn accept_tls<F>(
     listener: TcpListener,
     current: F,
+    certificate: &'static str,
     shutdown: CancellationToken,
 ) -> HandshakenConnections
 where
@@ -82,13 +85,48 @@ where
                     Ok(Ok(stream)) => {
                         let _ = ready.send((stream, peer)).await;
                     }
-                    Ok(Err(err)) => tracing::debug!(%peer, error = %err, "TLS handshake failed"),
-                    Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                    Ok(Err(err)) => handshake_failed(certificate, peer, &err.to_string()),
+                    Err(_) => handshake_failed(certificate, peer, "timed out"),
                 }
             });
         }
     });
     HandshakenConnections { handshaken }
+}
+
+/// Unix seconds of the last failed handshake logged at WARN, process-wide.
+static LAST_HANDSHAKE_WARNING: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Counts a failed handshake and logs it: at WARN at most once a minute (a mis-issued
+/// certificate is then seen on the server too, while a scanner cannot flood the log), else
+/// at debug.
+fn handshake_failed(certificate: &'static str, peer: SocketAddr, error: &str) {
+    use std::sync::atomic::Ordering;
+    crate::metrics::metrics()
+        .tls_handshakes_failed
+        .get_or_create(&crate::metrics::CertificateLabels {
+            certificate: certificate.to_owned(),
+        })
+        .inc();
+    let now = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let last = LAST_HANDSHAKE_WARNING.load(Ordering::Relaxed);
+    if now >= last + 60
+        && LAST_HANDSHAKE_WARNING
+            .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    {
+        tracing::warn!(
+            %peer,
+            certificate,
+            error,
+            "TLS handshake failed (at most one such line a minute; \
+             kgmesh_tls_handshakes_failed_total counts them all)"
+        );
+    } else {
+        tracing::debug!(%peer, certificate, error, "TLS handshake failed");
+    }
 }
 
 /// When and how large each file is (following symlinks, as a Kubernetes Secret volume's
