@@ -65,13 +65,13 @@ impl ClientError {
     pub(crate) fn from_status(service: &str, status: &tonic::Status) -> Self {
         let code = code_of(status);
         if code.is_server_fault() {
-            tracing::error!(service, grpc_code = ?status.code(), message = status.message(), "backend call failed");
+            tracing::error!(service, grpc_code = ?status.code(), message = status.message(), cause = %causes(status), "backend call failed");
             return Self::new(code, "");
         }
         if status.metadata().get(ERROR_CODE_METADATA_KEY).is_some() {
             return Self::new(code, status.message());
         }
-        tracing::warn!(service, grpc_code = ?status.code(), message = status.message(), "backend unreachable or failed");
+        tracing::warn!(service, grpc_code = ?status.code(), message = status.message(), cause = %causes(status), "backend unreachable or failed");
         let message = match code {
             ErrorCode::Unavailable => {
                 format!("the {service} service is unavailable; retry shortly")
@@ -99,11 +99,37 @@ impl ClientError {
     }
 }
 
+/// The transport's chain of causes under a status ("tcp connect error" alone hides the
+/// address and the OS error beneath it), for the log; empty when there is none.
+fn causes(status: &tonic::Status) -> String {
+    let mut chain = Vec::new();
+    let mut source = std::error::Error::source(status);
+    while let Some(err) = source {
+        chain.push(err.to_string());
+        source = err.source();
+    }
+    chain.join(": ")
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
     use kg_common::error::status_with_code;
+
+    #[tokio::test]
+    async fn an_unreachable_backend_is_logged_with_the_cause_beneath_the_status() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = format!("http://{}", listener.local_addr().unwrap());
+        drop(listener);
+        let channel = kg_common::grpc::channel(&addr).unwrap();
+        let status = kg_proto::v1::auth_client::AuthClient::new(channel)
+            .signing_key(kg_proto::v1::SigningKeyRequest {})
+            .await
+            .unwrap_err();
+        let cause = causes(&status);
+        assert!(cause.to_lowercase().contains("refused"), "{cause}");
+    }
 
     #[test]
     fn a_backend_message_quoting_stored_text_is_sanitised_and_capped() {
