@@ -459,8 +459,19 @@ impl Worker {
         let bytes = match self.blobs.get(&event.blob_key).await {
             Ok(bytes) => bytes,
             Err(StoreError::NotFound { .. }) => {
+                // Often a deployment fault rather than a lost blob: the files service writes
+                // where this indexer does not read. The log names the directory (a server
+                // path: not for the file's reason, which readers see).
+                tracing::warn!(
+                    blob_key = %event.blob_key,
+                    blob_dir = %self.blobs.root().display(),
+                    "the content of an upload is not in this indexer's blob_dir; files and the \
+                     indexer must share one blob volume"
+                );
                 return Err(Failure::Permanent(
-                    "the stored content is missing; upload the file again".to_owned(),
+                    "the stored content is missing: upload the file again; if every upload \
+                     fails so, the indexer does not share the files service's blob_dir"
+                        .to_owned(),
                 ));
             }
             Err(err) => return Err(Failure::retry(&err)),
