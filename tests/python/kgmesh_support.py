@@ -467,7 +467,8 @@ class Principal:
 @contextmanager
 def mesh_with_config(work: Path, toml: str) -> Iterator[Mesh]:
     """`kgmesh up` in `work` with `toml` as its config file (KGMESH_CONFIG); stopped after,
-    and failing the test when it does not stop cleanly."""
+    even when the body fails (an assertion inside `with` would otherwise leave the mesh and
+    its stores running), and failing the test when it does not stop cleanly."""
     import pytest
 
     config = work / "kgmesh.toml"
@@ -478,8 +479,10 @@ def mesh_with_config(work: Path, toml: str) -> Iterator[Mesh]:
     except MeshError as err:
         running.stop()
         pytest.fail(str(err), pytrace=False)
-    yield running
-    problems = running.stop()
+    try:
+        yield running
+    finally:
+        problems = running.stop()
     assert not problems, problems
 
 
