@@ -175,7 +175,7 @@ impl McpServer {
         let generated = &self.state.generated;
         let client = generated.client.as_ref()?;
         if !super::is_tool_name(&request.name) {
-            return Some(Err(UnknownTool::NotOffered));
+            return Some(Err(UnknownTool));
         }
         let tool = request.name.to_string();
         let started = Instant::now();
@@ -206,17 +206,7 @@ impl McpServer {
             Ok(Err(status)) => finish(Err(ClientError::from_status("ontology", &status))),
             Ok(Ok(r)) => match serde_json::from_str::<Value>(&r.into_inner().result_json) {
                 Ok(value) => match value.get("error").and_then(Value::as_str) {
-                    Some("unknown_tool") => {
-                        let loaded = !value
-                            .get("message")
-                            .and_then(Value::as_str)
-                            .is_some_and(|m| m.contains("no ontology project is loaded"));
-                        return Some(Err(if loaded {
-                            UnknownTool::NotOffered
-                        } else {
-                            UnknownTool::NoProjectLoaded
-                        }));
-                    }
+                    Some("unknown_tool") => return Some(Err(UnknownTool)),
                     Some(code) => {
                         let message = value.get("message").cloned().unwrap_or(Value::Null);
                         (
@@ -246,12 +236,9 @@ impl McpServer {
     }
 }
 
-/// Why a tool name is not one the ontology offers.
+/// The ontology offers no tool of the name asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum UnknownTool {
-    NotOffered,
-    NoProjectLoaded,
-}
+pub(super) struct UnknownTool;
 
 /// Sends `notifications/tools/list_changed` to `peer` on every recompile,
 /// until the session or the gateway ends.

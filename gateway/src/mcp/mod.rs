@@ -319,12 +319,10 @@ impl ServerHandler for McpServer {
             Ok(answer) => return Ok(CallToolResponse::Complete(answer.into_call_tool_result())),
             Err(request) => request,
         };
-        let why = match self.call_generated(&request, &context).await {
-            Some(Ok(result)) => return Ok(CallToolResponse::Complete(result)),
-            Some(Err(why)) => Some(why),
-            None => None,
-        };
-        Err(unknown_tool(&request.name, why))
+        match self.call_generated(&request, &context).await {
+            Some(Ok(result)) => Ok(CallToolResponse::Complete(result)),
+            Some(Err(generated::UnknownTool)) | None => Err(unknown_tool(&request.name)),
+        }
     }
 }
 
@@ -342,7 +340,7 @@ pub(crate) fn is_tool_name(name: &str) -> bool {
 /// `unknown_tool`, whatever name was sent (a name per series would let any caller grow
 /// `/metrics` without bound), and not audited (the audit log records tool calls; the name
 /// is the caller's text).
-fn unknown_tool(name: &str, why: Option<generated::UnknownTool>) -> McpError {
+fn unknown_tool(name: &str) -> McpError {
     metrics()
         .tool_calls
         .get_or_create(&ToolLabels {
@@ -355,14 +353,8 @@ fn unknown_tool(name: &str, why: Option<generated::UnknownTool>) -> McpError {
     if name.chars().nth(64).is_some() {
         shown.push_str("...");
     }
-    let hint = match why {
-        Some(generated::UnknownTool::NoProjectLoaded) => {
-            " (no ontology project is loaded, so it offers only the built-in tools)"
-        }
-        _ => "",
-    };
     McpError::invalid_params(
-        format!("unknown tool `{shown}`: call tools/list for the tools this server offers{hint}"),
+        format!("unknown tool `{shown}`: call tools/list for the tools this server offers"),
         None,
     )
 }
@@ -594,7 +586,7 @@ mod tests {
         let forged = "admin:POST /api/v1/grants\n\u{1b}[31m";
         assert!(!is_tool_name(&long) && !is_tool_name(forged) && !is_tool_name(""));
         assert!(is_tool_name("get_customer") && is_tool_name("a.b-c_9"));
-        let err = unknown_tool(&long, None);
+        let err = unknown_tool(&long);
         assert_eq!(err.code, rmcp::model::ErrorCode::INVALID_PARAMS);
         assert!(err.message.len() < 200, "{}", err.message);
         assert!(
@@ -602,9 +594,8 @@ mod tests {
             "{}",
             err.message
         );
-        let err = unknown_tool(forged, Some(generated::UnknownTool::NoProjectLoaded));
+        let err = unknown_tool(forged);
         assert!(!err.message.contains('\u{1b}') && !err.message.contains('\n'));
-        assert!(err.message.contains("no ontology project is loaded"));
         let exported = crate::metrics::encode_text();
         assert!(exported.contains("tool=\"unknown_tool\""));
         assert!(!exported.contains("q_yyy") && !exported.contains("admin:POST"));
