@@ -268,6 +268,12 @@ async def test_listing_pages_with_a_cursor_to_the_end(mesh: Mesh, corpus: Corpus
             client, "kg_files", {"namespace": corpus.namespace, "cursor": "not-a-cursor"}, "invalid_argument"
         )
         assert "cursor" in message
+        # A cursor resumes only the query that returned it: its count of earlier
+        # matches would make another query's total wrong and skip files.
+        message = await refused(
+            client, "kg_files", {"namespace": corpus.namespace, "cursor": first["nextCursor"]}, "invalid_argument"
+        )
+        assert "other arguments" in message, message
         await refused(client, "kg_files", {"namespace": corpus.namespace, "limit": 201}, "invalid_argument")
 
 

@@ -300,7 +300,7 @@ fn outline_input() -> Value {
         "properties": {
             "namespace": namespace_input(),
             "fileId": {"type": "string", "description": "The file, as fileId from a package or kg_open."},
-            "cursor": {"type": "string", "description": "nextCursor from the previous page."},
+            "cursor": {"type": "string", "description": "nextCursor from the previous page, with the same other arguments."},
             "limit": {"type": "integer", "minimum": 1, "maximum": OUTLINE_LIMIT.1, "default": OUTLINE_LIMIT.0, "description": "Sections per page (hard max 200)."},
             "maxDepth": {"type": "integer", "minimum": 1, "maximum": MAX_OUTLINE_DEPTH, "description": "Deepest heading level to include (1 = top level)."},
         },
@@ -319,7 +319,7 @@ fn files_input() -> Value {
                      "description": "A case-insensitive glob: without / it matches the file name (*.csv), with / the path (reports/**/*.csv); * stays within a folder, ** crosses folders. A word without glob characters matches part of the path."},
             "pattern": {"type": "string", "maxLength": MAX_PATTERN_CHARS,
                         "description": "A regular expression over file contents (Rust regex syntax; (?i) for case-insensitive). Omit it to list a page."},
-            "cursor": {"type": "string", "description": "nextCursor from the previous page."},
+            "cursor": {"type": "string", "description": "nextCursor from the previous page, with the same other arguments."},
             "limit": {"type": "integer", "minimum": 1, "maximum": FILES_LIMIT.1, "default": FILES_LIMIT.0, "description": "Files per page (hard max 200)."},
         },
         "required": ["namespace"],

@@ -23,6 +23,7 @@ use kg_common::caller::access_for;
 use kg_common::sanitize::sanitize_text;
 use kg_proto::v1::{CallerContext, ContentMatch, FindFilesRequest, FindFilesResponse, FoundFile};
 use regex::Regex;
+use sha2::{Digest, Sha256};
 
 use crate::error::{FilesError, Result};
 use crate::limits::{human_bytes, human_duration};
@@ -102,6 +103,10 @@ impl NameFilter {
 }
 
 /// Where a listing or scan resumes, and how many files matched before it.
+///
+/// A cursor is bound to the arguments of the call that returned it: `matched`
+/// counts earlier pages of *that* query, so resuming another query from it
+/// would report a wrong `total` and skip files silently.
 #[derive(Debug, Default, PartialEq)]
 struct FindCursor {
     matched: i64,
@@ -109,33 +114,59 @@ struct FindCursor {
 }
 
 impl FindCursor {
-    fn encode(&self) -> String {
-        hex::encode(format!("{}\n{}", self.matched, self.after))
+    fn encode(&self, query: &QueryFingerprint) -> String {
+        hex::encode(format!("{}\n{}\n{}", query.0, self.matched, self.after))
     }
 
-    fn decode(cursor: &str) -> Result<Self> {
+    fn decode(cursor: &str, query: &QueryFingerprint) -> Result<Self> {
         if cursor.is_empty() {
             return Ok(Self::default());
         }
-        hex::decode(cursor)
+        let text = hex::decode(cursor)
             .ok()
             .and_then(|b| String::from_utf8(b).ok())
-            .and_then(|text| {
-                let (matched, after) = text.split_once('\n')?;
-                // A path holds no control character (see `decode_cursor` in the service).
-                if after.chars().any(char::is_control) {
-                    return None;
-                }
-                Some(FindCursor {
-                    matched: matched.parse().ok()?,
-                    after: after.to_owned(),
-                })
-            })
             .ok_or_else(|| {
                 FilesError::Invalid(
                     "cursor is not one this service returned; start without a cursor".to_owned(),
                 )
-            })
+            })?;
+        let mut parts = text.splitn(3, '\n');
+        let (Some(fingerprint), Some(matched), Some(after)) =
+            (parts.next(), parts.next(), parts.next())
+        else {
+            return Err(FilesError::Invalid(
+                "cursor is not one this service returned; start without a cursor".to_owned(),
+            ));
+        };
+        if fingerprint != query.0 {
+            return Err(FilesError::Invalid(
+                "cursor belongs to a call with other arguments; repeat the namespace, \
+                 folderPrefix, name and pattern of the call that returned it, or start \
+                 without a cursor"
+                    .to_owned(),
+            ));
+        }
+        // A path holds no control character (see `decode_cursor` in the service).
+        match matched.parse() {
+            Ok(matched) if !after.chars().any(char::is_control) => Ok(FindCursor {
+                matched,
+                after: after.to_owned(),
+            }),
+            _ => Err(FilesError::Invalid(
+                "cursor is not one this service returned; start without a cursor".to_owned(),
+            )),
+        }
+    }
+}
+
+/// A short digest of the arguments that decide which files a query matches.
+#[derive(Debug)]
+struct QueryFingerprint(String);
+
+impl QueryFingerprint {
+    fn of(namespace: &str, folder: &str, name: &str, pattern: &str) -> Self {
+        let text = format!("{namespace}\0{folder}\0{name}\0{pattern}");
+        QueryFingerprint(hex::encode(&Sha256::digest(text.as_bytes())[..8]))
     }
 }
 
@@ -287,10 +318,11 @@ impl FilesService {
             }
             n => n,
         } as usize;
-        let cursor = FindCursor::decode(&request.cursor)?;
+        let query = QueryFingerprint::of(namespace, &folder, &request.name, &request.pattern);
+        let cursor = FindCursor::decode(&request.cursor, &query)?;
         if request.pattern.is_empty() {
             return self
-                .list_page(namespace, &folder, &name, limit, cursor, filter)
+                .list_page(namespace, &folder, &name, limit, (cursor, &query), filter)
                 .await;
         }
         let regex = compile_regex(&request.pattern, true)?;
@@ -349,7 +381,7 @@ impl FilesService {
                 matched: total,
                 after: scan.position.clone(),
             }
-            .encode()
+            .encode(&query)
         };
         Ok(FindFilesResponse {
             stopped_early: matches!(scan.stop, Some(Stop::Time | Stop::Bytes)),
@@ -368,7 +400,7 @@ impl FilesService {
         folder: &str,
         name: &NameFilter,
         limit: usize,
-        cursor: FindCursor,
+        (cursor, query): (FindCursor, &QueryFingerprint),
         filter: &kg_proto::v1::AccessFilter,
     ) -> Result<FindFilesResponse> {
         let total = match name {
@@ -413,7 +445,7 @@ impl FilesService {
                 matched: cursor.matched + files.len() as i64,
                 after: last.path.clone(),
             }
-            .encode(),
+            .encode(query),
             _ => String::new(),
         };
         Ok(FindFilesResponse {
@@ -455,16 +487,38 @@ mod tests {
 
     #[test]
     fn cursors_round_trip() {
+        let query = QueryFingerprint::of("ns", "docs/", "*.md", "");
         let c = FindCursor {
             matched: 7,
             after: "a/b c.md".to_owned(),
         };
-        assert_eq!(FindCursor::decode(&c.encode()).unwrap(), c);
-        assert!(FindCursor::decode("zz").is_err());
-        assert!(FindCursor::decode(&hex::encode("x")).is_err());
+        assert_eq!(FindCursor::decode(&c.encode(&query), &query).unwrap(), c);
+        assert!(FindCursor::decode("zz", &query).is_err());
+        assert!(FindCursor::decode(&hex::encode("x"), &query).is_err());
+        let forged = |rest: &str| hex::encode(format!("{}\n{rest}", query.0));
         // A path never holds a control character: a forged one is refused here.
-        assert!(FindCursor::decode(&hex::encode("0\n\0")).is_err());
-        assert!(FindCursor::decode(&hex::encode("0\na\nb")).is_err());
+        assert!(FindCursor::decode(&forged("0\n\0"), &query).is_err());
+        assert!(FindCursor::decode(&forged("0\na\nb"), &query).is_err());
+        assert!(FindCursor::decode(&forged("x\na"), &query).is_err());
+    }
+
+    #[test]
+    fn a_cursor_resumes_only_the_query_that_returned_it() {
+        let query = QueryFingerprint::of("ns", "docs/", "*.md", "");
+        let cursor = FindCursor {
+            matched: 3,
+            after: "docs/c.md".to_owned(),
+        }
+        .encode(&query);
+        for other in [
+            QueryFingerprint::of("other", "docs/", "*.md", ""),
+            QueryFingerprint::of("ns", "", "*.md", ""),
+            QueryFingerprint::of("ns", "docs/", "*.txt", ""),
+            QueryFingerprint::of("ns", "docs/", "*.md", "TODO"),
+        ] {
+            let err = FindCursor::decode(&cursor, &other).unwrap_err().to_string();
+            assert!(err.contains("other arguments"), "{err}");
+        }
     }
 
     #[test]

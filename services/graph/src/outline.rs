@@ -4,6 +4,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use kg_common::sanitize::sanitize_text;
 use kg_proto::v1::{CallerContext, OutlineRequest, OutlineResponse, OutlineSection};
+use sha2::{Digest, Sha256};
 
 use crate::caps::{OUTLINE_LIMIT, check_key, resolve};
 use crate::error::{GraphError, Result};
@@ -24,7 +25,7 @@ impl GraphService {
         let scope = self.scope(caller, &request.namespace)?;
         check_key("file_id", &request.file_id)?;
         let limit = resolve("limit", request.limit, OUTLINE_LIMIT)?;
-        let after = decode_cursor(&request.cursor)?;
+        let after = decode_cursor(&request.cursor, &request.file_id, request.max_depth)?;
         if request.max_depth == Some(0) {
             return Err(GraphError::invalid(
                 "max_depth must be at least 1 (top-level sections)",
@@ -96,7 +97,7 @@ impl GraphService {
             sections.truncate(limit);
             sections
                 .last()
-                .map(|s| encode_cursor(s.order))
+                .map(|s| encode_cursor(s.order, &request.file_id, request.max_depth))
                 .unwrap_or_default()
         } else {
             String::new()
@@ -111,13 +112,22 @@ impl GraphService {
     }
 }
 
-/// The cursor is the order of the last section returned; opaque to clients.
-pub(crate) fn encode_cursor(order: i64) -> String {
-    URL_SAFE_NO_PAD.encode(format!("o{order}"))
+/// The cursor is the order of the last section returned, bound to the file and
+/// depth it pages through (resuming another file's outline from it would skip
+/// sections silently); opaque to clients.
+pub(crate) fn encode_cursor(order: i64, file_id: &str, max_depth: Option<u32>) -> String {
+    let outline = outline_digest(file_id, max_depth);
+    URL_SAFE_NO_PAD.encode(format!("o{order}:{outline}"))
+}
+
+/// A short digest naming the outline a cursor pages through.
+fn outline_digest(file_id: &str, max_depth: Option<u32>) -> String {
+    let text = format!("{file_id}\0{max_depth:?}");
+    URL_SAFE_NO_PAD.encode(&Sha256::digest(text.as_bytes())[..6])
 }
 
 /// "" starts at the beginning (returns -1: orders are 0-based).
-pub(crate) fn decode_cursor(cursor: &str) -> Result<i64> {
+pub(crate) fn decode_cursor(cursor: &str, file_id: &str, max_depth: Option<u32>) -> Result<i64> {
     if cursor.is_empty() {
         return Ok(-1);
     }
@@ -125,13 +135,18 @@ pub(crate) fn decode_cursor(cursor: &str) -> Result<i64> {
         || GraphError::invalid("cursor is not one this service issued; pass nextCursor unchanged");
     let bytes = URL_SAFE_NO_PAD.decode(cursor.trim()).map_err(|_| bad())?;
     let text = std::str::from_utf8(&bytes).map_err(|_| bad())?;
-    let order: i64 = text
+    let (order, outline) = text
         .strip_prefix('o')
-        .ok_or_else(bad)?
-        .parse()
-        .map_err(|_| bad())?;
+        .and_then(|rest| rest.split_once(':'))
+        .ok_or_else(bad)?;
+    let order: i64 = order.parse().map_err(|_| bad())?;
     if order < 0 {
         return Err(bad());
+    }
+    if outline != outline_digest(file_id, max_depth) {
+        return Err(GraphError::invalid(
+            "cursor belongs to another outline; repeat the fileId and maxDepth of the call that returned it, or start without a cursor",
+        ));
     }
     Ok(order)
 }
@@ -143,15 +158,29 @@ mod tests {
 
     #[test]
     fn cursors_round_trip_and_reject_forgeries() {
-        assert_eq!(decode_cursor("").unwrap(), -1);
-        assert_eq!(decode_cursor(&encode_cursor(41)).unwrap(), 41);
+        assert_eq!(decode_cursor("", "f1", None).unwrap(), -1);
+        assert_eq!(
+            decode_cursor(&encode_cursor(41, "f1", None), "f1", None).unwrap(),
+            41
+        );
         for bad in [
             "!!",
             "o1",
-            &URL_SAFE_NO_PAD.encode("o-3"),
-            &URL_SAFE_NO_PAD.encode("x1"),
+            &URL_SAFE_NO_PAD.encode("o41"),
+            &URL_SAFE_NO_PAD.encode(format!("o-3:{}", outline_digest("f1", None))),
+            &URL_SAFE_NO_PAD.encode(format!("x1:{}", outline_digest("f1", None))),
         ] {
-            assert!(decode_cursor(bad).is_err(), "{bad}");
+            assert!(decode_cursor(bad, "f1", None).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_cursor_resumes_only_the_outline_that_returned_it() {
+        let cursor = encode_cursor(7, "f1", Some(2));
+        assert_eq!(decode_cursor(&cursor, "f1", Some(2)).unwrap(), 7);
+        for (file, depth) in [("f2", Some(2)), ("f1", None), ("f1", Some(3))] {
+            let err = decode_cursor(&cursor, file, depth).unwrap_err().to_string();
+            assert!(err.contains("another outline"), "{file} {depth:?}: {err}");
         }
     }
 }
