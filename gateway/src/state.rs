@@ -17,6 +17,7 @@ use sha2::{Digest as _, Sha256};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
+use tonic_health::pb::health_client::HealthClient;
 
 use crate::audit::{AUDIT_QUEUE_CAPACITY, AuditSink};
 use crate::config::GatewayConfig;
@@ -29,6 +30,8 @@ pub(crate) const BACKEND_TIMEOUT: Duration = Duration::from_secs(20);
 #[derive(Clone)]
 pub(crate) struct Backends {
     pub(crate) auth: AuthClient<Channel>,
+    /// Auth's health service, which says whether auth can reach its database (`/ready`).
+    pub(crate) auth_health: HealthClient<Channel>,
     pub(crate) files: FilesClient<Channel>,
     pub(crate) retrieval: RetrievalClient<Channel>,
     pub(crate) graph: GraphClient<Channel>,
@@ -42,8 +45,10 @@ fn channel(name: &str, addr: &str) -> Result<Channel, GatewayError> {
 impl Backends {
     fn connect(config: &GatewayConfig) -> Result<Self, GatewayError> {
         let b = &config.backends;
+        let auth = channel("auth", &b.auth)?;
         Ok(Self {
-            auth: AuthClient::new(channel("auth", &b.auth)?)
+            auth_health: HealthClient::new(auth.clone()),
+            auth: AuthClient::new(auth)
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES),
             files: FilesClient::new(channel("files", &b.files)?)

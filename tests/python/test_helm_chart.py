@@ -196,6 +196,10 @@ def test_every_rendered_deployment_passes_its_own_serve_check(tmp_path: Path, tl
             assert probe.get("httpGet") == {"path": "/health", "port": "metrics"}, (service, probe)
         else:
             assert probed == port and "grpc" in probe, f"{service} is probed over gRPC health, as it serves: {probe}"
+            # Auth and files say NOT_SERVING by name while their database is unreachable.
+            named = {"auth": "kg.v1.Auth", "files": "kg.v1.Files"}.get(service)
+            assert probe["grpc"].get("service") == named, (service, probe)
+            assert "service" not in container["livenessProbe"]["grpc"], "liveness is the process alone"
     scheme = "https" if tls else "http"
     assert f'auth_addr = "{scheme}://kgmesh-auth:7101"' in config.read_text()
     # gRPC Services are headless, so clients see every ready pod of a lane and spread calls.

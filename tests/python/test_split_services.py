@@ -328,11 +328,49 @@ async def test_services_apart_ingest_and_search_and_a_lane_is_replaced_alone(spl
         assert time.monotonic() < deadline, http_get(ready)
         time.sleep(0.2)
 
+    # Auth answering is not enough: without its database it can authorize nothing, so its
+    # health says NOT_SERVING and /ready follows. PostgreSQL frozen (every one of its
+    # processes stopped, as a hung server or a partitioned network), then running again.
+    postgres = postgres_processes(split)
+    assert postgres, "no PostgreSQL process found"
+    try:
+        for pid in postgres:
+            os.kill(pid, signal.SIGSTOP)
+        deadline = time.monotonic() + 30
+        while http_get(ready) != (503, b'{"ok":false,"waitingFor":["auth"]}'):
+            assert time.monotonic() < deadline, f"/ready stayed {http_get(ready)} with PostgreSQL frozen"
+            time.sleep(0.5)
+    finally:
+        for pid in postgres:
+            os.kill(pid, signal.SIGCONT)
+    deadline = time.monotonic() + 30
+    while http_get(ready)[0] != 200:
+        assert time.monotonic() < deadline, f"/ready stayed {http_get(ready)} with PostgreSQL running again"
+        time.sleep(0.5)
+    assert "store unreachable" in split.processes["auth"].log.read_text(errors="replace")
+    async with mcp_http(f"{split.base_url}/mcp", token) as client:
+        assert NAMESPACE in json.dumps(await call_ok(client, "kg_namespaces", {}))
+
     # The PostgreSQL password is in the config every process read; it reaches no log line.
     password = split.stores_url["database_url"].split(":")[2].split("@")[0]
     assert len(password) >= 8
     for process in split.processes.values():
         assert password not in process.log.read_text(errors="replace"), f"{process.name} logged the database password"
+
+
+def postgres_processes(split: SplitMesh) -> list[int]:
+    """The postmaster of the split mesh's PostgreSQL and every process it started."""
+    assert split.stores_dir is not None
+    postmaster = int((split.stores_dir / "postgres" / "pgdata" / "postmaster.pid").read_text().split()[0])
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == postmaster:
+            children.append(int(stat.parent.name))
+    return [postmaster, *children]
 
 
 H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"

@@ -202,20 +202,25 @@ async fn health() -> impl IntoResponse {
 /// How long readiness waits for auth.
 const READY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 
-/// Readiness: every request is authorized by auth first, so a gateway that cannot reach it
-/// can serve nothing and should get no traffic. The other backends are not asked: each serves
+/// Readiness: every request is authorized by auth first, so a gateway whose auth cannot
+/// answer (unreachable, or its database unreachable: auth's health says NOT_SERVING) can
+/// serve nothing and should get no traffic. The other backends are not asked: each serves
 /// some tools alone, and a load balancer draining every gateway because one lane is down would
 /// turn a partial outage into a whole one.
 async fn ready(State(state): State<GatewayState>) -> Response {
-    let mut auth = state.backends.auth.clone();
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_check_response::ServingStatus;
+    let mut auth = state.backends.auth_health.clone();
     let answer = tokio::time::timeout(
         READY_TIMEOUT,
-        auth.signing_key(kg_proto::v1::SigningKeyRequest {}),
+        auth.check(HealthCheckRequest {
+            service: "kg.v1.Auth".to_owned(),
+        }),
     )
     .await;
     // Parts of this process being restarted (the embedded stores of `kgmesh up`), then auth.
     let mut waiting = kg_common::readiness::down();
-    if !matches!(answer, Ok(Ok(_))) {
+    if !matches!(&answer, Ok(Ok(health)) if health.get_ref().status() == ServingStatus::Serving) {
         waiting.push("auth");
     }
     if waiting.is_empty() {

@@ -73,8 +73,8 @@ defaults of `kgmesh serve` ([cluster] listen_addr stays unset).
   [cluster] metrics_addr; hpa: whether an HPA is allowed.
 */}}
 {{- define "kgmesh.services" -}}
-auth:      {port: 7101, grpc: true,  database: true, keys: true, metrics: true, hpa: true}
-files:     {port: 7102, grpc: true,  database: true, nats: true, blobs: rw, metrics: true, hpa: true}
+auth:      {port: 7101, grpc: true,  readyWhen: kg.v1.Auth, database: true, keys: true, metrics: true, hpa: true}
+files:     {port: 7102, grpc: true,  readyWhen: kg.v1.Files, database: true, nats: true, blobs: rw, metrics: true, hpa: true}
 retrieval: {port: 7103, grpc: true,  falkordb: true, vector: true, metrics: true, hpa: true}
 graph:     {port: 7104, grpc: true,  falkordb: true, nats: true, vector: true, metrics: true, hpa: true}
 ontology:  {port: 7105, grpc: true,  database: true, nats: true, metrics: true, hpa: true}

@@ -31,19 +31,22 @@ pub use store::ROLE_GROUP_PREFIX;
 /// gRPC paths callable without a caller context: the token is the credential.
 pub const UNAUTHENTICATED_PATHS: &[&str] = &["/kg.v1.Auth/Authorize", "/kg.v1.Auth/SigningKey"];
 
-/// Serves the auth gRPC API on `listener` until `shutdown`.
+/// Serves the auth gRPC API on `listener` until `shutdown`; its health answers
+/// NOT_SERVING for `kg.v1.Auth` while the auth tables' database is unreachable.
 pub async fn serve(
     service: AuthService,
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> Result<(), kg_common::grpc::ServeError> {
     let verifier = ContextVerifier::new(vec![service.public_key()]);
+    let probe = service.store_probe();
     let routes = tonic::service::Routes::new(kg_proto::v1::auth_server::AuthServer::new(service));
-    kg_common::grpc::serve(
+    kg_common::grpc::serve_probed(
         listener,
         CallerContextLayer::new(verifier, UNAUTHENTICATED_PATHS),
         routes,
         &["kg.v1.Auth"],
+        Some(probe),
         shutdown,
     )
     .await

@@ -268,6 +268,11 @@ fn postgres_epoch_triggers() -> Vec<String> {
 pub(crate) const PAT_TOUCH_MS: i64 = 60_000;
 
 impl AuthStore {
+    /// Whether the database answers now (health).
+    pub(crate) async fn answers(&self) -> bool {
+        self.sql.answers().await
+    }
+
     pub(crate) async fn open(sql: SqlStore) -> Result<Self> {
         sql.migrate(&MIGRATOR).await?;
         let store = Self { sql };

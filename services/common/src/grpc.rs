@@ -31,6 +31,16 @@ pub const MAX_MESSAGE_BYTES: usize = 64 * 1024 * 1024;
 #[error("grpc server failed: {0}")]
 pub struct ServeError(#[from] tonic::transport::Error);
 
+/// Answers whether the store a service cannot serve without is reachable (see
+/// [`serve_probed`]). It must not log the store's error: the watcher logs the transition.
+pub type StoreProbe =
+    std::sync::Arc<dyn Fn() -> futures::future::BoxFuture<'static, bool> + Send + Sync>;
+
+/// How often a store probe runs.
+pub const STORE_PROBE_EVERY: Duration = Duration::from_secs(5);
+/// How long one probe may take before the store counts as unreachable.
+const STORE_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// Serves `routes` (one or more tonic services) on `listener` until `shutdown`
 /// fires, with the health service reporting SERVING for `service_names`.
 pub async fn serve(
@@ -40,11 +50,44 @@ pub async fn serve(
     service_names: &[&str],
     shutdown: CancellationToken,
 ) -> Result<(), ServeError> {
+    serve_probed(
+        listener,
+        caller_layer,
+        routes,
+        service_names,
+        None,
+        shutdown,
+    )
+    .await
+}
+
+/// [`serve`], with `service_names` NOT_SERVING while `probe` says the service's store is
+/// unreachable, so whoever routes by health (the gateway's `/ready` for auth, a load
+/// balancer) sends no calls that can only fail. The server as a whole (`""`) stays
+/// SERVING: the process is alive, and restarting it would not bring the store back.
+pub async fn serve_probed(
+    listener: TcpListener,
+    caller_layer: CallerContextLayer,
+    routes: Routes,
+    service_names: &[&str],
+    probe: Option<StoreProbe>,
+    shutdown: CancellationToken,
+) -> Result<(), ServeError> {
     let (reporter, health_service) = tonic_health::server::health_reporter();
     for name in service_names {
         reporter
             .set_service_status(*name, ServingStatus::Serving)
             .await;
+    }
+    if let Some(probe) = probe {
+        let names = service_names.iter().map(|n| (*n).to_owned()).collect();
+        tokio::spawn(watch_store(
+            reporter,
+            names,
+            probe,
+            STORE_PROBE_EVERY,
+            shutdown.clone(),
+        ));
     }
     let routes = routes.add_service(health_service);
     let service_label = service_names
@@ -61,6 +104,47 @@ pub async fn serve(
         .serve_with_incoming_shutdown(connections, shutdown.cancelled_owned())
         .await?;
     Ok(())
+}
+
+/// Runs `probe` every `every` and sets `names` SERVING or NOT_SERVING when the answer
+/// changes, logging each change once.
+async fn watch_store(
+    reporter: tonic_health::server::HealthReporter,
+    names: Vec<String>,
+    probe: StoreProbe,
+    every: Duration,
+    shutdown: CancellationToken,
+) {
+    let service = names.first().cloned().unwrap_or_default();
+    let mut serving = true;
+    let mut ticks = tokio::time::interval(every);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = ticks.tick() => {}
+        }
+        let reachable = tokio::time::timeout(STORE_PROBE_TIMEOUT, probe())
+            .await
+            .unwrap_or(false);
+        if reachable == serving {
+            continue;
+        }
+        serving = reachable;
+        let status = if reachable {
+            tracing::info!(%service, "store reachable again: health answers SERVING");
+            ServingStatus::Serving
+        } else {
+            tracing::warn!(
+                %service,
+                "store unreachable: health answers NOT_SERVING until it answers again"
+            );
+            ServingStatus::NotServing
+        };
+        for name in &names {
+            reporter.set_service_status(name, status).await;
+        }
+    }
 }
 
 /// The connections a gRPC server accepts on `listener`: TLS-handshaken with the process's
@@ -374,6 +458,72 @@ mod tests {
         });
         request.set_timeout(Duration::from_secs(5));
         client.check(request).await.map(drop)
+    }
+
+    #[tokio::test]
+    async fn a_service_is_not_serving_while_its_store_is_unreachable_and_serving_again_after() {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use tonic_health::pb::HealthCheckRequest;
+        use tonic_health::pb::health_check_response::ServingStatus as Answer;
+        use tonic_health::pb::health_client::HealthClient;
+
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = format!("http://{}", listener.local_addr().unwrap());
+        let shutdown = CancellationToken::new();
+        let (reporter, health) = tonic_health::server::health_reporter();
+        reporter
+            .set_service_status("kg.v1.Auth", ServingStatus::Serving)
+            .await;
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(health)
+                .serve_with_incoming_shutdown(
+                    incoming(listener, &shutdown),
+                    shutdown.clone().cancelled_owned(),
+                ),
+        );
+        let store_up = Arc::new(AtomicBool::new(true));
+        let probe: StoreProbe = {
+            let store_up = store_up.clone();
+            Arc::new(move || {
+                let up = store_up.load(Ordering::SeqCst);
+                Box::pin(async move { up })
+            })
+        };
+        tokio::spawn(watch_store(
+            reporter,
+            vec!["kg.v1.Auth".to_owned()],
+            probe,
+            Duration::from_millis(20),
+            shutdown.clone(),
+        ));
+        let mut client = HealthClient::new(channel(&addr).unwrap());
+        let mut status_of = async |service: &str| {
+            let request = HealthCheckRequest {
+                service: service.to_owned(),
+            };
+            client.check(request).await.unwrap().into_inner().status()
+        };
+        let mut wait_for = async |want: Answer| {
+            for _ in 0..200 {
+                if status_of("kg.v1.Auth").await == want {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            panic!("health never answered {want:?}");
+        };
+        wait_for(Answer::Serving).await;
+        store_up.store(false, Ordering::SeqCst);
+        wait_for(Answer::NotServing).await;
+        store_up.store(true, Ordering::SeqCst);
+        wait_for(Answer::Serving).await;
+        // The process stays alive for liveness probes whatever its store does.
+        store_up.store(false, Ordering::SeqCst);
+        wait_for(Answer::NotServing).await;
+        assert_eq!(status_of("").await, Answer::Serving);
+        shutdown.cancel();
     }
 
     #[tokio::test]

@@ -48,23 +48,26 @@ pub use replay::{Replay, STREAM_CHECK_EVERY, run_stream_check};
 pub use service::FilesService;
 pub use version_prune::PrunedVersions;
 
-/// Serves the files gRPC API on `listener` until `shutdown`.
+/// Serves the files gRPC API on `listener` until `shutdown`; its health answers
+/// NOT_SERVING for `kg.v1.Files` while the registry's database is unreachable.
 pub async fn serve(
     service: FilesService,
     verifier: ContextVerifier,
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> Result<(), kg_common::grpc::ServeError> {
+    let probe = service.store_probe();
     let routes = tonic::service::Routes::new(
         kg_proto::v1::files_server::FilesServer::new(service)
             .max_decoding_message_size(kg_common::grpc::MAX_MESSAGE_BYTES)
             .max_encoding_message_size(kg_common::grpc::MAX_MESSAGE_BYTES),
     );
-    kg_common::grpc::serve(
+    kg_common::grpc::serve_probed(
         listener,
         CallerContextLayer::new(verifier, &[]),
         routes,
         &["kg.v1.Files"],
+        Some(probe),
         shutdown,
     )
     .await

@@ -175,6 +175,11 @@ pub(crate) struct FilesStore {
 }
 
 impl FilesStore {
+    /// Whether the database answers now (health).
+    pub(crate) async fn answers(&self) -> bool {
+        self.sql.answers().await
+    }
+
     pub(crate) async fn open(sql: SqlStore) -> Result<Self> {
         sql.migrate(&MIGRATOR).await?;
         Ok(Self { sql })

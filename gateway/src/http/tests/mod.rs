@@ -123,6 +123,48 @@ async fn ready_names_what_it_waits_for() {
 }
 
 #[tokio::test]
+async fn ready_follows_auths_health_which_says_whether_its_database_answers() {
+    use tonic_health::ServingStatus;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = format!("http://{}", listener.local_addr().unwrap());
+    let (reporter, health) = tonic_health::server::health_reporter();
+    let stop = CancellationToken::new();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(health)
+            .serve_with_incoming_shutdown(
+                tonic::transport::server::TcpIncoming::from(listener),
+                stop.clone().cancelled_owned(),
+            ),
+    );
+    let app = app(config(&addr).await);
+    let ready = || async {
+        let response = app
+            .clone()
+            .oneshot(request("GET", "/ready").body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        (response.status(), body_json(response).await)
+    };
+    reporter
+        .set_service_status("kg.v1.Auth", ServingStatus::NotServing)
+        .await;
+    assert_eq!(
+        ready().await,
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            json!({"ok": false, "waitingFor": ["auth"]})
+        ),
+        "auth answers, but cannot reach its database"
+    );
+    reporter
+        .set_service_status("kg.v1.Auth", ServingStatus::Serving)
+        .await;
+    assert_eq!(ready().await, (StatusCode::OK, json!({"ok": true})));
+    stop.cancel();
+}
+
+#[tokio::test]
 async fn health_metrics_and_metadata_need_no_auth() {
     let app = app(config(&dead_addr().await).await);
     let response = app
