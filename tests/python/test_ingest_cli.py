@@ -276,3 +276,25 @@ def test_a_dry_run_says_what_would_change_and_changes_nothing(mesh: Mesh, tmp_pa
     # A name the server would refuse is refused before anything is planned.
     done = mesh.run("ingest", str(docs), "--namespace", "Bad NS", "--dry-run")
     assert done.returncode == 1 and "invalid namespace `Bad NS`" in done.stderr, done.stderr
+
+
+def test_content_going_back_to_an_earlier_version_or_coming_back_after_a_delete_is_indexed(
+    mesh: Mesh, tmp_path: Path
+) -> None:
+    """The same content is the same version: its change event used to carry the same message
+    id, which JetStream dropped as a duplicate within its 2 minute window, leaving the file
+    pending for good and the ingest waiting for it."""
+    namespace = "ingest-revert"
+    docs = tmp_path / "docs"
+    first = {"x.md": "# Doc\n\nThe alabaster heron.\n", "y.md": "# Y\n\nThe cobalt ferry.\n"}
+    write_tree(docs, first)
+    mesh.ingest(docs, namespace)
+    write_tree(docs, {"x.md": "# Doc\n\nThe vermilion stork.\n"})
+    mesh.ingest(docs, namespace)
+    mesh.cli("file", "delete", "--namespace", namespace, "--path", "y.md")
+
+    # Back to the first content within seconds, and y.md again after its delete.
+    write_tree(docs, first)
+    code, summary = ingest_json(mesh, docs, namespace, "--timeout-secs", "60")
+    assert code == 0, summary
+    assert indexed_paths(mesh, namespace) == {"x.md": "indexed", "y.md": "indexed"}, summary

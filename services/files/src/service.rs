@@ -427,10 +427,15 @@ impl FilesService {
             FileChangeOp::Flags => "flags",
             FileChangeOp::Unspecified => "unspecified",
         };
-        // Upserts dedupe on the version. Each flags change has an id of its own: two in one
-        // millisecond shared one before, and the stream dropped the second as a duplicate.
+        // Every upload has an id of its own (a retry inside this publish keeps it): content
+        // going back to an earlier version within the stream's duplicate window, or coming
+        // back after a delete, is the same version, and the stream dropped it as a duplicate,
+        // leaving the row pending for good. Each flags change too: two in one millisecond
+        // shared one before.
         let msg_id = match op {
-            FileChangeOp::Upsert => format!("{}:{op_name}", file.version_id),
+            FileChangeOp::Upsert => {
+                format!("{}:{op_name}:{}", file.version_id, uuid::Uuid::now_v7())
+            }
             FileChangeOp::Flags => format!("{}:{op_name}:v{flags_version}", file.file_id),
             _ => format!("{}:{op_name}:{}", file.version_id, file.updated_at_ms),
         };

@@ -836,11 +836,14 @@ impl Worker {
             branch_only: false,
             rebuild_at_ms: event.rebuild_at_ms,
         };
-        // A rebuild's outcome is news even when the version's first one is in the stream.
-        let msg_id = match event.rebuild_at_ms {
-            0 => format!("{}:indexed:{}", event.version_id, status as i32),
-            at => format!("{}:indexed:{}:{at}", event.version_id, status as i32),
-        };
+        // One outcome per change event (a redelivery of the event dedupes): a rebuild's, or
+        // an upload's of content the file held before (a revert, or a path back after a
+        // delete: the same version id), is news even when that version's earlier outcome is
+        // still in the stream's duplicate window.
+        let msg_id = format!(
+            "{}:indexed:{}:{}:{}",
+            event.version_id, status as i32, event.changed_at_ms, event.rebuild_at_ms
+        );
         let subject = events::indexed_subject(&event.namespace)?;
         events::publish(&self.jetstream, &subject, &msg_id, indexed.encode_to_vec()).await
     }

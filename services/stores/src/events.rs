@@ -7,8 +7,9 @@
 //! - `KG_INDEX` holds `kg.index.v1.<ns>.indexed` (indexer publishes when a version is written)
 //!   and `kg.index.v1.<ns>.purged` (when a deleted namespace's graph and vectors are gone).
 //!
-//! Both are file-backed with a 2 minute duplicate window: a publish carries `Nats-Msg-Id` (the file
-//! version id), so a retried publish is stored once. `KG_FILES` has no age limit: an event stays
+//! Both are file-backed with a 2 minute duplicate window: a publish carries `Nats-Msg-Id` (one id
+//! per change or outcome, never the version id alone: content going back to an earlier version is
+//! news), so a retried publish is stored once. `KG_FILES` has no age limit: an event stays
 //! until the indexer's consumer of its subject acknowledged it, and the indexer then removes it
 //! (`kg_indexer::compaction`, hourly); dead letters stay. `KG_INDEX` drops outcomes after
 //! [`INDEX_MAX_AGE`]: its one reader, the files service's status consumer, records each in SQL

@@ -75,10 +75,9 @@ fn event(file_id: &str, version: i64, op: FileChangeOp) -> FileChanged {
 }
 
 async fn publish(js: &async_nats::jetstream::Context, event: FileChanged) {
-    // Upserts dedupe on the version, other changes on their count or time (as the files
-    // service does).
+    // One id per change (as the files service does).
     let msg_id = match event.op() {
-        FileChangeOp::Upsert => format!("{}:upsert", event.version_id),
+        FileChangeOp::Upsert => format!("{}:upsert:{}", event.version_id, event.changed_at_ms),
         FileChangeOp::Flags => format!("{}:flags:v{}", event.file_id, event.flags_version),
         _ => format!("{}:delete:{}", event.version_id, event.changed_at_ms),
     };
