@@ -147,6 +147,37 @@ fn mentions(expr: &str, column: &str) -> bool {
     })
 }
 
+/// The name a state would write for `table`: its last dotted part, unquoted.
+fn table_word(table: &str) -> &str {
+    let last = table.rsplit('.').next().unwrap_or(table).trim();
+    last.trim_matches(|c| matches!(c, '"' | '`' | '[' | ']'))
+}
+
+/// Does `expr` mention `name` as a whole word not followed by `.` (a column qualified by
+/// its table, `orders.total`, is fine; `orders` alone is the whole row)?
+fn mentions_unqualified(expr: &str, name: &str) -> bool {
+    if name.is_empty() {
+        return false;
+    }
+    let lower = expr.to_ascii_lowercase();
+    let name = name.to_ascii_lowercase();
+    let bytes = lower.as_bytes();
+    let is_word = |b: u8| b.is_ascii_alphanumeric() || b == b'_';
+    lower.match_indices(&name).any(|(i, _)| {
+        let end = i + name.len();
+        let before = i.checked_sub(1).map(|j| bytes[j]);
+        // A quoted name (`"orders".total`) is qualified too: skip one closing quote.
+        let mut next = end;
+        if matches!(bytes.get(next), Some(b'"' | b'`' | b']')) {
+            next += 1;
+        }
+        let after = lower[next..].trim_start().as_bytes().first().copied();
+        !before.is_some_and(is_word)
+            && !bytes.get(end).copied().is_some_and(is_word)
+            && after != Some(b'.')
+    })
+}
+
 fn sample(ty: ValueType) -> Value {
     match ty {
         ValueType::String => json!("x"),
@@ -280,6 +311,33 @@ fn check_object(project: &Project, o: &str, obj: &ObjectDef, p: &mut Vec<String>
             if mentions(expr, col) {
                 p.push(format!(
                     "{at}.states.{s}: reads the sensitive property `{col}`; states must not depend on sensitive columns"
+                ));
+            }
+        }
+        // A state is an expression over its own row. A subquery, another table or the whole
+        // row (the bare table name, as in `customers::text`) can reach any column, the
+        // sensitive ones of this or another object included, past the check above.
+        if mentions(expr, "select") {
+            p.push(format!(
+                "{at}.states.{s}: holds a subquery; a state reads only its own row's columns (no SELECT)"
+            ));
+        }
+        let own = table_word(&obj.table);
+        if mentions_unqualified(expr, own) {
+            p.push(format!(
+                "{at}.states.{s}: names the table `{own}` as a whole row; name its columns instead"
+            ));
+        }
+        let others: BTreeSet<&str> = project
+            .objects
+            .values()
+            .map(|other| table_word(&other.table))
+            .filter(|table| *table != own)
+            .collect();
+        for table in others {
+            if mentions(expr, table) {
+                p.push(format!(
+                    "{at}.states.{s}: reads the table `{table}`; a state reads only its own row's columns"
                 ));
             }
         }
@@ -1039,6 +1097,44 @@ mod tests {
         ] {
             let err = with(timeout_ms, max_attempts).expect("refused");
             assert!(err.contains(problem), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_state_reads_only_its_own_rows_columns() {
+        let with_state = |expr: &str| {
+            let mut p = shop();
+            p.objects["order"]
+                .states
+                .insert("probe".into(), expr.to_owned());
+            check_static(&p).join("; ")
+        };
+        for fine in [
+            "total > 100",
+            "orders.total > 100 AND \"orders\".cancelled_at IS NULL",
+            "customer_id IN (1, 2)",
+        ] {
+            assert_eq!(with_state(fine), "", "{fine}");
+        }
+        for (expr, problem) in [
+            // Another object's sensitive column through a subquery.
+            (
+                "(SELECT c.email FROM customers c WHERE c.customer_id = orders.customer_id) LIKE 'a%'",
+                "holds a subquery",
+            ),
+            (
+                "EXISTS (select 1 from customers)",
+                "reads the table `customers`",
+            ),
+            ("customers.email LIKE 'a%'", "reads the table `customers`"),
+            (
+                "orders::text LIKE '%@%'",
+                "names the table `orders` as a whole row",
+            ),
+            ("row_to_json(orders) IS NOT NULL", "as a whole row"),
+        ] {
+            let problems = with_state(expr);
+            assert!(problems.contains(problem), "{expr}: {problems}");
         }
     }
 
