@@ -131,20 +131,52 @@ fn in_hidden_entry(relative: &str) -> bool {
     relative.split('/').any(is_hidden)
 }
 
+/// The namespace path of a file at `relative` inside the folder, exactly as named there; or
+/// (the name as printable text, why it is skipped). A name the server would refuse or change
+/// (control characters, which URLs also drop; a backslash, which is not a separator here;
+/// white space around a segment) is skipped: uploaded under another name, it would overwrite
+/// a file of that name, and `--delete` would remove it as a file the folder no longer holds.
+fn namespace_path(relative: &Path) -> Result<String, (String, String)> {
+    let printable = || relative.to_string_lossy().escape_debug().to_string();
+    let Some(utf8) = relative.to_str() else {
+        return Err((
+            printable(),
+            "skipped: the path is not UTF-8; rename it to upload it".to_owned(),
+        ));
+    };
+    let path = if std::path::MAIN_SEPARATOR == '\\' {
+        utf8.replace('\\', "/")
+    } else {
+        utf8.to_owned()
+    };
+    let reason = match kg_common::access::normalize_path(&path) {
+        Ok(normal) if normal == path && !path.split('/').any(|s| s.trim() != s) => {
+            return Ok(path);
+        }
+        Ok(_) => "a name starts or ends with white space, which the server trims".to_owned(),
+        Err(kg_common::access::NameError::Path { reason, .. }) => reason.to_owned(),
+        Err(err) => err.to_string(),
+    };
+    Err((
+        printable(),
+        format!("skipped: {reason}; rename it to upload it"),
+    ))
+}
+
 /// Files under `root` with their `/`-separated relative paths; symbolic links are not
 /// followed, and hidden entries are left out (counted) unless `include_hidden`.
 pub(crate) fn collect_files(root: &Path, include_hidden: bool) -> anyhow::Result<Collected> {
     let metadata =
         std::fs::metadata(root).with_context(|| format!("cannot read {}", root.display()))?;
     if metadata.is_file() {
-        let name = root
-            .file_name()
-            .and_then(|n| n.to_str())
-            .context("the file name is not UTF-8")?
-            .to_owned();
+        let name = root.file_name().context("the file has no name")?;
+        let (files, skipped) = match namespace_path(Path::new(name)) {
+            Ok(path) => (vec![(root.to_path_buf(), path)], Vec::new()),
+            Err(skipped) => (Vec::new(), vec![skipped]),
+        };
         return Ok(Collected {
-            files: vec![(root.to_path_buf(), name)],
-            skipped: Vec::new(),
+            files,
+            skipped,
             hidden: 0,
         });
     }
@@ -173,16 +205,10 @@ pub(crate) fn collect_files(root: &Path, include_hidden: bool) -> anyhow::Result
             continue;
         }
         let relative = entry.path().strip_prefix(root)?;
-        let Some(utf8) = relative.to_str() else {
-            collected.skipped.push((
-                relative.to_string_lossy().into_owned(),
-                "skipped: the path is not UTF-8; rename it to upload it".to_owned(),
-            ));
-            continue;
-        };
-        collected
-            .files
-            .push((entry.path().to_path_buf(), utf8.replace('\\', "/")));
+        match namespace_path(relative) {
+            Ok(path) => collected.files.push((entry.path().to_path_buf(), path)),
+            Err(skipped) => collected.skipped.push(skipped),
+        }
     }
     collected.hidden = hidden;
     Ok(collected)

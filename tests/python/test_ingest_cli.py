@@ -298,3 +298,29 @@ def test_content_going_back_to_an_earlier_version_or_coming_back_after_a_delete_
     code, summary = ingest_json(mesh, docs, namespace, "--timeout-secs", "60")
     assert code == 0, summary
     assert indexed_paths(mesh, namespace) == {"x.md": "indexed", "y.md": "indexed"}, summary
+
+
+def test_a_name_the_server_would_change_is_skipped_not_uploaded_under_another(mesh: Mesh, tmp_path: Path) -> None:
+    """Tab and newline used to vanish from a name in the upload URL, white space around it was
+    trimmed and a backslash became a folder: the file landed under another name (overwriting
+    `back/slash.md`), and `--delete` then removed that name as one the folder no longer held."""
+    namespace = "ingest-odd-names"
+    docs = tmp_path / "docs"
+    write_tree(docs, {"ok.md": "# Ok\n\nThe saffron bridge.\n", "back/slash.md": "# Real\n\nThe umber tower.\n"})
+    odd = ["new\nline.md", "tab\tname.md", " lead.md", "back\\slash.md"]
+    for name in odd:
+        (docs / name).write_text("# Odd\n\nThe mauve canal.\n")
+
+    code, summary = ingest_json(mesh, docs, namespace, "--delete")
+    assert code == 3, summary
+    failed = {entry["path"]: entry["reason"] for entry in summary["failed"]}
+    assert sorted(failed) == sorted(name.encode("unicode_escape").decode() for name in odd), failed
+    assert "control characters" in failed["new\\nline.md"] and "rename it" in failed["new\\nline.md"], failed
+    assert "white space" in failed[" lead.md"], failed
+    assert "separator" in failed["back\\\\slash.md"], failed
+    assert indexed_paths(mesh, namespace) == {"back/slash.md": "indexed", "ok.md": "indexed"}, summary
+
+    # Again with --delete: nothing the folder holds is deleted, nothing is uploaded twice.
+    code, again = ingest_json(mesh, docs, namespace, "--delete")
+    assert code == 3 and again["deleted"] == [] and again["unchanged"] == 2, again
+    assert indexed_paths(mesh, namespace) == {"back/slash.md": "indexed", "ok.md": "indexed"}, again
