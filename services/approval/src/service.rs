@@ -379,6 +379,35 @@ impl ApprovalService {
 
         let check = match self.check(&proposal, signed, done_by).await {
             Ok(check) => check,
+            // The compiled ontology no longer has this action, or no longer takes these
+            // arguments: only a change of the project does that, and approving again can
+            // never succeed. The proposal ends, as a changed policy ends it, rather than
+            // returning to pending with an "approved" event in its trail.
+            Err(ApprovalError::Ontology {
+                code: code @ (ErrorCode::NotFound | ErrorCode::InvalidArgument),
+                message,
+            }) => {
+                let detail = match code {
+                    ErrorCode::NotFound => format!(
+                        "the compiled ontology no longer has this action ({message}): propose it again if it comes back"
+                    ),
+                    _ => format!(
+                        "the action no longer takes these arguments ({message}): propose it again"
+                    ),
+                };
+                let outcome = Outcome {
+                    state: ProposalState::PreconditionFailed,
+                    refusal: "policy_changed",
+                    detail: &detail,
+                };
+                let note = Event::new(
+                    "rechecked",
+                    "",
+                    format!("refused: policy_changed: {detail}"),
+                );
+                self.inner.store.finish(id, &outcome, &note).await?;
+                return self.get_stored(id).await;
+            }
             Err(err) => {
                 // Nothing was sent: hand the proposal back to the humans.
                 let note = Event::new("recheck_unavailable", "", err.to_string());

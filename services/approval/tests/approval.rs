@@ -893,6 +893,29 @@ async fn suite(sql: SqlStore) {
     assert_eq!(r.refusal, "policy_changed", "{r:?}");
     assert!(h.receiver.hits("tunversioned").is_empty());
 
+    // The action left the project after the proposal: approving can never succeed, so the
+    // proposal ends (it went back to pending, its trail saying "approved", for good).
+    h.ontology.set("oremoved", "cancel", h.rule("ok"));
+    let p = h.submit("oremoved", "tremoved", false).await.unwrap();
+    h.ontology
+        .rules
+        .lock()
+        .unwrap()
+        .remove(&("oremoved".to_owned(), "cancel".to_owned()));
+    let r = h.decide(&p.id, true).await.unwrap();
+    assert_eq!(r.state(), ProposalState::PreconditionFailed, "{r:?}");
+    assert_eq!(r.refusal, "policy_changed");
+    assert!(
+        r.outcome_detail.contains("no longer has this action"),
+        "{r:?}"
+    );
+    assert!(h.receiver.hits("tremoved").is_empty());
+    assert_eq!(
+        kinds(&h.get(&p.id).await),
+        ["submitted", "approved", "rechecked"]
+    );
+    assert!(h.decide(&p.id, true).await.is_err(), "decided once");
+
     // The ontology is down: nothing runs and the proposal goes back to pending.
     let mut down = h.rule("ok");
     down.unavailable = true;
