@@ -157,7 +157,14 @@ pub(crate) fn coerce(value: &Value, ty: ValueType) -> Option<Bound> {
         (ValueType::Integer, Value::Number(n)) => n.as_i64().map(Bound::Int),
         (ValueType::Integer, Value::String(s)) => s.trim().parse().ok().map(Bound::Int),
         (ValueType::Number, Value::Number(n)) => n.as_f64().map(Bound::Float),
-        (ValueType::Number, Value::String(s)) => s.trim().parse().ok().map(Bound::Float),
+        // "NaN", "inf" and "1e999" parse, but are no number a warehouse or JSON holds (they
+        // became null, read later as a parameter never supplied).
+        (ValueType::Number, Value::String(s)) => s
+            .trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|f| f.is_finite())
+            .map(Bound::Float),
         (ValueType::String, Value::String(s)) => Some(Bound::Text(s.clone())),
         (ValueType::String, Value::Number(n)) => Some(Bound::Text(n.to_string())),
         (ValueType::Boolean, Value::Bool(b)) => Some(Bound::Bool(*b)),
@@ -413,5 +420,25 @@ mod tests {
         assert_eq!(quote_ident("a\"b"), "\"a\"\"b\"");
         assert_eq!(quote_table("s.t"), "\"s\".\"t\"");
         assert_eq!(literal("it's"), "'it''s'");
+    }
+
+    #[test]
+    fn a_number_argument_is_a_finite_number() {
+        use serde_json::json;
+        for fine in [json!(2.5), json!("2.5"), json!(" 40 ")] {
+            assert!(
+                matches!(coerce(&fine, ValueType::Number), Some(Bound::Float(_))),
+                "{fine}"
+            );
+        }
+        for bad in [
+            json!("NaN"),
+            json!("inf"),
+            json!("-infinity"),
+            json!("1e999"),
+            json!("abc"),
+        ] {
+            assert!(coerce(&bad, ValueType::Number).is_none(), "{bad}");
+        }
     }
 }
