@@ -57,10 +57,11 @@ pub(crate) enum ReleaseCommand {
         /// Unique in the namespace, e.g. `v1.2.0`.
         #[arg(long)]
         version: String,
-        /// Branch id or name to snapshot [default: main].
-        #[arg(long, default_value = "")]
+        /// Branch id or name to snapshot (main when omitted).
+        #[arg(long, default_value = "", hide_default_value = true)]
         branch: String,
-        #[arg(long, default_value = "")]
+        /// A note kept with the release.
+        #[arg(long, default_value = "", hide_default_value = true)]
         note: String,
         #[command(flatten)]
         remote: Remote,

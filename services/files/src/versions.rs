@@ -550,6 +550,19 @@ impl FilesService {
     ) -> Result<Branch> {
         require(caller, namespace, Permission::Write)?;
         check_name("branch name", name, &['/'])?;
+        // Commands take a branch "id or name", and `main` (or none) means main itself: a
+        // branch of either shape would be written to by one command and read past by another.
+        if name.eq_ignore_ascii_case("main") {
+            return Err(FilesError::Invalid(
+                "invalid branch name `main`: it names the namespace's main line; choose another name"
+                    .to_owned(),
+            ));
+        }
+        if uuid::Uuid::parse_str(name).is_ok() {
+            return Err(FilesError::Invalid(format!(
+                "invalid branch name `{name}`: it has the shape of a branch id, which commands would take for one; choose a name that is not a UUID"
+            )));
+        }
         // Releases and environments start from a branch, and branch uploads need one.
         self.refuse_while_purging(namespace).await?;
         let exists = || {

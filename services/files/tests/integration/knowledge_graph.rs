@@ -1031,6 +1031,22 @@ async fn targets(files: &FilesService, ids: &mut HashMap<String, String>) {
         .await
         .unwrap_err();
     assert_eq!(err.code(), ErrorCode::AlreadyExists);
+    // Commands take a branch "id or name" and `main` for main itself: neither shape is a name.
+    for (ambiguous, why) in [
+        ("main", "main line"),
+        ("Main", "main line"),
+        (
+            "01a250f3-ac92-768d-8344-6beb07cb9d79",
+            "shape of a branch id",
+        ),
+    ] {
+        let err = files
+            .create_branch(&admin(), NS, ambiguous)
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), ErrorCode::InvalidArgument, "{ambiguous}");
+        assert!(err.to_string().contains(why), "{ambiguous}: {err}");
+    }
     let err = files
         .create_release(&admin(), NS, "v 3", "", "")
         .await
