@@ -327,13 +327,14 @@ pub(crate) fn search_args(args: &Map<String, Value>) -> Result<SearchArgs, Clien
     .iter()
     .map(|ns| namespace("namespaces", ns))
     .collect::<Result<Vec<_>, _>>()?;
-    let namespaces = dedup(namespaces);
+    // Counted as given, as the schema's maxItems counts them.
     if namespaces.len() > MAX_NAMESPACES {
         return Err(ClientError::invalid(format!(
             "namespaces names {} namespaces; pass at most {MAX_NAMESPACES}",
             namespaces.len()
         )));
     }
+    let namespaces = dedup(namespaces);
     let lanes = given_list("lanes", raw.lanes, "for fulltext, vector and graph_expand")?
         .iter()
         .map(|l| lane("lanes", l))
@@ -924,6 +925,14 @@ mod tests {
             refused(search_args(&obj(json!({"query": "q", "lanes": ["magic"]}))))
                 .contains("fulltext")
         );
+        // maxItems counts the list as given, repeats included.
+        let many = vec!["demo"; MAX_NAMESPACES + 1];
+        assert!(
+            refused(search_args(&obj(json!({"query": "q", "namespaces": many}))))
+                .contains("pass at most 32")
+        );
+        let repeated = vec!["demo"; MAX_NAMESPACES];
+        assert!(search_args(&obj(json!({"query": "q", "namespaces": repeated}))).is_ok());
         assert!(
             refused(search_args(&obj(json!({"query": "q", "lanes": []}))))
                 .contains("lanes is empty: name at least one, or omit lanes for fulltext")

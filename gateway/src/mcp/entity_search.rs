@@ -141,17 +141,18 @@ pub(crate) fn entity_search_args(
         raw.namespaces,
         "to search every namespace you may read",
     )?;
+    // Counted as given, as the schema's maxItems counts them.
+    if given.len() > MAX_NAMESPACES {
+        return Err(ClientError::invalid(format!(
+            "namespaces names {} namespaces; pass at most {MAX_NAMESPACES}",
+            given.len()
+        )));
+    }
     for ns in given {
         let ns = namespace("namespaces", &ns)?;
         if !namespaces.contains(&ns) {
             namespaces.push(ns);
         }
-    }
-    if namespaces.len() > MAX_NAMESPACES {
-        return Err(ClientError::invalid(format!(
-            "namespaces names {} namespaces; pass at most {MAX_NAMESPACES}",
-            namespaces.len()
-        )));
     }
     let mode = raw.mode.unwrap_or_default().trim().to_owned();
     if !mode.is_empty() && !MODES.contains(&mode.as_str()) {
