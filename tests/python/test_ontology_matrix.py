@@ -563,6 +563,9 @@ async def test_read_tools_redact_and_bound_results(shop: Shop, transport: str) -
         injected = await refused(client, "get_customer", {"customer_id": "1 OR 1=1"}, "invalid_arguments")
         assert "`customer_id` must be an integer" in injected["message"], injected
         await refused(client, "get_customer", {"customer_id": 1, "email": "x"}, "invalid_arguments")
+        # The gateway's own refusal (a NUL character) comes in the generated tools' shape too.
+        nul = await refused(client, "get_customer", {"customer_id": "1\u0000"}, "invalid_arguments")
+        assert nul["error"] == "invalid_arguments" and "NUL" in nul["message"], nul
 
         every = (await ok(client, "list_order", {})).data
         assert ids(every["rows"]) == [101, 102, 103, 104, 105, 106, 106] and every["truncated"] is False, every

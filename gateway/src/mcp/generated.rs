@@ -116,6 +116,17 @@ fn to_tool(t: GeneratedTool) -> Tool {
         .annotate(annotations)
 }
 
+/// A generated tool's error result, `{error, code, message, retryable}` as the ontology
+/// writes it, with its metrics/audit code.
+fn tool_error(code: &str, message: Value) -> (ToolAnswer, Option<ErrorCode>) {
+    (
+        ToolAnswer::Failed(super::json_error(&json!({
+            "error": code, "code": code, "message": message, "retryable": false
+        }))),
+        Some(error_code(code)),
+    )
+}
+
 /// The metrics/audit code of a generated tool's error.
 fn error_code(code: &str) -> ErrorCode {
     match code {
@@ -202,19 +213,16 @@ impl McpServer {
             Err(err) => Err(err),
         };
         let (result, failure) = match answer {
-            Err(refused) => finish(Err(refused)),
+            // In the generated tools' own shape: an agent branching on `code` sees one code
+            // for every argument mistake.
+            Err(refused) => tool_error("invalid_arguments", Value::String(refused.message)),
             Ok(Err(status)) => finish(Err(ClientError::from_status("ontology", &status))),
             Ok(Ok(r)) => match serde_json::from_str::<Value>(&r.into_inner().result_json) {
                 Ok(value) => match value.get("error").and_then(Value::as_str) {
                     Some("unknown_tool") => return Some(Err(UnknownTool)),
                     Some(code) => {
                         let message = value.get("message").cloned().unwrap_or(Value::Null);
-                        (
-                            ToolAnswer::Failed(super::json_error(&json!({
-                                "error": code, "code": code, "message": message, "retryable": false
-                            }))),
-                            Some(error_code(code)),
-                        )
+                        tool_error(code, message)
                     }
                     None => finish(super::tools::json_text(&value)),
                 },
