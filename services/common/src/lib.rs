@@ -18,6 +18,7 @@ pub mod metrics;
 pub mod readiness;
 pub mod redact;
 pub mod sanitize;
+pub mod tbox_patterns;
 pub mod telemetry;
 pub mod tls;
 pub mod tool_names;

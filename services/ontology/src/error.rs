@@ -12,6 +12,9 @@ pub enum OntologyError {
     /// Validation found problems; each says what to change.
     #[error("the project has {} problem(s):\n  - {}", .0.len(), .0.join("\n  - "))]
     Invalid(Vec<String>),
+    /// A TBox draft has problems; each says what to change.
+    #[error("the TBox draft has {} problem(s):\n  - {}", .0.len(), .0.join("\n  - "))]
+    InvalidTbox(Vec<String>),
     /// No project is loaded.
     #[error("no ontology project is loaded: start the service with a project directory")]
     NoProject,
@@ -44,6 +47,7 @@ impl ErrorExt for OntologyError {
         match self {
             OntologyError::Project(_)
             | OntologyError::Invalid(_)
+            | OntologyError::InvalidTbox(_)
             | OntologyError::BadRequest(_) => ErrorCode::InvalidArgument,
             OntologyError::NoProject | OntologyError::Conflict(_) => ErrorCode::FailedPrecondition,
             OntologyError::NotFound(_) => ErrorCode::NotFound,

@@ -4,6 +4,7 @@
 
 use base64::Engine as _;
 use kg_common::caller::now_ms;
+use kg_common::tbox_patterns;
 use kg_proto::v1::{PurgeTboxResponse, Tbox, TboxDraft};
 use kg_stores::sql::SqlStore;
 use kg_stores::tbox::{DEFAULT_MAX_TBOX_BYTES, TboxBucket};
@@ -59,11 +60,37 @@ fn check(tbox: &Tbox) -> Result<()> {
         if !ids.insert(t.type_id.clone()) {
             problems.push(format!("entity type `{}` is declared twice", t.type_id));
         }
+        if let Some(problem) = id_problem("entity type id", &t.type_id) {
+            problems.push(problem);
+        }
+        // Checked here as the indexer compiles them, which skips a pattern it cannot run
+        // with a warning in its own log, where no one who published the TBox looks.
+        for pattern in &t.patterns {
+            if let Err(reason) = tbox_patterns::entity_pattern(pattern) {
+                problems.push(format!(
+                    "entity type `{}`: pattern `{}`: {reason}",
+                    t.type_id,
+                    clip(pattern)
+                ));
+            }
+        }
     }
     let mut rels = std::collections::BTreeSet::new();
     for r in &tbox.relation_types {
         if r.relation_type_id.trim().is_empty() {
             problems.push("every relation type needs a relation_type_id".to_owned());
+        }
+        if let Some(problem) = id_problem("relation type id", &r.relation_type_id) {
+            problems.push(problem);
+        }
+        for pattern in &r.patterns {
+            if let Err(reason) = tbox_patterns::relation_form(pattern) {
+                problems.push(format!(
+                    "relation type `{}`: pattern `{}`: {reason}",
+                    r.relation_type_id,
+                    clip(pattern)
+                ));
+            }
         }
         if !rels.insert(r.relation_type_id.clone()) {
             problems.push(format!(
@@ -84,8 +111,32 @@ fn check(tbox: &Tbox) -> Result<()> {
     if problems.is_empty() {
         Ok(())
     } else {
-        Err(OntologyError::Invalid(problems))
+        Err(OntologyError::InvalidTbox(problems))
     }
+}
+
+/// Why `id` cannot name a type (it is part of entity keys and graph properties), if it
+/// cannot: letters, digits, `_`, `-` and `.`, starting with a letter or digit.
+fn id_problem(what: &str, id: &str) -> Option<String> {
+    let ok = id.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+    (!ok && !id.trim().is_empty()).then(|| {
+        format!(
+            "{what} `{}` may hold only letters, digits, `_`, `-` and `.`, starting with a letter or digit",
+            clip(id)
+        )
+    })
+}
+
+/// At most 80 characters of a value quoted in a problem.
+fn clip(text: &str) -> String {
+    let mut clipped: String = text.chars().take(80).collect();
+    if clipped.len() < text.len() {
+        clipped.push('…');
+    }
+    clipped
 }
 
 /// Where the TBox holds a NUL character. Its names become graph properties and the
@@ -313,7 +364,7 @@ impl TboxStore {
     /// concurrent [`TboxStore::restore_bus_copies`].
     pub async fn purge(&self, namespace: &str) -> Result<PurgeTboxResponse> {
         kg_common::access::validate_namespace(namespace)
-            .map_err(|err| OntologyError::Invalid(vec![err.to_string()]))?;
+            .map_err(|err| OntologyError::BadRequest(err.to_string()))?;
         let mut tx = self.sql.pool().begin().await?;
         let versions_removed = sqlx::query("DELETE FROM kg_tbox_versions WHERE namespace = $1")
             .bind(namespace.to_owned())
@@ -458,12 +509,47 @@ mod tests {
             ..Default::default()
         };
         assert!(check(&tbox("p".repeat(MAX_TYPE_ID_BYTES))).is_ok());
-        let Err(OntologyError::Invalid(problems)) = check(&tbox("p".repeat(MAX_TYPE_ID_BYTES + 1)))
+        let Err(OntologyError::InvalidTbox(problems)) =
+            check(&tbox("p".repeat(MAX_TYPE_ID_BYTES + 1)))
         else {
             panic!("a 65-byte type id passed");
         };
         assert_eq!(problems.len(), 1);
         assert!(problems[0].contains("longer than 64 bytes"), "{problems:?}");
+    }
+
+    #[test]
+    fn patterns_the_indexer_cannot_run_and_odd_ids_are_refused_at_draft() {
+        let tbox = Tbox {
+            entity_types: vec![EntityType {
+                type_id: "Bad Id!".into(),
+                label: "Ticket".into(),
+                patterns: vec![r"\bOPS-(\d+\b".into(), ".*".into(), r"\bOPS-\d+\b".into()],
+                ..Default::default()
+            }],
+            relation_types: vec![kg_proto::v1::RelationType {
+                relation_type_id: "files".into(),
+                patterns: vec!["no placeholders".into(), "{source} filed {target}".into()],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let Err(err @ OntologyError::InvalidTbox(_)) = check(&tbox) else {
+            panic!("a TBox with broken patterns passed");
+        };
+        let text = err.to_string();
+        assert!(
+            text.starts_with("the TBox draft has 4 problem(s)"),
+            "{text}"
+        );
+        for problem in [
+            "entity type id `Bad Id!` may hold only letters",
+            "pattern `\\bOPS-(\\d+\\b`: regex parse error",
+            "pattern `.*`: it matches empty text",
+            "relation type `files`: pattern `no placeholders`: a template needs {source} and {target}",
+        ] {
+            assert!(text.contains(problem), "{problem}: {text}");
+        }
     }
 
     #[test]
@@ -480,12 +566,12 @@ mod tests {
             }],
             relation_types: vec![kg_proto::v1::RelationType {
                 relation_type_id: "feeds".into(),
-                patterns: vec!["(?P<a>x)\0".into()],
+                patterns: vec!["{source} feeds\0 {target}".into()],
                 ..Default::default()
             }],
             ..Default::default()
         };
-        let Err(OntologyError::Invalid(problems)) = check(&tbox) else {
+        let Err(OntologyError::InvalidTbox(problems)) = check(&tbox) else {
             panic!("a TBox with NUL characters passed");
         };
         assert_eq!(

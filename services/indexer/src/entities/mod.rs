@@ -208,24 +208,8 @@ pub fn entity_key(type_id: &str, name: &str) -> String {
     format!("{}~{digest}", &key[..cut])
 }
 
-/// Longest regex pattern accepted, in bytes.
-const MAX_PATTERN_LEN: usize = 2_000;
-/// Compiled-program limit for each TBox regex, so a hostile pattern cannot eat memory.
-const REGEX_SIZE_LIMIT: usize = 1 << 20;
 /// At most this many mentions per chunk (a too-broad regex must not flood the graph).
 const MAX_MENTIONS_PER_CHUNK: usize = 512;
-
-fn build_regex(pattern: &str, case_insensitive: bool) -> Result<regex::Regex, String> {
-    if pattern.len() > MAX_PATTERN_LEN {
-        return Err(format!("longer than {MAX_PATTERN_LEN} bytes"));
-    }
-    regex::RegexBuilder::new(pattern)
-        .case_insensitive(case_insensitive)
-        .size_limit(REGEX_SIZE_LIMIT)
-        .dfa_size_limit(REGEX_SIZE_LIMIT)
-        .build()
-        .map_err(|e| e.to_string())
-}
 
 /// The TBox compiled into matchers. Build with [`Extractor::compile`] or get a cached one from
 /// [`extractor_for`].
@@ -302,7 +286,7 @@ impl Extractor {
                 });
             }
             for pattern in &ty.patterns {
-                match build_regex(pattern, false) {
+                match kg_common::tbox_patterns::entity_pattern(pattern) {
                     Ok(regex) => pattern_list.push(patterns::EntityPattern {
                         type_id: type_id.to_owned(),
                         regex,

@@ -16,24 +16,14 @@
 //!   `pattern` mention of the relation's source / target type (which must then be set).
 
 use super::text::{Found, crosses_sentence};
-use super::{Method, build_regex, entity_key};
+use kg_common::tbox_patterns::{RelationForm as Form, relation_form};
+
+use super::{Method, entity_key};
 
 /// Longest text between two mentions that a template considers, in bytes.
 const MAX_GAP: usize = 300;
 /// Relation matches per rule per chunk.
 const MAX_MATCHES: usize = 256;
-
-#[derive(Debug)]
-enum Form {
-    Template {
-        /// The placeholder order: `{source}` first when true.
-        source_first: bool,
-        before: Option<regex::Regex>,
-        between: regex::Regex,
-        after: Option<regex::Regex>,
-    },
-    Regex(regex::Regex),
-}
 
 /// One compiled relation pattern.
 #[derive(Debug)]
@@ -44,19 +34,6 @@ pub(crate) struct RelationRule {
     form: Form,
 }
 
-/// Template literal -> regex body: words escaped, whitespace runs flexible, `...` a short gap.
-fn literal(text: &str) -> String {
-    let mut out = String::new();
-    for (i, part) in text.split("...").enumerate() {
-        if i > 0 {
-            out.push_str(r"\s*.{0,60}?\s*");
-        }
-        let words: Vec<String> = part.split_whitespace().map(regex::escape).collect();
-        out.push_str(&words.join(r"\s+"));
-    }
-    out
-}
-
 impl RelationRule {
     /// Compiles one pattern of relation type `id`.
     pub(crate) fn compile(
@@ -65,42 +42,7 @@ impl RelationRule {
         target_type: &str,
         pattern: &str,
     ) -> Result<RelationRule, String> {
-        let form = if let Some(expr) = pattern.strip_prefix("re:") {
-            let regex = build_regex(expr, false)?;
-            let names: Vec<&str> = regex.capture_names().flatten().collect();
-            if !names.contains(&"source") || !names.contains(&"target") {
-                return Err(
-                    "a re: pattern needs the groups (?P<source>..) and (?P<target>..)".into(),
-                );
-            }
-            Form::Regex(regex)
-        } else {
-            let (Some(s), Some(t)) = (pattern.find("{source}"), pattern.find("{target}")) else {
-                return Err("a template needs {source} and {target}".into());
-            };
-            if pattern.matches("{source}").count() != 1 || pattern.matches("{target}").count() != 1
-            {
-                return Err("{source} and {target} must each appear once".into());
-            }
-            let source_first = s < t;
-            let (first, second) = if source_first { (s, t) } else { (t, s) };
-            let before = pattern[..first].trim();
-            let between = &pattern[first + "{source}".len()..second];
-            let after = pattern[second + "{target}".len()..].trim();
-            let optional = |text: &str, anchored: &str| -> Result<Option<regex::Regex>, String> {
-                if text.is_empty() {
-                    Ok(None)
-                } else {
-                    build_regex(&anchored.replace("{}", &literal(text)), true).map(Some)
-                }
-            };
-            Form::Template {
-                source_first,
-                before: optional(before, r"{}\s*$")?,
-                between: build_regex(&format!(r"^\s*{}\s*$", literal(between.trim())), true)?,
-                after: optional(after, r"^\s*{}")?,
-            }
-        };
+        let form = relation_form(pattern)?;
         Ok(RelationRule {
             relation_type_id: id.to_owned(),
             source_type: source_type.to_owned(),
