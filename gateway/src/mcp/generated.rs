@@ -121,7 +121,7 @@ fn to_tool(t: GeneratedTool) -> Tool {
 fn tool_error(code: &str, message: Value) -> (ToolAnswer, Option<ErrorCode>) {
     (
         ToolAnswer::Failed(super::json_error(&json!({
-            "error": code, "code": code, "message": message, "retryable": false
+            "error": code, "code": code, "message": message, "retryable": code == "unavailable"
         }))),
         Some(error_code(code)),
     )
@@ -133,6 +133,7 @@ fn error_code(code: &str) -> ErrorCode {
         "denied_role" => ErrorCode::PermissionDenied,
         "not_found" | "unknown_tool" | "unknown_object" => ErrorCode::NotFound,
         "invalid_arguments" => ErrorCode::InvalidArgument,
+        "unavailable" => ErrorCode::Unavailable,
         "precondition_failed"
         | "ambiguous_identity"
         | "auto_effects_disabled"

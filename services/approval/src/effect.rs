@@ -146,7 +146,10 @@ pub(crate) fn prepare(
     }
     for (name, secret_name) in &effect.secret_headers {
         let header = header_name(name)?;
-        if !is_env_name(secret_name) || protected_env.iter().any(|p| p == secret_name) {
+        if !is_env_name(secret_name)
+            || kg_common::config::is_kgmesh_variable(secret_name)
+            || protected_env.iter().any(|p| p == secret_name)
+        {
             return Err(format!(
                 "header `{header}` names the secret `{secret_name}`, which is not a usable secret name"
             ));
@@ -403,6 +406,16 @@ mod tests {
         let err = prepare(&e, &with, &["SHOP_TOKEN".to_owned()])
             .err()
             .unwrap();
+        assert!(err.contains("not a usable secret name"), "{err}");
+        // kgmesh's own settings (the database URL, on Kubernetes) are never sent, even set.
+        let mut leak = effect(secret_url, "hooks.example");
+        leak.secret_headers
+            .insert("X-Audit-Ref".into(), "KGMESH_DATABASE_URL".into());
+        let set = SecretSource::Fixed(Arc::new(HashMap::from([(
+            "KGMESH_DATABASE_URL".to_owned(),
+            "postgres://kgmesh:pw@db/kgmesh".to_owned(),
+        )])));
+        let err = prepare(&leak, &set, &[]).err().unwrap();
         assert!(err.contains("not a usable secret name"), "{err}");
 
         let mut e = effect("https://hooks.example:8443/x", "hooks.example:8443");

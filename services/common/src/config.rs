@@ -11,6 +11,12 @@ use serde::de::DeserializeOwned;
 /// Prefix of every environment variable kgmesh reads as config.
 pub const ENV_PREFIX: &str = "KGMESH_";
 
+/// Whether `name` is one of kgmesh's own environment variables (its settings, the database
+/// and warehouse URLs, tokens): never a secret an ontology effect may send anywhere.
+pub fn is_kgmesh_variable(name: &str) -> bool {
+    name.to_ascii_uppercase().starts_with(ENV_PREFIX)
+}
+
 /// All problems found in one configuration, one per line.
 #[derive(Debug, thiserror::Error)]
 #[error("invalid configuration:\n{}", .problems.join("\n"))]

@@ -171,10 +171,12 @@ fn mentions_unqualified(expr: &str, name: &str) -> bool {
         if matches!(bytes.get(next), Some(b'"' | b'`' | b']')) {
             next += 1;
         }
-        let after = lower[next..].trim_start().as_bytes().first().copied();
-        !before.is_some_and(is_word)
-            && !bytes.get(end).copied().is_some_and(is_word)
-            && after != Some(b'.')
+        let rest = lower[next..].trim_start();
+        // `orders.*` is the whole row too.
+        let qualified = rest
+            .strip_prefix('.')
+            .is_some_and(|column| !column.trim_start().starts_with('*'));
+        !before.is_some_and(is_word) && !bytes.get(end).copied().is_some_and(is_word) && !qualified
     })
 }
 
@@ -317,6 +319,14 @@ fn check_object(project: &Project, o: &str, obj: &ObjectDef, p: &mut Vec<String>
         // A state is an expression over its own row. A subquery, another table or the whole
         // row (the bare table name, as in `customers::text`) can reach any column, the
         // sensitive ones of this or another object included, past the check above.
+        // `U&"\0065mail"` spells a name no word check can read.
+        if expr.to_ascii_lowercase().replace(' ', "").contains("u&\"")
+            || expr.to_ascii_lowercase().replace(' ', "").contains("u&'")
+        {
+            p.push(format!(
+                "{at}.states.{s}: holds a Unicode-escaped name or string (U&...); write names plainly"
+            ));
+        }
         if mentions(expr, "select") {
             p.push(format!(
                 "{at}.states.{s}: holds a subquery; a state reads only its own row's columns (no SELECT)"
@@ -506,6 +516,19 @@ fn check_action(
         if !is_env_name(env) {
             p.push(format!(
                 "{at}.effect.secret_headers.{h}: `{env}` is not an environment variable name (A-Z, 0-9, _)"
+            ));
+        }
+        // The approval service's environment holds kgmesh's own settings (the database URL
+        // with its password, on Kubernetes) and the warehouse's: a header naming one would
+        // send it to the webhook's host, unseen by the person approving.
+        if kg_common::config::is_kgmesh_variable(env) {
+            p.push(format!(
+                "{at}.effect.secret_headers.{h}: `{env}` is one of kgmesh's own settings; name a variable that holds only this webhook's secret"
+            ));
+        }
+        if project.warehouse.url_env.as_deref() == Some(env.as_str()) {
+            p.push(format!(
+                "{at}.effect.secret_headers.{h}: `{env}` holds the warehouse URL; name a variable that holds only this webhook's secret"
             ));
         }
     }
@@ -1132,10 +1155,30 @@ mod tests {
                 "names the table `orders` as a whole row",
             ),
             ("row_to_json(orders) IS NOT NULL", "as a whole row"),
+            ("to_jsonb(orders.*)::text LIKE '%@%'", "as a whole row"),
+            ("U&\"\\0074otal\" > 1", "Unicode-escaped"),
         ] {
             let problems = with_state(expr);
             assert!(problems.contains(problem), "{expr}: {problems}");
         }
+    }
+
+    #[test]
+    fn an_effect_may_not_send_kgmeshs_own_settings_or_the_warehouse_url() {
+        let mut p = shop();
+        p.warehouse.url_env = Some("SHOP_WAREHOUSE_URL".into());
+        let headers = &mut p.objects["order"].actions["refund"].effect.secret_headers;
+        headers.insert("X-Audit-Ref".into(), "KGMESH_DATABASE_URL".into());
+        headers.insert("X-Wh".into(), "SHOP_WAREHOUSE_URL".into());
+        let problems = check_static(&p).join("; ");
+        assert!(
+            problems.contains("`KGMESH_DATABASE_URL` is one of kgmesh's own settings"),
+            "{problems}"
+        );
+        assert!(
+            problems.contains("`SHOP_WAREHOUSE_URL` holds the warehouse URL"),
+            "{problems}"
+        );
     }
 
     #[test]

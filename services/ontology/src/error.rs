@@ -105,6 +105,8 @@ pub enum ToolCode {
     UnknownObject,
     /// No such generated tool.
     UnknownTool,
+    /// A service this call needs did not answer and nothing was done: retry shortly.
+    Unavailable,
     /// A fault on our side; details in the log.
     InternalError,
 }
@@ -123,6 +125,7 @@ impl ToolCode {
             ToolCode::EffectMisconfigured => "effect_misconfigured",
             ToolCode::UnknownObject => "unknown_object",
             ToolCode::UnknownTool => "unknown_tool",
+            ToolCode::Unavailable => "unavailable",
             ToolCode::InternalError => "internal_error",
         }
     }

@@ -524,7 +524,7 @@ fn submit_failed(status: &tonic::Status, needs_approval: bool) -> ToolError {
         tonic::Code::Unavailable if needs_approval => {
             tracing::warn!(error = %status.message(), "approval service unavailable");
             ToolError::new(
-                ToolCode::InternalError,
+                ToolCode::Unavailable,
                 "the approval service is unavailable, so no proposal was stored; retry shortly",
             )
         }

@@ -356,14 +356,18 @@ impl Warehouse {
             .await
             .map_err(|err| match &err {
                 // SQLSTATE class 22, a data exception: a value the caller passed does not fit
-                // the column it is compared with (`abc` as a uuid, an unknown enum label).
+                // the column it is compared with (`abc` as a uuid, an unknown enum label), or a
+                // state's expression failed on a row. Only the SQLSTATE is logged: the
+                // database's message quotes the offending value, which may be a sensitive one.
                 sqlx::Error::Database(db) if db.code().is_some_and(|c| c.starts_with("22")) => {
-                    tracing::info!(error = %db.message(), "warehouse refused a value");
+                    let sqlstate = db.code().map(|c| c.into_owned()).unwrap_or_default();
+                    tracing::info!(%sqlstate, "warehouse refused a value");
                     ToolError::new(
                         ToolCode::InvalidArguments,
                         "a value does not fit the type of the warehouse column it is compared with \
-                     (for example an identity that is not a valid uuid, or an unknown label); \
-                     pass a value as the tools show it",
+                     (for example an identity that is not a valid uuid, or an unknown label), or a \
+                     state of the object cannot be computed for a row; pass a value as the tools \
+                     show it, and if it is right, ask the ontology's owner to check its states",
                     )
                 }
                 _ => ToolError::from(err),

@@ -520,7 +520,7 @@ async fn shop_tools_on_sqlite() {
         (
             tonic::Code::Unavailable,
             500,
-            "internal_error",
+            "unavailable",
             "no proposal was stored; retry shortly",
         ),
         (
