@@ -953,3 +953,24 @@ async def test_no_query_plans_a_scan_of_the_namespace(
         if scanned:
             scans.append(f"{scanned} <- {query[:600]}")
     assert not scans, "queries planned from a scan of the namespace:\n" + "\n".join(scans)
+
+
+async def test_every_word_is_found_by_full_text_whatever_stands_beside_it(mesh: Mesh, tmp_path: Path) -> None:
+    """FalkorDB's full-text index reads `word\\nnext` (a line break, a backslash, a no-break
+    space, an em dash between them) as one token, so the words that end or start a line of a
+    wrapped paragraph were found by no full-text search."""
+    namespace = "sparams-glued"
+    folder = tmp_path / "glued"
+    folder.mkdir()
+    (folder / "wrapped.md").write_text(
+        "# Wrapped\n\nlemonade marzipan\nnutmeg oregano\r\npaprika quince\n"
+        "back\\slash nbsp\u00a0word em\u2014dash\n"
+    )
+    mesh.ingest(folder, namespace)
+    async with mcp_http(mesh.mcp_url, mesh.admin_token) as client:
+        missed = []
+        for word in ["lemonade", "marzipan", "nutmeg", "oregano", "paprika", "quince", "slash", "nbsp", "dash"]:
+            found = await call_ok(client, "kg_search", {"query": word, "namespaces": [namespace], "lanes": ["fulltext"]})
+            if [hit["path"] for hit in found["results"]] != ["wrapped.md"]:
+                missed.append(word)
+        assert missed == [], f"full text did not find {missed}"

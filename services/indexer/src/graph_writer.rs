@@ -645,6 +645,7 @@ const CHUNK_NODES: NodeKind = NodeKind {
         "textHash",
         "wordCount",
         "contextHeader",
+        "splitWords",
         "charStart",
         "charEnd",
         "lineStart",
@@ -738,6 +739,18 @@ fn differs(kind: &NodeKind, stored: &[Value], row: &Value) -> bool {
             .any(|(name, value)| row.get(*name).unwrap_or(&Value::Null) != value)
 }
 
+/// The words of a chunk's header and text that the full-text index would read glued (each
+/// field is indexed on its own, so they are split apart, never joined).
+fn split_words_of(c: &ChunkRecord) -> String {
+    let header = kg_stores::graph::split_words(&c.context_header);
+    let text = kg_stores::graph::split_words(&c.text);
+    match (header.is_empty(), text.is_empty()) {
+        (true, _) => text,
+        (false, true) => header,
+        (false, false) => format!("{header} {text}"),
+    }
+}
+
 fn chunk_row(c: &ChunkRecord) -> Value {
     json!({
         "chunkKey": c.chunk_key,
@@ -746,6 +759,7 @@ fn chunk_row(c: &ChunkRecord) -> Value {
         "textHash": text_hash(&c.text),
         "wordCount": word_count(&c.context_header, &c.text),
         "contextHeader": c.context_header,
+        "splitWords": split_words_of(c),
         "charStart": c.char_start,
         "charEnd": c.char_end,
         "lineStart": c.line_start,
@@ -830,7 +844,7 @@ async fn create_chunks(
                  UNWIND $rows AS ch \
                  CREATE (:Chunk {chunkKey: ch.chunkKey, fileId: $fileId, path: $path, enabled: $enabled, hidden: $hidden, \
                      chunkIndex: ch.chunkIndex, text: ch.text, textHash: ch.textHash, wordCount: ch.wordCount, \
-                     contextHeader: ch.contextHeader, \
+                     contextHeader: ch.contextHeader, splitWords: ch.splitWords, \
                      charStart: ch.charStart, charEnd: ch.charEnd, lineStart: ch.lineStart, lineEnd: ch.lineEnd, \
                      pageStart: ch.pageStart, pageEnd: ch.pageEnd, tokenCount: ch.tokenCount, \
                      sectionKey: ch.sectionKey})-[:PART_OF]->(f)",
@@ -857,6 +871,7 @@ async fn update_chunks(
                  MATCH (c:Chunk {chunkKey: ch.chunkKey}) WHERE c.fileId = $fileId \
                  SET c.chunkIndex = ch.chunkIndex, c.text = ch.text, c.textHash = ch.textHash, \
                      c.wordCount = ch.wordCount, c.contextHeader = ch.contextHeader, \
+                     c.splitWords = ch.splitWords, \
                      c.charStart = ch.charStart, c.charEnd = ch.charEnd, c.lineStart = ch.lineStart, \
                      c.lineEnd = ch.lineEnd, c.tokenCount = ch.tokenCount, c.pageStart = ch.pageStart \
                  WITH c, ch SET c.pageEnd = ch.pageEnd \

@@ -237,7 +237,7 @@ async fn a_new_version_keeps_the_nodes_it_shares_with_the_stored_one() {
         "textHash": kg_stores::chunk_text::text_hash("the text of ch_c"),
         "wordCount": kg_stores::chunk_text::word_count("Guide › Renamed", "the text of ch_c"),
         "contextHeader": "Guide › Renamed", "charStart": 100, "charEnd": 120,
-        "lineStart": 4, "lineEnd": 5, "tokenCount": 5,
+        "lineStart": 4, "lineEnd": 5, "tokenCount": 5, "splitWords": "",
     });
     assert_eq!(c[0][0], want, "a kept chunk");
     let s3 = rows(

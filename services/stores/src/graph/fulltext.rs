@@ -64,6 +64,31 @@ pub fn fulltext_terms(user_text: &str) -> Vec<String> {
     terms
 }
 
+/// The words of `text` that FalkorDB's full-text index would not find, space-separated:
+/// its tokenizer splits at spaces, tabs and most ASCII punctuation, but not at a line break,
+/// a backslash, a no-break space or non-ASCII punctuation such as an em dash, so it stores
+/// `word\nnext` as one token `wordnext` and a query for `word` or `next` misses it (every
+/// word that ends or starts a line of a wrapped paragraph). Each such glued token is split as
+/// [`fulltext_terms`] splits a query, and its words are indexed beside the text (property
+/// `splitWords`), so index and query agree on every word. Chunks without the glue get "".
+pub fn split_words(text: &str) -> String {
+    let splits_there =
+        |c: char| c == ' ' || c == '\t' || (c.is_ascii_punctuation() && c != '\\' && c != '_');
+    let is_word = |c: char| c.is_alphanumeric() || c == '_';
+    let mut words: Vec<&str> = Vec::new();
+    for token in text.split(splits_there) {
+        if token.chars().all(is_word) {
+            continue;
+        }
+        for word in token.split(|c: char| !is_word(c)) {
+            if !word.is_empty() && !words.contains(&word) {
+                words.push(word);
+            }
+        }
+    }
+    words.join(" ")
+}
+
 /// Turns free text into an OR-of-terms full-text query, or `None` when no searchable term
 /// remains (empty input, only punctuation or stop words).
 pub fn fulltext_query(user_text: &str) -> Option<String> {
@@ -170,6 +195,18 @@ impl GraphStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn words_the_index_would_read_glued_are_split_out() {
+        let text = "lemonade marzipan\nnutmeg oregano\r\npaprika\tquince path/to/file \
+                    back\\slash nbsp\u{a0}word em\u{2014}dash under_score plain-words.";
+        assert_eq!(
+            split_words(text),
+            "marzipan nutmeg oregano paprika back slash nbsp word em dash"
+        );
+        assert_eq!(split_words("nothing glued here, at all."), "");
+        assert_eq!(split_words("a\nb\na\nb"), "a b", "each word once");
+    }
 
     #[test]
     fn words_become_an_or_query() {

@@ -21,7 +21,8 @@ use crate::error::{StoreError, StoreKind};
 
 pub use assign::assign_properties;
 pub use fulltext::{
-    MAX_TERM_CHARS, MAX_TERMS, exact_term, fulltext_query, fulltext_terms, stemmed_term,
+    MAX_TERM_CHARS, MAX_TERMS, exact_term, fulltext_query, fulltext_terms, split_words,
+    stemmed_term,
 };
 pub use params::{Params, cypher_literal};
 
@@ -42,8 +43,10 @@ pub const RANGE_INDEXES: &[(&str, &str)] = &[
 
 /// Full-text indexes every namespace graph has: (label, properties). A chunk's contextHeader
 /// (document title › headings) is indexed with its text: BM25 over both ranked docs-qa
-/// better (nDCG@10 0.782 against 0.764 on text alone).
-pub const FULLTEXT_INDEXES: &[(&str, &[&str])] = &[("Chunk", &["text", "contextHeader"])];
+/// better (nDCG@10 0.782 against 0.764 on text alone). `splitWords` holds the words the
+/// index would read glued to a neighbour (see [`split_words`]).
+pub const FULLTEXT_INDEXES: &[(&str, &[&str])] =
+    &[("Chunk", &["text", "contextHeader", "splitWords"])];
 
 /// Longest wait for a new or rebuilt full-text index to be searchable.
 const INDEX_BUILD_WAIT: Duration = Duration::from_secs(60);
