@@ -134,7 +134,7 @@ fn in_hidden_entry(relative: &str) -> bool {
 /// The namespace path of a file at `relative` inside the folder, exactly as named there; or
 /// (the name as printable text, why it is skipped). A name the server would refuse or change
 /// (control characters, which URLs also drop; a backslash, which is not a separator here;
-/// white space around a segment) is skipped: uploaded under another name, it would overwrite
+/// white space at either end of the path) is skipped: uploaded under another name, it would overwrite
 /// a file of that name, and `--delete` would remove it as a file the folder no longer holds.
 fn namespace_path(relative: &Path) -> Result<String, (String, String)> {
     let printable = || relative.to_string_lossy().escape_debug().to_string();
@@ -150,10 +150,8 @@ fn namespace_path(relative: &Path) -> Result<String, (String, String)> {
         utf8.to_owned()
     };
     let reason = match kg_common::access::normalize_path(&path) {
-        Ok(normal) if normal == path && !path.split('/').any(|s| s.trim() != s) => {
-            return Ok(path);
-        }
-        Ok(_) => "a name starts or ends with white space, which the server trims".to_owned(),
+        Ok(normal) if normal == path => return Ok(path),
+        Ok(_) => "the path starts or ends with white space, which the server trims".to_owned(),
         Err(kg_common::access::NameError::Path { reason, .. }) => reason.to_owned(),
         Err(err) => err.to_string(),
     };

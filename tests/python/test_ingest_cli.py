@@ -308,6 +308,9 @@ def test_a_name_the_server_would_change_is_skipped_not_uploaded_under_another(me
     docs = tmp_path / "docs"
     write_tree(docs, {"ok.md": "# Ok\n\nThe saffron bridge.\n", "back/slash.md": "# Real\n\nThe umber tower.\n"})
     odd = ["new\nline.md", "tab\tname.md", " lead.md", "back\\slash.md"]
+    # White space inside a path is kept by the server: such a name goes in as it is.
+    (docs / "sub").mkdir()
+    (docs / "sub" / " inner.md").write_text("# Inner\n\nThe jade kiosk.\n")
     for name in odd:
         (docs / name).write_text("# Odd\n\nThe mauve canal.\n")
 
@@ -318,9 +321,10 @@ def test_a_name_the_server_would_change_is_skipped_not_uploaded_under_another(me
     assert "control characters" in failed["new\\nline.md"] and "rename it" in failed["new\\nline.md"], failed
     assert "white space" in failed[" lead.md"], failed
     assert "separator" in failed["back\\\\slash.md"], failed
-    assert indexed_paths(mesh, namespace) == {"back/slash.md": "indexed", "ok.md": "indexed"}, summary
+    stored = {"back/slash.md": "indexed", "ok.md": "indexed", "sub/ inner.md": "indexed"}
+    assert indexed_paths(mesh, namespace) == stored, summary
 
     # Again with --delete: nothing the folder holds is deleted, nothing is uploaded twice.
     code, again = ingest_json(mesh, docs, namespace, "--delete")
-    assert code == 3 and again["deleted"] == [] and again["unchanged"] == 2, again
-    assert indexed_paths(mesh, namespace) == {"back/slash.md": "indexed", "ok.md": "indexed"}, again
+    assert code == 3 and again["deleted"] == [] and again["unchanged"] == 3, again
+    assert indexed_paths(mesh, namespace) == stored, again

@@ -342,7 +342,7 @@ pub(crate) enum DenyCommand {
         /// The folder to deny, e.g. `hr/`.
         #[arg(long)]
         prefix: Option<String>,
-        /// The file to deny.
+        /// The id of the file to deny (`kgmesh file list` shows ids; a path is refused).
         #[arg(long)]
         file_id: Option<String>,
         #[command(flatten)]

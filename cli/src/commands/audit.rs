@@ -16,7 +16,7 @@ pub(crate) struct AuditArgs {
     /// Only calls at or after this time (Unix milliseconds).
     #[arg(long)]
     since_ms: Option<i64>,
-    /// Only calls at or before this time (Unix milliseconds).
+    /// Only calls before this time (Unix milliseconds; the end is exclusive).
     #[arg(long)]
     until_ms: Option<i64>,
     /// Most events to return: 1-1000 (default 100).

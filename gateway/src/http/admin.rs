@@ -638,6 +638,34 @@ async fn deny(
     body: Result<Json<PutDenyBody>, JsonRejection>,
 ) -> ApiResult {
     let request = deny_request(json_body(body)?)?;
+    if !request.file_id.is_empty() {
+        // A deny of an id no file has is stored and withdraws nothing (a path passed for an
+        // id, a typo): refused, so no one believes a file was withdrawn when it was not.
+        let found = state
+            .backends
+            .files
+            .clone()
+            .get_file(caller.request(GetFileRequest {
+                namespace: request.namespace.clone(),
+                selector: Some(get_file_request::Selector::FileId(request.file_id.clone())),
+            }))
+            .await;
+        match found {
+            Ok(_) => {}
+            Err(status) if status.code() == tonic::Code::NotFound => {
+                let id: String = request.file_id.chars().take(80).collect();
+                return Err(ApiError(ClientError::new(
+                    ErrorCode::NotFound,
+                    format!(
+                        "no file has the id `{id}` in namespace `{}`: a deny names a file by the \
+                         fileId `kgmesh file list` shows (or a folder by pathPrefix)",
+                        request.namespace
+                    ),
+                )));
+            }
+            Err(status) => return Err(backend("files")(status)),
+        }
+    }
     let deny = state
         .backends
         .auth
@@ -691,10 +719,10 @@ async fn list_audit(
 ) -> ApiResult {
     let q = query(q)?;
     if let (Some(since), Some(until)) = (q.since_ms, q.until_ms)
-        && since > until
+        && since >= until
     {
         return Err(ApiError(ClientError::invalid(
-            "sinceMs must not be after untilMs",
+            "sinceMs must be before untilMs (sinceMs is inclusive, untilMs exclusive)",
         )));
     }
     let response = state

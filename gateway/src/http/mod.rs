@@ -114,6 +114,7 @@ pub fn router(state: GatewayState) -> Router {
         .merge(graph)
         .merge(approvals)
         .merge(tbox)
+        .method_not_allowed_fallback(method_not_allowed)
         .fallback(not_found)
         .layer(tower_http::trace::TraceLayer::new_for_http())
 }
@@ -257,6 +258,19 @@ async fn protected_resource(
         "bearer_methods_supported": ["header"],
         "resource_name": "kgmesh",
     }))
+}
+
+/// A known endpoint called with a method it does not take: the same JSON shape as every other
+/// refusal (it was an empty 405).
+async fn method_not_allowed(method: axum::http::Method, uri: axum::http::Uri) -> Response {
+    let path: String = uri.path().chars().take(200).collect();
+    let message = format!(
+        "{path} does not take {method}; see the README's admin API for the methods each endpoint takes"
+    );
+    let mut response =
+        guard::error_response(&ClientError::new(ErrorCode::InvalidArgument, message));
+    *response.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
+    response
 }
 
 async fn not_found() -> Response {

@@ -129,13 +129,28 @@ fn new_id(prefix: &str) -> String {
 }
 
 fn check_name(what: &str, name: &str) -> Result<()> {
-    if name.trim().is_empty() || name.len() > MAX_NAME_LEN || name.chars().any(char::is_control) {
+    // Counted in characters, as the message says; nothing invisible and no white space at
+    // either end, so one name cannot pass for another (`support` and `support `).
+    if name.trim().is_empty()
+        || name.chars().count() > MAX_NAME_LEN
+        || name.trim() != name
+        || name
+            .chars()
+            .any(|c| c.is_control() || kg_common::sanitize::is_hidden_char(c))
+    {
         return Err(AuthError::Invalid(format!(
-            "{what} must be 1-{MAX_NAME_LEN} characters without control characters"
+            "{what} must be 1-{MAX_NAME_LEN} characters without white space at either end, \
+             control characters or invisible ones (bidi controls, zero-width characters)"
         )));
     }
     Ok(())
 }
+
+/// The role every admin holds (see `roles_of`).
+const ADMIN_ROLE: &str = "admin";
+
+/// Longest namespace description, in characters.
+const MAX_DESCRIPTION_CHARS: usize = 1_000;
 
 impl AuthService {
     /// Opens the store (running migrations) with the deployment's keys.
@@ -291,12 +306,15 @@ impl AuthService {
     /// only the roles both have.
     async fn roles_of(&self, principal: &Principal) -> Result<Vec<String>> {
         let mut roles = self.store.roles_of(&principal.id).await?;
+        // `admin` is the role of admins alone; a `role:admin` group (refused now, possible in
+        // an older store) gives it to no one.
+        roles.retain(|r| r != ADMIN_ROLE);
         if principal.kind() == PrincipalKind::Agent && !principal.acts_for.is_empty() {
             let user = self.store.roles_of(&principal.acts_for).await?;
             roles.retain(|r| user.contains(r));
         }
         if principal.is_admin {
-            roles.insert(0, "admin".to_owned());
+            roles.insert(0, ADMIN_ROLE.to_owned());
         }
         Ok(roles)
     }
@@ -392,6 +410,17 @@ impl AuthService {
     ) -> Result<Namespace> {
         require_admin(caller)?;
         validate_namespace(name)?;
+        // Shown in every namespace listing, to people and agents alike.
+        if description.chars().count() > MAX_DESCRIPTION_CHARS
+            || description
+                .chars()
+                .any(|c| kg_common::sanitize::is_hidden_char(c) && c != '\n')
+        {
+            return Err(AuthError::Invalid(format!(
+                "description must be at most {MAX_DESCRIPTION_CHARS} characters without \
+                 control characters or invisible ones"
+            )));
+        }
         let ns = Namespace {
             name: name.to_owned(),
             description: description.to_owned(),
@@ -613,6 +642,12 @@ impl AuthService {
     pub async fn create_group(&self, caller: &CallerContext, name: &str) -> Result<Group> {
         require_admin(caller)?;
         check_name("group name", name)?;
+        if name.strip_prefix(crate::store::ROLE_GROUP_PREFIX) == Some(ADMIN_ROLE) {
+            return Err(AuthError::Invalid(format!(
+                "group name `{name}`: `{ADMIN_ROLE}` is the role every admin holds and no group \
+                 grants; name the role otherwise, or make the principal an admin"
+            )));
+        }
         let group = Group {
             id: new_id("grp"),
             name: name.to_owned(),

@@ -952,7 +952,20 @@ impl AuthStore {
                 .await?
             }
         };
-        Ok(done.rows_affected() > 0)
+        if done.rows_affected() > 0 {
+            return Ok(true);
+        }
+        // Revoking a revoked PAT is done already (a retried call, or a script run twice);
+        // one that does not exist, or is another's, stays "not found".
+        let revoked = sqlx::query(
+            "SELECT 1 FROM kg_pats WHERE id = $1 AND ($2 = '' OR principal_id = $2) \
+             AND revoked_at_ms IS NOT NULL",
+        )
+        .bind(id)
+        .bind(owner.unwrap_or_default())
+        .fetch_optional(self.sql.pool())
+        .await?;
+        Ok(revoked.is_some())
     }
 
     pub(crate) async fn pat_owner(&self, token_hash: &str) -> Result<Option<PatOwner>> {

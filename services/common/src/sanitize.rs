@@ -157,6 +157,13 @@ fn skip_ansi_sequence(chars: &mut std::iter::Peekable<std::str::Chars<'_>>) {
     }
 }
 
+/// Whether `c` is invisible or changes how text around it reads: a control character other
+/// than line feed and tab, a format character (bidi controls, zero-width characters) or a
+/// tag character. Names that hold one can pass for another name.
+pub fn is_hidden_char(c: char) -> bool {
+    is_hidden(c)
+}
+
 fn is_hidden(c: char) -> bool {
     match c {
         '\n' | '\t' => false,

@@ -283,6 +283,14 @@ pub(crate) fn is_reserved(path: &str) -> bool {
         .any(|segment| segment.starts_with('_') || segment.starts_with('.'))
 }
 
+/// Longest title, type or tag a node shows, in characters (the gateway's cut too).
+pub const NODE_FIELD_CHARS: usize = 2048;
+
+/// A node's text field as callers see it: sanitised and cut to [`NODE_FIELD_CHARS`].
+fn shown(text: &str) -> String {
+    kg_common::sanitize::sanitize_text(text, NODE_FIELD_CHARS)
+}
+
 /// Estimated JSON bytes of a value in the answer.
 fn json_len(value: &serde_json::Value) -> usize {
     value.to_string().len() + 1
@@ -463,9 +471,14 @@ pub(crate) fn build_graph(
                 file_id: m.file_id.clone(),
                 file_version_id: m.version_id.clone(),
                 path: m.path.clone(),
-                title: data.and_then(|d| d.meta.title.clone()),
-                r#type: data.and_then(|d| d.meta.doc_type.clone()),
-                tags: data.map(|d| d.meta.tags.clone()).unwrap_or_default(),
+                // Cut here as the gateway shows them, so the size check below counts what
+                // the caller gets (it counted whole 3,000-character titles, refusing pages
+                // that fit).
+                title: data.and_then(|d| d.meta.title.as_deref().map(shown)),
+                r#type: data.and_then(|d| d.meta.doc_type.as_deref().map(shown)),
+                tags: data
+                    .map(|d| d.meta.tags.iter().map(|t| shown(t)).collect())
+                    .unwrap_or_default(),
                 reserved: is_reserved(&m.path),
             }
         })
@@ -702,6 +715,40 @@ mod tests {
         let page = build_graph(input(members), &request(100)).unwrap();
         assert_eq!((page.returned_nodes, page.total_nodes), (100, 200));
         assert!(page.partial && !page.next_cursor.is_empty());
+    }
+
+    /// Titles and tags longer than a node shows count as shown: 85 nodes with 4,000-character
+    /// titles and tags (about 360 KB as returned) were refused as if each were whole.
+    #[test]
+    fn the_payload_limit_counts_fields_as_they_are_shown() {
+        let members: Vec<Member> = (0..85).map(|i| member(i, format!("{i:03}.md"))).collect();
+        let map: HashMap<String, VersionLinks> = members
+            .iter()
+            .map(|m| {
+                let mut version = data(&m.version_id, "t".repeat(4_000), Vec::new());
+                version.meta.tags = vec!["g".repeat(4_000)];
+                (m.version_id.clone(), version)
+            })
+            .collect();
+        let page = build_graph(
+            GraphInput {
+                members,
+                data: &map,
+                access: &everyone(),
+                fingerprint_seed: String::new(),
+            },
+            &request(85),
+        )
+        .unwrap();
+        assert_eq!(page.returned_nodes, 85);
+        let node = &page.nodes[0];
+        // Cut to the cap, plus the "…" that says so.
+        let shown_len = |t: &str| t.chars().count();
+        assert_eq!(
+            shown_len(node.title.as_ref().unwrap()),
+            NODE_FIELD_CHARS + 1
+        );
+        assert_eq!(shown_len(&node.tags[0]), NODE_FIELD_CHARS + 1);
     }
 
     #[test]

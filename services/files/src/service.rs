@@ -350,7 +350,7 @@ impl FilesService {
             }
             n => n,
         };
-        let after = decode_cursor(&request.cursor)?;
+        let after = decode_cursor(&request.cursor, &folder_prefix)?;
         let access = access_for(caller, namespace)?;
         let admin_here = access.permission >= Permission::Admin as i32
             && access
@@ -400,7 +400,9 @@ impl FilesService {
             }
         }
         let next_cursor = match page.last() {
-            Some(last) if page.len() == limit as usize => encode_cursor(&last.file.path),
+            Some(last) if page.len() == limit as usize => {
+                encode_cursor(&folder_prefix, &last.file.path)
+            }
             _ => String::new(),
         };
         tracing::info!(namespace, folder = %folder_prefix, failed_only = request.failed_only, queued = queued.len(), "files queued to be indexed again");
@@ -515,7 +517,7 @@ impl FilesService {
             n => n,
         };
         let folder_prefix = normalize_folder_prefix(folder_prefix)?;
-        let after = decode_cursor(cursor)?;
+        let after = decode_cursor(cursor, &folder_prefix)?;
         // Hidden files are for people who manage the namespace.
         let include_hidden = include_hidden && access.permission >= Permission::Write as i32;
         let page = self
@@ -532,7 +534,7 @@ impl FilesService {
         let next_cursor = if page.files.len() == limit as usize {
             page.files
                 .last()
-                .map(|f| encode_cursor(&f.path))
+                .map(|f| encode_cursor(&folder_prefix, &f.path))
                 .unwrap_or_default()
         } else {
             String::new()
@@ -653,25 +655,39 @@ pub(crate) fn change_event(
     }
 }
 
-fn encode_cursor(path: &str) -> String {
-    hex::encode(path.as_bytes())
+/// A listing's cursor: the folder it lists and the last path returned. Bound to the folder:
+/// resumed under another one, its path would end that listing early or skip files.
+fn encode_cursor(folder_prefix: &str, path: &str) -> String {
+    hex::encode(format!("{folder_prefix}\n{path}").as_bytes())
 }
 
-fn decode_cursor(cursor: &str) -> Result<String> {
+fn decode_cursor(cursor: &str, folder_prefix: &str) -> Result<String> {
     if cursor.is_empty() {
         return Ok(String::new());
     }
     // A path holds no control character; one in a forged cursor (a NUL, which PostgreSQL
     // refuses in text) is refused here, not by the store as an internal error.
-    hex::decode(cursor)
+    let (folder, path) = hex::decode(cursor)
         .ok()
         .and_then(|b| String::from_utf8(b).ok())
-        .filter(|path| !path.chars().any(char::is_control))
+        .and_then(|text| {
+            let (folder, path) = text.split_once('\n')?;
+            let clean = |s: &str| !s.chars().any(char::is_control);
+            (clean(folder) && clean(path)).then(|| (folder.to_owned(), path.to_owned()))
+        })
         .ok_or_else(|| {
             FilesError::Invalid(
                 "cursor is not one this service returned; start without a cursor".to_owned(),
             )
-        })
+        })?;
+    if folder != folder_prefix {
+        return Err(FilesError::Invalid(
+            "cursor belongs to a listing of another folder; repeat the folderPrefix of the call \
+             that returned it, or start without a cursor"
+                .to_owned(),
+        ));
+    }
+    Ok(path)
 }
 
 #[cfg(test)]
@@ -743,14 +759,19 @@ mod tests {
     }
 
     #[test]
-    fn a_list_cursor_holds_a_path() {
+    fn a_list_cursor_holds_a_path_of_its_folder() {
         assert_eq!(
-            decode_cursor(&encode_cursor("notes/a.md")).unwrap(),
+            decode_cursor(&encode_cursor("notes/", "notes/a.md"), "notes/").unwrap(),
             "notes/a.md"
         );
-        for forged in ["zz", "00", "6e6f74657300"] {
-            let err = decode_cursor(forged).unwrap_err();
+        for forged in ["zz", "00", "6e6f74657300", &hex::encode("notes/a.md")] {
+            let err = decode_cursor(forged, "notes/").unwrap_err();
             assert!(err.to_string().contains("start without a cursor"), "{err}");
+        }
+        // Another folder's cursor, the whole namespace's included, is refused.
+        for other in ["", "pg/", "notes/sub/"] {
+            let err = decode_cursor(&encode_cursor("notes/", "notes/a.md"), other).unwrap_err();
+            assert!(err.to_string().contains("another folder"), "{other}: {err}");
         }
     }
 
@@ -764,9 +785,9 @@ mod tests {
     #[test]
     fn cursors_round_trip_and_garbage_is_refused() {
         assert_eq!(
-            decode_cursor(&encode_cursor("a/b.md")).ok(),
+            decode_cursor(&encode_cursor("", "a/b.md"), "").ok(),
             Some("a/b.md".to_owned())
         );
-        assert!(decode_cursor("zz").is_err());
+        assert!(decode_cursor("zz", "").is_err());
     }
 }

@@ -553,10 +553,9 @@ impl FilesService {
         // Commands take a branch "id or name", and `main` (or none) means main itself: a
         // branch of either shape would be written to by one command and read past by another.
         if name.eq_ignore_ascii_case("main") {
-            return Err(FilesError::Invalid(
-                "invalid branch name `main`: it names the namespace's main line; choose another name"
-                    .to_owned(),
-            ));
+            return Err(FilesError::Invalid(format!(
+                "invalid branch name `{name}`: `main` names the namespace's main line; choose another name"
+            )));
         }
         if uuid::Uuid::parse_str(name).is_ok() {
             return Err(FilesError::Invalid(format!(

@@ -168,6 +168,31 @@ async fn scenario(sql: SqlStore) {
     assert_eq!(err.code(), ErrorCode::AlreadyExists);
     let err = auth.create_group(&ctx, "not-admin").await.unwrap_err();
     assert_eq!(err.code(), ErrorCode::PermissionDenied);
+    // Names that pass for others, and the role only admins hold, are refused.
+    for (bad, why) in [
+        ("readers ", "white space at either end"),
+        ("read\u{200B}ers", "invisible"),
+        ("\u{202E}sredaer", "invisible"),
+        ("role:admin", "the role every admin holds"),
+    ] {
+        let err = auth.create_group(&admin_ctx, bad).await.unwrap_err();
+        assert_eq!(err.code(), ErrorCode::InvalidArgument, "{bad:?}");
+        assert!(err.to_string().contains(why), "{bad:?}: {err}");
+    }
+    // 150 characters of two bytes each are 150 characters, within the 200 allowed.
+    auth.create_group(&admin_ctx, &"é".repeat(150))
+        .await
+        .unwrap();
+    let err = auth
+        .create_namespace(&admin_ctx, "described", &"x".repeat(1_001))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::InvalidArgument);
+    let err = auth
+        .create_namespace(&admin_ctx, "described", "red \u{1b}[31m text")
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::InvalidArgument);
     for (group, member) in [
         (&readers.id, "usr_nobody"),
         (&"grp_nothing".to_owned(), &bea.id),
@@ -752,6 +777,9 @@ async fn scenario(sql: SqlStore) {
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].prefix, rotated.prefix);
     assert!(auth.revoke_pat(&admin_ctx, &bea_pat.id).await.unwrap());
+    // Revoking again is done already, not "not found"; an unknown id stays not found.
+    assert!(auth.revoke_pat(&admin_ctx, &bea_pat.id).await.unwrap());
+    assert!(!auth.revoke_pat(&admin_ctx, "pat_nothing").await.unwrap());
     let err = auth.rotate_pat(&admin_ctx, &bea_pat.id).await.unwrap_err();
     assert_eq!(err.code(), ErrorCode::FailedPrecondition);
     let err = auth

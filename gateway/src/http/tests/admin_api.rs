@@ -187,6 +187,24 @@ async fn denies_have_one_target_and_at_most_one_subject() {
         file_id: "f9".into(),
         ..Default::default()
     }));
+    // An id no file has (a path passed for an id) withdraws nothing: refused, not stored.
+    let (status, body) = call(
+        &app,
+        "POST",
+        "/api/v1/denies",
+        Some(json!({"namespace": "demo", "fileId": "eng/a.md"})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    assert!(
+        message(&body).contains("no file has the id `eng/a.md`"),
+        "{body}"
+    );
+    assert!(!auth.recorded.saw(&PutDenyRequest {
+        namespace: "demo".into(),
+        file_id: "eng/a.md".into(),
+        ..Default::default()
+    }));
 
     for (bad, needle) in [
         (

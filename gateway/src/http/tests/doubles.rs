@@ -434,6 +434,10 @@ impl Files for TestFiles {
             Some(get_file_request::Selector::Path(path)) if path != "missing.md" => {
                 Ok(Response::new(file(&r.namespace, &path)))
             }
+            // Ids starting with `f` exist (`f9`), as in the deny tests.
+            Some(get_file_request::Selector::FileId(id)) if id.starts_with('f') => {
+                Ok(Response::new(file(&r.namespace, &format!("{id}.md"))))
+            }
             _ => Err(status_with_code(ErrorCode::NotFound, "file not found")),
         }
     }

@@ -921,6 +921,28 @@ async fn admin_rest_forwards_the_signed_context() {
         json!({"namespaces": [{"name": "seen-by-usr_test", "description": "", "createdAtMs": 1}]})
     );
 
+    // A method an endpoint does not take: JSON like every other refusal (it was empty).
+    let response = app
+        .clone()
+        .oneshot(
+            request("DELETE", "/api/v1/namespaces")
+                .header(header::AUTHORIZATION, format!("Bearer {GOOD}"))
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
+    let body = body_json(response).await;
+    assert_eq!(body["code"], "invalid_argument", "{body}");
+    assert!(
+        body["message"]
+            .as_str()
+            .unwrap()
+            .contains("/api/v1/namespaces does not take DELETE"),
+        "{body}"
+    );
+
     // Auth's own answer maps through the code table (unimplemented -> 500, masked).
     let response = app
         .clone()

@@ -456,8 +456,8 @@ async fn sql_joins_that_multiply_rows_are_stopped_or_refused_and_free_the_engine
                 .await;
         assert_eq!(err.code(), ErrorCode::Timeout, "{err}");
     }
-    // Every slot is free again: a small statement runs at once.
-    let started = std::time::Instant::now();
+    // Every slot is free again: a small statement runs (a slot still held would answer
+    // "busy"; no timing is asserted, a loaded CI machine may be slow).
     let (_, v) = query(
         &tight,
         &admin(),
@@ -465,11 +465,6 @@ async fn sql_joins_that_multiply_rows_are_stopped_or_refused_and_free_the_engine
     )
     .await;
     assert_eq!(v["rows"], json!([[3000]]));
-    assert!(
-        started.elapsed() < Duration::from_millis(400),
-        "{:?}",
-        started.elapsed()
-    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
