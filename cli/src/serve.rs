@@ -188,6 +188,29 @@ impl ServeOptions {
                 }
             }
         }
+        // What the service reads at start beyond this file: the webhook secret's variable,
+        // and the ontology project (parsed and checked; the warehouse is not dialled).
+        if service == Service::Approval
+            && let Some(env_name) = mesh.approval.webhook_signing_secret_env.as_deref()
+            && let Err(err) = kg_approval::load_signing_secret(Some(env_name), Path::new(""))
+        {
+            problems.push(format!("approval.webhook_signing_secret_env: {err}"));
+        }
+        if service == Service::Ontology
+            && let Some(dir) = &self.ontology.project_dir
+        {
+            match kg_ontology::LoadedProject::load(dir) {
+                Ok(loaded) => {
+                    for problem in kg_ontology::check_static(&loaded.project) {
+                        problems.push(format!("--project-dir {}: {problem}", dir.display()));
+                    }
+                    if let Err(err) = loaded.warehouse_url(self.ontology.warehouse_url.as_deref()) {
+                        problems.push(format!("--project-dir {}: {err}", dir.display()));
+                    }
+                }
+                Err(err) => problems.push(format!("--project-dir: {err}")),
+            }
+        }
         if service.needs_vectors()
             && mesh.indexer.embedding.provider != kg_embed::Provider::None
             && mesh.indexer.qdrant_url.is_none()
@@ -751,6 +774,62 @@ graph_addr = "http://graph:7104"
         ] {
             options(service, SHARED).unwrap();
         }
+    }
+
+    #[test]
+    fn what_approval_and_ontology_read_at_start_is_checked_too() {
+        // A variable no test environment sets: the real start stops on it after waiting for
+        // auth; --check said "configuration ok".
+        let approval = format!(
+            "{SHARED}[approval]\nwebhook_signing_secret_env = \"KGMESH_TEST_SURELY_UNSET_SECRET\"\n"
+        );
+        let err = options(Service::Approval, &approval).unwrap_err();
+        let text = err.problems.join("\n");
+        assert!(
+            text.contains("approval.webhook_signing_secret_env")
+                && text.contains("KGMESH_TEST_SURELY_UNSET_SECRET"),
+            "{text}"
+        );
+
+        let dir = tempfile::tempdir().unwrap();
+        let (mesh, _, cluster) = crate::config::resolve_with_cluster(
+            None,
+            Default::default(),
+            Service::Ontology.sections(),
+        )
+        .unwrap();
+        let with_project = |project_dir: PathBuf| ServeOptions {
+            service: Service::Ontology,
+            mesh: mesh.clone(),
+            cluster: ClusterSection {
+                auth_addr: Some("http://auth:7101".into()),
+                ..cluster.clone()
+            },
+            ontology: OntologyOptions {
+                project_dir: Some(project_dir),
+                ..OntologyOptions::default()
+            },
+        };
+        let missing = with_project(dir.path().join("nope")).check().unwrap_err();
+        assert!(
+            missing.problems.iter().any(|p| p.contains("cannot read")),
+            "{:?}",
+            missing.problems
+        );
+        std::fs::write(
+            dir.path().join("ontology.yaml"),
+            "name: empty\nwarehouse: {url: \"sqlite://x.db\"}\nobjects: {}\n",
+        )
+        .unwrap();
+        let empty = with_project(dir.path().to_path_buf()).check().unwrap_err();
+        assert!(
+            empty
+                .problems
+                .iter()
+                .any(|p| p.contains("declare at least one object")),
+            "{:?}",
+            empty.problems
+        );
     }
 
     #[test]
