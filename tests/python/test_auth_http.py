@@ -538,3 +538,17 @@ def test_a_listing_piped_into_a_reader_that_stops_ends_quietly(mesh: Mesh) -> No
     stderr = listing.stderr.read().decode()
     assert listing.wait(timeout=60) == -signal.SIGPIPE, stderr
     assert "panicked" not in stderr, stderr
+
+
+def test_an_admin_reads_back_a_tbox_published_before_its_namespace_exists(mesh: Mesh, tmp_path: Path) -> None:
+    """Publishing works before the ingest that makes the namespace; reading the published TBox
+    back then answered permission_denied to the admin who had just published it."""
+    namespace = "tbox-before-namespace"
+    tbox = tmp_path / "tbox.yaml"
+    tbox.write_text("entity_types:\n  - type_id: org\n    label: Organization\n", encoding="utf-8")
+    mesh.publish_tbox(namespace, tbox)
+    assert namespace not in [entry["name"] for entry in mesh.cli("ns", "list")["namespaces"]]
+    published = mesh.cli("tbox", "published", "--namespace", namespace)
+    assert published["entityTypes"][0]["typeId"] == "org", published
+    missing = mesh.run("tbox", "published", "--namespace", "tbox-never-published")
+    assert missing.returncode == 1 and "no published TBox" in missing.stderr, missing.stderr
