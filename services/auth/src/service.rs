@@ -173,11 +173,7 @@ impl AuthService {
     /// A probe of the auth tables' database, for the health service: auth can authorize
     /// nothing while it is unreachable.
     pub fn store_probe(&self) -> kg_common::grpc::StoreProbe {
-        let store = self.store.clone();
-        std::sync::Arc::new(move || {
-            let store = store.clone();
-            Box::pin(async move { store.answers().await })
-        })
+        self.store.health_probe()
     }
 
     /// The verifying key services must trust.

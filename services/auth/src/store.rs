@@ -268,9 +268,9 @@ fn postgres_epoch_triggers() -> Vec<String> {
 pub(crate) const PAT_TOUCH_MS: i64 = 60_000;
 
 impl AuthStore {
-    /// Whether the database answers now (health).
-    pub(crate) async fn answers(&self) -> bool {
-        self.sql.answers().await
+    /// A probe of the database, for the service's health.
+    pub(crate) fn health_probe(&self) -> kg_common::grpc::StoreProbe {
+        self.sql.health_probe()
     }
 
     pub(crate) async fn open(sql: SqlStore) -> Result<Self> {

@@ -37,7 +37,7 @@ pub type StoreProbe =
     std::sync::Arc<dyn Fn() -> futures::future::BoxFuture<'static, bool> + Send + Sync>;
 
 /// How often a store probe runs.
-pub const STORE_PROBE_EVERY: Duration = Duration::from_secs(5);
+const STORE_PROBE_EVERY: Duration = Duration::from_secs(5);
 /// How long one probe may take before the store counts as unreachable.
 const STORE_PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 

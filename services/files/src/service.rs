@@ -106,11 +106,7 @@ pub(crate) fn read_filter(access: &AccessFilter) -> AccessFilter {
 impl FilesService {
     /// A probe of the registry's database, for the health service.
     pub fn store_probe(&self) -> kg_common::grpc::StoreProbe {
-        let store = self.store.clone();
-        Arc::new(move || {
-            let store = store.clone();
-            Box::pin(async move { store.answers().await })
-        })
+        self.store.health_probe()
     }
 
     /// Opens the registry (running migrations), the blob store and JetStream.

@@ -175,9 +175,9 @@ pub(crate) struct FilesStore {
 }
 
 impl FilesStore {
-    /// Whether the database answers now (health).
-    pub(crate) async fn answers(&self) -> bool {
-        self.sql.answers().await
+    /// A probe of the database, for the service's health.
+    pub(crate) fn health_probe(&self) -> kg_common::grpc::StoreProbe {
+        self.sql.health_probe()
     }
 
     pub(crate) async fn open(sql: SqlStore) -> Result<Self> {

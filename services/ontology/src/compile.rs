@@ -320,9 +320,8 @@ fn check_object(project: &Project, o: &str, obj: &ObjectDef, p: &mut Vec<String>
         // row (the bare table name, as in `customers::text`) can reach any column, the
         // sensitive ones of this or another object included, past the check above.
         // `U&"\0065mail"` spells a name no word check can read.
-        if expr.to_ascii_lowercase().replace(' ', "").contains("u&\"")
-            || expr.to_ascii_lowercase().replace(' ', "").contains("u&'")
-        {
+        let squeezed = expr.to_ascii_lowercase().replace(' ', "");
+        if squeezed.contains("u&\"") || squeezed.contains("u&'") {
             p.push(format!(
                 "{at}.states.{s}: holds a Unicode-escaped name or string (U&...); write names plainly"
             ));

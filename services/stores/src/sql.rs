@@ -104,10 +104,14 @@ impl SqlStore {
         own.run(&self.pool).await.map_err(map_migrate_error)
     }
 
-    /// Whether the database answers a trivial statement now (health checks; the error is
-    /// dropped: it may name the server).
-    pub async fn answers(&self) -> bool {
-        sqlx::query("SELECT 1").execute(&self.pool).await.is_ok()
+    /// A probe for a service's health: whether the database answers a trivial statement
+    /// now (the error is dropped: it may name the server).
+    pub fn health_probe(&self) -> kg_common::grpc::StoreProbe {
+        let pool = self.pool.clone();
+        std::sync::Arc::new(move || {
+            let pool = pool.clone();
+            Box::pin(async move { sqlx::query("SELECT 1").execute(&pool).await.is_ok() })
+        })
     }
 
     /// Closes every connection; later calls fail with `Unavailable`.
