@@ -37,6 +37,7 @@ use session_owner::{SessionOwners, bind_sessions_to_principals};
 
 /// Builds the whole HTTP application.
 pub fn router(state: GatewayState) -> Router {
+    let config = state.config.clone();
     let server = McpServer::for_http(state.clone(), ToolRegistry::builtin());
     let sessions = Arc::new(LocalSessionManager::default());
     let mcp = Router::new()
@@ -94,7 +95,7 @@ pub fn router(state: GatewayState) -> Router {
         },
         require_bearer,
     ));
-    Router::new()
+    let app = Router::new()
         .route("/health", get(health))
         .route("/ready", get(ready))
         .route("/metrics", get(metrics))
@@ -115,8 +116,53 @@ pub fn router(state: GatewayState) -> Router {
         .merge(approvals)
         .merge(tbox)
         .method_not_allowed_fallback(method_not_allowed)
-        .fallback(not_found)
-        .layer(tower_http::trace::TraceLayer::new_for_http())
+        .fallback(not_found);
+    let app = match cors(&config) {
+        Some(cors) => app.layer(cors),
+        None => app,
+    };
+    app.layer(tower_http::trace::TraceLayer::new_for_http())
+}
+
+/// How long a browser may reuse a preflight's answer.
+const CORS_MAX_AGE: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// CORS for the origins `allowed_origins` lists, so a browser app served from one of them can
+/// call `/mcp` and the REST API (every call still carries its bearer PAT; no cookie is ever
+/// read, so credentials stay off). The layer answers every preflight itself, before the bearer
+/// check, and adds its headers to every answer, errors included, so the page can read a 401's
+/// `WWW-Authenticate`. A disallowed origin gets no `Access-Control-Allow-Origin` (the browser
+/// then blocks the call) and its requests still get 403 from the origin check. Request headers
+/// are mirrored because MCP clients may send `Mcp-Param-*` headers named after arguments.
+/// None when no origin is allowed: browsers are then refused as before.
+fn cors(config: &crate::config::GatewayConfig) -> Option<tower_http::cors::CorsLayer> {
+    use tower_http::cors::{AllowHeaders, AllowOrigin, CorsLayer};
+    if config.allowed_origins.is_empty() {
+        return None;
+    }
+    let allowed = config.allowed_origins.clone();
+    Some(
+        CorsLayer::new()
+            .allow_origin(AllowOrigin::predicate(move |origin, _| {
+                guard::origin_header_is_allowed(origin, &allowed)
+            }))
+            .allow_methods([
+                Method::GET,
+                Method::POST,
+                Method::PUT,
+                Method::PATCH,
+                Method::DELETE,
+            ])
+            .allow_headers(AllowHeaders::mirror_request())
+            .expose_headers([
+                header::WWW_AUTHENTICATE,
+                header::RETRY_AFTER,
+                header::LOCATION,
+                header::HeaderName::from_static("mcp-session-id"),
+                header::HeaderName::from_static("mcp-protocol-version"),
+            ])
+            .max_age(CORS_MAX_AGE),
+    )
 }
 
 /// A POST to `/mcp` that names no media type (no `Accept`, or only `*/*`, as curl sends) takes

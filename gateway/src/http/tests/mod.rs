@@ -371,6 +371,105 @@ async fn bad_origin_and_host_are_403_before_auth() {
     assert_eq!(auth.authorize_calls.load(Ordering::SeqCst), 0);
 }
 
+/// A browser app served from an allowed origin can call: its preflight is answered without a
+/// bearer, and every answer (a 401 included) carries the headers the page needs to read it.
+#[tokio::test]
+async fn allowed_origins_get_cors_answers_and_others_do_not() {
+    let auth = start_auth().await;
+    let app = app(config(&auth.addr).await);
+    let preflight = |origin: &str| {
+        request("OPTIONS", "/mcp")
+            .header(header::ORIGIN, origin)
+            .header(header::ACCESS_CONTROL_REQUEST_METHOD, "POST")
+            .header(
+                header::ACCESS_CONTROL_REQUEST_HEADERS,
+                "authorization, content-type, mcp-session-id, mcp-protocol-version",
+            )
+            .body(Body::empty())
+            .unwrap()
+    };
+    let response = app
+        .clone()
+        .oneshot(preflight("https://app.example"))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let headers = response.headers();
+    assert_eq!(
+        headers[header::ACCESS_CONTROL_ALLOW_ORIGIN],
+        "https://app.example"
+    );
+    let methods = headers[header::ACCESS_CONTROL_ALLOW_METHODS]
+        .to_str()
+        .unwrap();
+    assert!(
+        methods.contains("POST") && methods.contains("DELETE"),
+        "{methods}"
+    );
+    let allowed = headers[header::ACCESS_CONTROL_ALLOW_HEADERS]
+        .to_str()
+        .unwrap();
+    assert!(allowed.contains("authorization") && allowed.contains("mcp-session-id"));
+    assert!(
+        headers
+            .get(header::ACCESS_CONTROL_ALLOW_CREDENTIALS)
+            .is_none()
+    );
+
+    let refused = app
+        .clone()
+        .oneshot(preflight("https://evil.example"))
+        .await
+        .unwrap();
+    assert!(
+        refused
+            .headers()
+            .get(header::ACCESS_CONTROL_ALLOW_ORIGIN)
+            .is_none()
+    );
+
+    // No bearer: a 401 the page can read, with the challenge exposed to it.
+    let response = app
+        .clone()
+        .oneshot(
+            request("POST", "/mcp")
+                .header(header::ORIGIN, "https://app.example")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        response.headers()[header::ACCESS_CONTROL_ALLOW_ORIGIN],
+        "https://app.example"
+    );
+    let exposed = response.headers()[header::ACCESS_CONTROL_EXPOSE_HEADERS]
+        .to_str()
+        .unwrap()
+        .to_ascii_lowercase();
+    assert!(
+        exposed.contains("www-authenticate") && exposed.contains("mcp-session-id"),
+        "{exposed}"
+    );
+    assert_eq!(auth.authorize_calls.load(Ordering::SeqCst), 0);
+
+    // With no allowed origin there is no CORS at all: a preflight is not answered.
+    let mut closed = config(&auth.addr).await;
+    closed.allowed_origins.clear();
+    let response = super::router(GatewayState::new(closed, CancellationToken::new()).unwrap())
+        .oneshot(preflight("https://app.example"))
+        .await
+        .unwrap();
+    assert_ne!(response.status(), StatusCode::OK);
+    assert!(
+        response
+            .headers()
+            .get(header::ACCESS_CONTROL_ALLOW_ORIGIN)
+            .is_none()
+    );
+}
+
 #[tokio::test]
 async fn auth_outage_is_503_and_retryable() {
     let app = app(config(&dead_addr().await).await);
