@@ -18,6 +18,44 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for proto in protos {
         println!("cargo:rerun-if-changed={proto}");
     }
-    tonic_prost_build::configure().compile_protos(&protos, &["."])?;
+    let out_dir = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
+    let descriptors = out_dir.join("kg_v1_descriptors.bin");
+    tonic_prost_build::configure()
+        .file_descriptor_set_path(&descriptors)
+        .compile_protos(&protos, &["."])?;
+    write_method_paths(&descriptors, &out_dir.join("kg_v1_methods.rs"))?;
+    Ok(())
+}
+
+/// Writes `METHOD_PATHS`, every `/package.Service/Method` the protos declare, so the servers
+/// can tell a method they serve from any other path a client sends (a bounded metric label).
+fn write_method_paths(
+    descriptors: &std::path::Path,
+    out: &std::path::Path,
+) -> Result<(), Box<dyn std::error::Error>> {
+    use prost::Message as _;
+    let set = prost_types::FileDescriptorSet::decode(std::fs::read(descriptors)?.as_slice())?;
+    let mut paths = Vec::new();
+    for file in &set.file {
+        for service in &file.service {
+            for method in &service.method {
+                paths.push(format!(
+                    "/{}.{}/{}",
+                    file.package(),
+                    service.name(),
+                    method.name()
+                ));
+            }
+        }
+    }
+    paths.sort();
+    let mut code = String::from(
+        "/// Every `/package.Service/Method` path of the v1 services, sorted.\npub const METHOD_PATHS: &[&str] = &[\n",
+    );
+    for path in &paths {
+        code.push_str(&format!("    {path:?},\n"));
+    }
+    code.push_str("];\n");
+    std::fs::write(out, code)?;
     Ok(())
 }

@@ -6,6 +6,7 @@
 pub mod v1 {
     #![allow(clippy::all, missing_docs, unreachable_pub)]
     tonic::include_proto!("kg.v1");
+    include!(concat!(env!("OUT_DIR"), "/kg_v1_methods.rs"));
 }
 
 /// Limits of the v1 calls that a caller must respect to be served at all.

@@ -346,6 +346,21 @@ pub fn encode_text() -> String {
     out
 }
 
+/// The `method` label of a request to `path`: the path of a method kgmesh serves, else
+/// `unknown`, so a client sending made-up paths (refused before routing or not) cannot grow
+/// the series without bound.
+fn method_label(path: &str) -> &str {
+    const HEALTH: [&str; 2] = [
+        "/grpc.health.v1.Health/Check",
+        "/grpc.health.v1.Health/Watch",
+    ];
+    if kg_proto::v1::METHOD_PATHS.binary_search(&path).is_ok() || HEALTH.contains(&path) {
+        path
+    } else {
+        "unknown"
+    }
+}
+
 /// Counts and times every gRPC request by method and status.
 #[derive(Clone)]
 pub struct GrpcMetricsLayer {
@@ -392,7 +407,7 @@ where
     }
 
     fn call(&mut self, request: http::Request<ReqBody>) -> Self::Future {
-        let method = request.uri().path().to_owned();
+        let method = method_label(request.uri().path()).to_owned();
         let service = self.service.to_string();
         let started = Instant::now();
         let future = self.inner.call(request);
@@ -434,6 +449,30 @@ mod tests {
         text.lines()
             .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
             .and_then(|value| value.trim().parse().ok())
+    }
+
+    #[test]
+    fn only_served_methods_name_their_own_series() {
+        assert_eq!(
+            method_label("/kg.v1.Auth/Authorize"),
+            "/kg.v1.Auth/Authorize"
+        );
+        assert_eq!(
+            method_label("/grpc.health.v1.Health/Check"),
+            "/grpc.health.v1.Health/Check"
+        );
+        for made_up in [
+            "/x/r123",
+            "/kg.v1.Auth/Nope",
+            "/kg.v1.Auth/Authorize/",
+            "",
+            "/",
+        ] {
+            assert_eq!(method_label(made_up), "unknown", "{made_up:?}");
+        }
+        // The list is sorted, as the binary search needs.
+        assert!(kg_proto::v1::METHOD_PATHS.is_sorted());
+        assert!(kg_proto::v1::METHOD_PATHS.len() > 20);
     }
 
     #[test]
