@@ -32,7 +32,8 @@ pub(crate) enum ApprovalsCommand {
     /// Approve: re-check against live data, then run the effect once. Exits 0 when the
     /// effect ran (`executed`), 3 when the proposal ended otherwise (refused by the
     /// re-check, effect failed, misconfigured or unknown), 75 when the effect is still
-    /// running when the answer comes (`approvals show` tells its outcome later).
+    /// running when the answer comes, or when no answer came (the gateway or the approval
+    /// service stopped mid-call: the approval may stand); `approvals show` tells the outcome.
     Approve {
         id: String,
         /// Why (kept in the audit trail).
@@ -76,6 +77,18 @@ fn approval_exit(decided: &Value) -> (ExitCode, Option<String>) {
     }
 }
 
+/// Whether a decision that failed may still have been recorded: the gateway or the approval
+/// service stopped answering after the request went out (a 5xx, a broken connection, a
+/// timeout). A refusal (4xx) or a connection never made means it was not.
+fn decision_may_stand(err: &anyhow::Error) -> bool {
+    if let Some(refused) = err.downcast_ref::<kgmesh::client::Refused>() {
+        return refused.status.is_server_error();
+    }
+    err.chain()
+        .find_map(|cause| cause.downcast_ref::<reqwest::Error>())
+        .is_some_and(|cause| !cause.is_connect() && !cause.is_builder())
+}
+
 pub(crate) async fn approvals(command: ApprovalsCommand) -> anyhow::Result<ExitCode> {
     match command {
         ApprovalsCommand::List {
@@ -95,10 +108,21 @@ pub(crate) async fn approvals(command: ApprovalsCommand) -> anyhow::Result<ExitC
             remote.print(&v)?;
         }
         ApprovalsCommand::Approve { id, reason, remote } => {
-            let v = remote
+            let decided = remote
                 .client()?
                 .post(&["approvals", &id, "approve"], json!({ "reason": reason }))
-                .await?;
+                .await;
+            let v = match decided {
+                Ok(v) => v,
+                Err(err) if decision_may_stand(&err) => {
+                    eprintln!("error: {err:#}");
+                    eprintln!(
+                        "the approval may have been recorded and its effect may be running: `kgmesh approvals show {id}` tells where it stands"
+                    );
+                    return Ok(ExitCode::from(75));
+                }
+                Err(err) => return Err(err),
+            };
             remote.print(&v)?;
             let (code, why) = approval_exit(&v);
             if let Some(why) = why {
@@ -118,8 +142,25 @@ pub(crate) async fn approvals(command: ApprovalsCommand) -> anyhow::Result<ExitC
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_decision_without_an_answer_may_stand_and_a_refusal_does_not() {
+        let refused = |status: u16| {
+            anyhow::Error::new(kgmesh::client::Refused {
+                status: reqwest::StatusCode::from_u16(status).unwrap(),
+                path: "/api/v1/approvals/p/approve".to_owned(),
+                detail: String::new(),
+            })
+        };
+        assert!(decision_may_stand(&refused(503)));
+        assert!(decision_may_stand(&refused(500)));
+        assert!(!decision_may_stand(&refused(409)));
+        assert!(!decision_may_stand(&refused(404)));
+        assert!(!decision_may_stand(&anyhow::anyhow!("no token")));
+    }
 
     #[test]
     fn only_an_executed_effect_exits_zero() {

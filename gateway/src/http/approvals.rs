@@ -304,14 +304,35 @@ async fn decide(
     let proposal = state
         .client()?
         .decide(caller.request(DecideRequest {
-            id,
+            id: id.clone(),
             approve,
             reason: body.reason,
         }))
         .await
-        .map_err(backend)?
+        .map_err(|status| decision_broke_off(&id, status))?
         .into_inner();
     Ok(proposal_response(proposal))
+}
+
+/// A decision the approval service did not answer (it stopped mid-call, the deadline passed)
+/// may have been recorded, and its effect may be running: the caller is told to look before
+/// deciding again, not that the decision failed. A refusal the service answered passes as is.
+fn decision_broke_off(id: &str, status: tonic::Status) -> ApiError {
+    if status
+        .metadata()
+        .get(kg_common::error::ERROR_CODE_METADATA_KEY)
+        .is_some()
+    {
+        return backend(status);
+    }
+    tracing::warn!(grpc_code = ?status.code(), message = status.message(), "a decision got no answer from the approval service");
+    ApiError::from(ClientError::new(
+        ErrorCode::Unavailable,
+        format!(
+            "the approval service did not answer the decision on `{}`: it may have been recorded and its effect may be running; `kgmesh approvals show` tells where it stands (a decision made already refuses a second one)",
+            kg_common::sanitize::sanitize_text(id, 200)
+        ),
+    ))
 }
 
 async fn approve(
@@ -336,6 +357,40 @@ async fn reject(
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+
+    async fn answer(err: ApiError) -> (axum::http::StatusCode, Value) {
+        let response = err.into_response();
+        let status = response.status();
+        let bytes = axum::body::to_bytes(response.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        (status, serde_json::from_slice(&bytes).unwrap())
+    }
+
+    /// A decision the approval service never answered may stand: the caller is sent to look,
+    /// not told it failed. One it refused (409: decided already) passes as it was answered.
+    #[tokio::test]
+    async fn a_decision_without_an_answer_says_it_may_stand() {
+        let (status, body) = answer(decision_broke_off(
+            "prp_1",
+            tonic::Status::unknown("h2 protocol error: connection reset"),
+        ))
+        .await;
+        assert_eq!(status, axum::http::StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(body["code"], "unavailable");
+        let message = body["message"].as_str().unwrap();
+        assert!(message.contains("may have been recorded"), "{message}");
+        assert!(message.contains("approvals show"), "{message}");
+        assert!(!message.contains("h2"), "{message}");
+
+        let refused = kg_common::error::status_with_code(
+            ErrorCode::FailedPrecondition,
+            "proposal `prp_1` is approved, not pending",
+        );
+        let (status, body) = answer(decision_broke_off("prp_1", refused)).await;
+        assert_eq!(status, axum::http::StatusCode::CONFLICT);
+        assert!(body["message"].as_str().unwrap().contains("not pending"));
+    }
 
     #[test]
     fn every_state_name_parses_back() {

@@ -23,7 +23,10 @@ pub use effect::{
 pub use error::{ApprovalError, Result};
 pub use kg_proto::v1::approval_server::{Approval, ApprovalServer};
 pub use secret::{MIN_SECRET_BYTES, load_signing_secret};
-pub use service::{ApprovalConfig, ApprovalService, DEFAULT_LIST_LIMIT, MAX_LIST_LIMIT};
+pub use service::{
+    ApprovalConfig, ApprovalService, DEFAULT_LIST_LIMIT, DEFAULT_RUN_LEASE, DEFAULT_STOP_GRACE,
+    MAX_LIST_LIMIT,
+};
 pub use signature::{
     IDEMPOTENCY_HEADER, PROPOSAL_HEADER, SIGNATURE_HEADER, SignatureError, canonical_json,
     idempotency_key, sha256_hex, sign, verify,
@@ -40,13 +43,22 @@ pub async fn serve(
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> Result<(), kg_common::grpc::ServeError> {
-    let routes = tonic::service::Routes::new(ApprovalServer::new(service));
-    kg_common::grpc::serve(
+    let leases = tokio::spawn({
+        let service = service.clone();
+        let shutdown = shutdown.clone();
+        async move { service.keep_leases(shutdown).await }
+    });
+    let routes = tonic::service::Routes::new(ApprovalServer::new(service.clone()));
+    let served = kg_common::grpc::serve(
         listener,
         CallerContextLayer::new(verifier, &[]),
         routes,
         &[SERVICE_NAME],
         shutdown,
     )
-    .await
+    .await;
+    leases.abort();
+    // Effects still running get a moment to end; whatever is left is settled, not abandoned.
+    service.drain_on_stop().await;
+    served
 }

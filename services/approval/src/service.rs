@@ -1,6 +1,7 @@
 //! The approval logic: submit, list, inspect, decide, and the effect run.
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use kg_common::caller::{attach_caller, require_admin};
@@ -13,6 +14,7 @@ use kg_proto::v1::{
 };
 use kg_stores::sql::SqlStore;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
 use crate::effect::{self, Attempt, Final, SecretSource, Step};
@@ -31,9 +33,14 @@ const LIST_BYTES: usize = 16 * 1024 * 1024;
 const MAX_ARGUMENTS_BYTES: usize = kg_proto::limits::PROPOSAL_ARGUMENTS_BYTES;
 /// Deadline on one CheckAction call.
 const CHECK_TIMEOUT: Duration = Duration::from_secs(10);
-/// A proposal still `approved` this long after its decision belongs to a
-/// process that stopped (an effect run is bounded far below this).
+/// A proposal approved before run leases existed (it has none) and still `approved` this
+/// long after its decision belongs to a process that stopped (a run is bounded far below).
 const INTERRUPTED_AFTER: Duration = Duration::from_secs(30 * 60);
+/// How long a run's lease lasts without renewal (renewed every third of it): a process that
+/// stopped mid-run leaves its proposals approved at most about this long.
+pub const DEFAULT_RUN_LEASE: Duration = Duration::from_secs(30);
+/// How long a stopping service lets its running effects finish before it settles them.
+pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(10);
 
 /// How the approval service runs.
 #[derive(Clone, Debug)]
@@ -55,6 +62,11 @@ pub struct ApprovalConfig {
     /// Four-eyes rule: the proposer (the user behind the agent) may not
     /// approve their own proposal (`[approval] four_eyes`, default off).
     pub four_eyes: bool,
+    /// How long the hold on a running effect lasts unless renewed: any approval process
+    /// settles a proposal whose run's process stopped once this lapses.
+    pub run_lease: Duration,
+    /// How long a stopping service waits for its running effects before settling them.
+    pub stop_grace: Duration,
 }
 
 impl ApprovalConfig {
@@ -69,6 +81,8 @@ impl ApprovalConfig {
             decide_wait: Duration::from_secs(15),
             backoff_base: Duration::from_millis(250),
             four_eyes: false,
+            run_lease: DEFAULT_RUN_LEASE,
+            stop_grace: DEFAULT_STOP_GRACE,
         }
     }
 }
@@ -84,6 +98,36 @@ struct Inner {
     ontology: Option<OntologyClient<Channel>>,
     http: reqwest::Client,
     config: ApprovalConfig,
+    /// The approved proposals whose run this process holds (their leases it renews).
+    runs: Arc<Mutex<HashSet<String>>>,
+}
+
+/// This process's hold on one proposal's run, from the approval until the run ends; dropping
+/// it (the run ended, or never started) lets the lease lapse.
+struct RunHold {
+    runs: Arc<Mutex<HashSet<String>>>,
+    id: String,
+}
+
+impl RunHold {
+    fn new(runs: &Arc<Mutex<HashSet<String>>>, id: &str) -> Self {
+        lock(runs).insert(id.to_owned());
+        Self {
+            runs: runs.clone(),
+            id: id.to_owned(),
+        }
+    }
+}
+
+impl Drop for RunHold {
+    fn drop(&mut self) {
+        lock(&self.runs).remove(&self.id);
+    }
+}
+
+fn lock(runs: &Mutex<HashSet<String>>) -> std::sync::MutexGuard<'_, HashSet<String>> {
+    runs.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn state_name(state: ProposalState) -> &'static str {
@@ -108,7 +152,7 @@ impl ApprovalService {
                 "the webhook signing secret must be at least 16 bytes".to_owned(),
             ));
         }
-        let store = ProposalStore::open(sql).await?;
+        let store = ProposalStore::open(sql, config.run_lease).await?;
         let ontology = match &config.ontology_addr {
             Some(addr) => Some(OntologyClient::new(
                 kg_common::grpc::channel(addr).map_err(|err| {
@@ -119,23 +163,80 @@ impl ApprovalService {
         };
         let http =
             effect::client().map_err(|err| ApprovalError::Config(format!("http client: {err}")))?;
+        let service = Self {
+            inner: Arc::new(Inner {
+                store,
+                ontology,
+                http,
+                config,
+                runs: Arc::default(),
+            }),
+        };
+        service.settle_interrupted().await?;
+        Ok(service)
+    }
+
+    /// Settles the proposals a stopped process left approved (their lease lapsed).
+    pub(crate) async fn settle_interrupted(&self) -> Result<usize> {
         let cutoff = kg_common::caller::now_ms()
             - i64::try_from(INTERRUPTED_AFTER.as_millis()).unwrap_or(i64::MAX);
-        let settled = store.settle_interrupted(cutoff).await?;
+        let settled = self.inner.store.settle_interrupted(cutoff).await?;
         if settled > 0 {
             tracing::warn!(
                 settled,
                 "settled proposals left running by a stopped process"
             );
         }
-        Ok(Self {
-            inner: Arc::new(Inner {
-                store,
-                ontology,
-                http,
-                config,
-            }),
-        })
+        Ok(settled)
+    }
+
+    /// Until `shutdown`: renews the leases of this process's runs and settles the proposals
+    /// whose lease lapsed, every third of a lease (so a live run's lease never lapses). A
+    /// store error is logged and tried again at the next turn.
+    pub(crate) async fn keep_leases(&self, shutdown: CancellationToken) {
+        let every = (self.inner.config.run_lease / 3).max(Duration::from_millis(10));
+        let mut ticks = tokio::time::interval(every);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                _ = ticks.tick() => {}
+            }
+            let held: Vec<String> = lock(&self.inner.runs).iter().cloned().collect();
+            if let Err(err) = self.inner.store.renew_leases(&held).await {
+                tracing::warn!(error = %err, code = %err.code(), "cannot renew the leases of running effects");
+            }
+            if let Err(err) = self.settle_interrupted().await {
+                tracing::warn!(error = %err, code = %err.code(), "cannot settle interrupted proposals");
+            }
+        }
+    }
+
+    /// For a stopping service: waits up to `grace` for its running effects to end, then
+    /// settles those still running as interrupted (`unknown` once a request may have gone
+    /// out), so none is left approved for another process to find later.
+    pub(crate) async fn drain(&self, grace: Duration) {
+        let until = Instant::now() + grace;
+        while !lock(&self.inner.runs).is_empty() && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let abandoned: Vec<String> = lock(&self.inner.runs).iter().cloned().collect();
+        if abandoned.is_empty() {
+            return;
+        }
+        match self.inner.store.settle_abandoned(&abandoned).await {
+            Ok(settled) => {
+                tracing::warn!(settled, "stopping: settled the effects still running");
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, code = %err.code(), "stopping: cannot settle the effects still running; another approval process settles them once their lease lapses");
+            }
+        }
+    }
+
+    /// [`Self::drain`] with the configured grace.
+    pub(crate) async fn drain_on_stop(&self) {
+        self.drain(self.inner.config.stop_grace).await;
     }
 
     /// Stores a proposal for `caller` (the proposer), or with `execute_now`
@@ -272,9 +373,11 @@ impl ApprovalService {
             "",
             "precondition holds on live data",
         ));
+        let hold = RunHold::new(&self.inner.runs, &proposal.id);
         self.inner.store.insert(&proposal, &events).await?;
         let id = proposal.id.clone();
-        self.spawn_and_wait(proposal, check.effect, done_by).await?;
+        self.spawn_and_wait(proposal, check.effect, hold, done_by)
+            .await?;
         self.get_stored(&id).await
     }
 
@@ -360,6 +463,8 @@ impl ApprovalService {
                 Event::new("rejected", by, reason.clone()),
             )
         };
+        // Held from the claim on: the re-check below runs while the proposal is approved.
+        let hold = approve.then(|| RunHold::new(&self.inner.runs, id));
         if !self
             .inner
             .store
@@ -373,10 +478,28 @@ impl ApprovalService {
             });
         }
         tracing::info!(proposal = id, by, approve, "proposal decided");
-        if !approve {
+        let Some(hold) = hold.filter(|_| approve) else {
             return self.get_stored(id).await;
-        }
+        };
+        // On its own task from here: a caller that goes away mid-check (its deadline, a closed
+        // connection) must not leave the proposal approved with nothing running it.
+        let this = self.clone();
+        let signed = signed.clone();
+        tokio::spawn(async move { this.run_approved(proposal, &signed, hold, done_by).await })
+            .await
+            .map_err(|join| ApprovalError::Internal(format!("approval task: {join}")))?
+    }
 
+    /// After an approval was claimed: the re-check against live data, then the effect run.
+    async fn run_approved(
+        &self,
+        proposal: Proposal,
+        signed: &SignedCallerContext,
+        hold: RunHold,
+        done_by: Instant,
+    ) -> Result<Proposal> {
+        let id = proposal.id.clone();
+        let id = id.as_str();
         let check = match self.check(&proposal, signed, done_by).await {
             Ok(check) => check,
             // The compiled ontology no longer has this action, or no longer takes these
@@ -452,7 +575,8 @@ impl ApprovalService {
                 &Event::new("rechecked", "", "precondition holds on live data"),
             )
             .await?;
-        self.spawn_and_wait(proposal, check.effect, done_by).await?;
+        self.spawn_and_wait(proposal, check.effect, hold, done_by)
+            .await?;
         self.get_stored(id).await
     }
 
@@ -511,6 +635,7 @@ impl ApprovalService {
         &self,
         proposal: Proposal,
         effect: Option<WebhookEffect>,
+        hold: RunHold,
         done_by: Instant,
     ) -> Result<()> {
         let inner = self.inner.clone();
@@ -523,6 +648,7 @@ impl ApprovalService {
             if let Err(err) = run_effect(&inner, &proposal, effect).await {
                 tracing::error!(proposal = %id, error = %err, code = %err.code(), "effect run failed to record");
             }
+            drop(hold);
         });
         match tokio::time::timeout(wait, handle).await {
             // Elapsed: the run goes on; the proposal reads APPROVED until it ends.

@@ -110,6 +110,8 @@ fn proposal_from(row: &AnyRow) -> Result<Proposal> {
 #[derive(Clone)]
 pub(crate) struct ProposalStore {
     sql: SqlStore,
+    /// How long a run's lease lasts without renewal.
+    run_lease: std::time::Duration,
 }
 
 async fn insert_event(
@@ -136,9 +138,14 @@ async fn insert_event(
 }
 
 impl ProposalStore {
-    pub(crate) async fn open(sql: SqlStore) -> Result<Self> {
+    pub(crate) async fn open(sql: SqlStore, run_lease: std::time::Duration) -> Result<Self> {
         sql.migrate(&MIGRATOR).await?;
-        Ok(Self { sql })
+        Ok(Self { sql, run_lease })
+    }
+
+    /// When a lease taken or renewed now lapses.
+    fn lease_until(&self) -> i64 {
+        kg_common::caller::now_ms() + i64::try_from(self.run_lease.as_millis()).unwrap_or(i64::MAX)
     }
 
     /// Stores a new proposal with its first events.
@@ -148,8 +155,8 @@ impl ProposalStore {
             "INSERT INTO approval_proposals (id, object_name, action_name, arguments_json, arguments_sha256, \
              policy_version, proposer, on_behalf_of, agent, role, state, refusal, outcome_detail, effect_method, \
              effect_url_template, effect_host, attempts, idempotency_key, execute_now, created_at_ms, \
-             decided_at_ms, decided_by, decision_reason, finished_at_ms, role_asserted) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25)",
+             decided_at_ms, decided_by, decision_reason, finished_at_ms, role_asserted, run_lease_until_ms) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26)",
         )
         .bind(&p.id)
         .bind(&p.object)
@@ -176,6 +183,8 @@ impl ProposalStore {
         .bind(&p.decision_reason)
         .bind(p.finished_at_ms)
         .bind(i64::from(p.role_asserted))
+        // A proposal stored approved (execute_now) is this process's run from the start.
+        .bind((p.state() == ProposalState::Approved).then(|| self.lease_until()))
         .execute(&mut *tx)
         .await?;
         for event in events {
@@ -259,15 +268,18 @@ impl ProposalStore {
         let mut tx = self.sql.pool().begin().await?;
         let now = kg_common::caller::now_ms();
         let finished = (to == ProposalState::Rejected).then_some(now);
+        let lease = (to == ProposalState::Approved).then(|| self.lease_until());
         let done = sqlx::query(
             "UPDATE approval_proposals SET state = $1, decided_by = $2, decision_reason = $3, \
-             decided_at_ms = $4, finished_at_ms = $5 WHERE id = $6 AND state = 'pending'",
+             decided_at_ms = $4, finished_at_ms = $5, run_lease_until_ms = $6 \
+             WHERE id = $7 AND state = 'pending'",
         )
         .bind(state_str(to))
         .bind(by)
         .bind(reason)
         .bind(now)
         .bind(finished)
+        .bind(lease)
         .bind(id)
         .execute(&mut *tx)
         .await?
@@ -285,7 +297,8 @@ impl ProposalStore {
         let mut tx = self.sql.pool().begin().await?;
         let done = sqlx::query(
             "UPDATE approval_proposals SET state = 'pending', decided_by = '', decision_reason = '', \
-             decided_at_ms = NULL WHERE id = $1 AND state = 'approved' AND attempts = 0",
+             decided_at_ms = NULL, run_lease_until_ms = NULL \
+             WHERE id = $1 AND state = 'approved' AND attempts = 0",
         )
         .bind(id)
         .execute(&mut *tx)
@@ -374,20 +387,59 @@ impl ProposalStore {
         Ok(true)
     }
 
-    /// Proposals left `approved` by a process that stopped mid-run, decided
-    /// before `before_ms`: with attempts they become UNKNOWN (a request may have
-    /// gone out), without they become EFFECT_FAILED (nothing was sent).
-    pub(crate) async fn settle_interrupted(&self, before_ms: i64) -> Result<usize> {
+    /// Extends the leases of the runs this process holds (`ids`), for as long as each is
+    /// still approved.
+    pub(crate) async fn renew_leases(&self, ids: &[String]) -> Result<()> {
+        let until = self.lease_until();
+        for id in ids {
+            sqlx::query(
+                "UPDATE approval_proposals SET run_lease_until_ms = $1 WHERE id = $2 AND state = 'approved'",
+            )
+            .bind(until)
+            .bind(id)
+            .execute(self.sql.pool())
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Settles the proposals left `approved` by a process that stopped mid-run: those whose
+    /// lease lapsed, and those approved before leases existed and decided before
+    /// `unleased_before_ms`.
+    pub(crate) async fn settle_interrupted(&self, unleased_before_ms: i64) -> Result<usize> {
         let rows = sqlx::query(
-            "SELECT id, attempts FROM approval_proposals WHERE state = 'approved' AND decided_at_ms < $1",
+            "SELECT id, attempts FROM approval_proposals WHERE state = 'approved' \
+             AND (run_lease_until_ms < $1 OR (run_lease_until_ms IS NULL AND decided_at_ms < $2))",
         )
-        .bind(before_ms)
+        .bind(kg_common::caller::now_ms())
+        .bind(unleased_before_ms)
         .fetch_all(self.sql.pool())
         .await?;
-        let mut settled = 0;
+        let mut interrupted = Vec::with_capacity(rows.len());
         for row in rows {
-            let id: String = row.try_get("id")?;
-            let attempts: i64 = row.try_get("attempts")?;
+            interrupted.push((row.try_get("id")?, row.try_get("attempts")?));
+        }
+        self.settle(&interrupted).await
+    }
+
+    /// Settles the runs this process holds and is about to abandon (it is stopping).
+    pub(crate) async fn settle_abandoned(&self, ids: &[String]) -> Result<usize> {
+        let mut abandoned = Vec::with_capacity(ids.len());
+        for id in ids {
+            if let Some(proposal) = self.get(id).await? {
+                abandoned.push((proposal.id, i64::from(proposal.attempts)));
+            }
+        }
+        self.settle(&abandoned).await
+    }
+
+    /// Ends interrupted runs, given as (id, attempts counted): with attempts they become
+    /// UNKNOWN (a request may have gone out), without they become EFFECT_FAILED (nothing was
+    /// sent). A run that ended meanwhile is left as it ended.
+    async fn settle(&self, interrupted: &[(String, i64)]) -> Result<usize> {
+        let mut settled = 0;
+        for (id, attempts) in interrupted {
+            let (id, attempts) = (id.as_str(), *attempts);
             let (state, detail) = if attempts > 0 {
                 (
                     ProposalState::Unknown,
@@ -405,7 +457,7 @@ impl ProposalStore {
                 detail,
             };
             if self
-                .finish(&id, &outcome, &Event::new("outcome", "", detail))
+                .finish(id, &outcome, &Event::new("outcome", "", detail))
                 .await?
             {
                 settled += 1;

@@ -1276,3 +1276,103 @@ async fn four_eyes_refuses_self_approval() {
         .unwrap();
     assert_eq!(done.state(), ProposalState::Executed, "{done:?}");
 }
+
+/// Polls `id` through `h` until it leaves APPROVED, for at most `within`.
+async fn settled_within(h: &Harness, id: &str, within: Duration) -> Proposal {
+    let until = std::time::Instant::now() + within;
+    loop {
+        let p = h.get(id).await;
+        if p.state() != ProposalState::Approved || std::time::Instant::now() > until {
+            return p;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn sqlite_at(path: &std::path::Path) -> SqlStore {
+    SqlStore::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap()
+}
+
+/// A service told to stop while an effect is running gives it `stop_grace` to end, then
+/// settles it as `unknown` (the request went out) instead of leaving it approved, where no
+/// admin could decide it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_service_settles_the_effects_it_leaves_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("approval.db");
+    let h = Harness::start_with(sqlite_at(&db).await, |c| {
+        c.decide_wait = Duration::from_millis(300);
+        c.stop_grace = Duration::from_millis(300);
+    })
+    .await;
+    let mut hang = h.rule("hang");
+    hang.timeout_ms = 60_000;
+    hang.max_attempts = 1;
+    h.ontology.set("ostop", "cancel", hang);
+    let p = h.propose_and_approve("ostop", "tstop").await;
+    assert_eq!(p.state(), ProposalState::Approved, "still running: {p:?}");
+    while h.receiver.hits("tstop").is_empty() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(h);
+
+    // Another service on the same database (a long lease: only the stop can have settled it).
+    let reader = Harness::start(sqlite_at(&db).await).await;
+    let p = settled_within(&reader, &p.id, Duration::from_secs(10)).await;
+    assert_eq!(p.state(), ProposalState::Unknown, "{p:?}");
+    assert_eq!(p.attempts, 1);
+    assert!(p.outcome_detail.contains("do not retry"), "{p:?}");
+}
+
+/// A process that dies mid-run (no drain) leaves its proposal approved only until its lease
+/// lapses: another approval process then settles it. While the process lives it renews the
+/// lease, so the other one's sweeps leave its run alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_services_runs_are_settled_once_their_lease_lapses() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("approval.db");
+    let lease = Duration::from_secs(1);
+    let survivor = Harness::start_with(sqlite_at(&db).await, |c| c.run_lease = lease).await;
+
+    // The process that dies runs on a runtime of its own, shut down without any drain.
+    let crashed_db = db.clone();
+    let (id, while_alive) = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let (h, id, while_alive) = runtime.block_on(async move {
+            let h = Harness::start_with(sqlite_at(&crashed_db).await, |c| {
+                c.run_lease = lease;
+                c.decide_wait = Duration::from_millis(300);
+            })
+            .await;
+            let mut hang = h.rule("hang");
+            hang.timeout_ms = 60_000;
+            hang.max_attempts = 1;
+            h.ontology.set("ocrash", "cancel", hang);
+            let p = h.propose_and_approve("ocrash", "tcrash").await;
+            // Three leases long, while the survivor sweeps every third of one.
+            tokio::time::sleep(lease * 3).await;
+            let while_alive = h.get(&p.id).await;
+            (h, p.id, while_alive)
+        });
+        runtime.shutdown_background();
+        drop(h);
+        (id, while_alive)
+    })
+    .join()
+    .unwrap();
+    assert_eq!(
+        while_alive.state(),
+        ProposalState::Approved,
+        "a live run was settled: {while_alive:?}"
+    );
+
+    let p = settled_within(&survivor, &id, Duration::from_secs(10)).await;
+    assert_eq!(p.state(), ProposalState::Unknown, "{p:?}");
+    assert!(p.outcome_detail.contains("stopped"), "{p:?}");
+}
