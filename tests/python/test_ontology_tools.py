@@ -259,9 +259,18 @@ async def test_recompile_sends_tools_list_changed(shop_mesh: ShopMesh) -> None:
                     cwd=REPO_ROOT, capture_output=True, timeout=60, check=False,
                 )
                 assert done.returncode == 0, done.stderr.decode()
+                assert "MCP sessions were notified" in done.stderr.decode(), done.stderr.decode()
                 with anyio.fail_after(15):
                     await changed.wait()
                 assert "propose_order_refund" not in await _names(client)
+                # The same project again: the CLI says nothing changed rather than "notified".
+                again = subprocess.run(
+                    [str(shop_mesh.binary), "ontology", "compile", "--project-dir", str(shop_mesh.project), "--reload",
+                     "--data-dir", str(shop_mesh.data_dir), "--token", shop_mesh.admin_token],
+                    cwd=REPO_ROOT, capture_output=True, timeout=60, check=False,
+                )
+                assert again.returncode == 0, again.stderr.decode()
+                assert "nothing changed, no MCP session was notified" in again.stderr.decode(), again.stderr.decode()
             finally:
                 yaml_path.write_text(original)
                 subprocess.run(

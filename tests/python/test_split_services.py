@@ -27,7 +27,10 @@ from pathlib import Path
 import anyio
 import pytest
 
+from mcp import Client
+
 from kgmesh_support import (
+    MCP_READ_TIMEOUT_S,
     REPO_ROOT,
     MeshError,
     ServiceCertificates,
@@ -356,6 +359,42 @@ async def test_services_apart_ingest_and_search_and_a_lane_is_replaced_alone(spl
     assert len(password) >= 8
     for process in split.processes.values():
         assert password not in process.log.read_text(errors="replace"), f"{process.name} logged the database password"
+
+
+@pytest.mark.anyio
+async def test_an_ontology_restart_is_quick_and_open_sessions_are_told_to_list_again(split: SplitMesh) -> None:
+    """The gateway watches the ontology's compiled version over one long-lived stream. A stopping
+    ontology ends it, so SIGTERM takes well under the 10 s grace it used to wait out for it (and
+    calls sent meanwhile failed on the draining connection); and once the watch is back, every
+    open session gets `tools/list_changed`, since a list taken while the ontology was away left
+    the generated tools out."""
+    import httpx2
+    from mcp.client.streamable_http import streamable_http_client
+
+    token = admin_token(split)
+    changed = anyio.Event()
+
+    async def on_message(message: object) -> None:
+        root = getattr(message, "root", message)
+        if getattr(root, "method", "") == "notifications/tools/list_changed":
+            changed.set()
+
+    headers = {"Authorization": f"Bearer {token}"}
+    async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(30.0, read=MCP_READ_TIMEOUT_S)) as http:
+        transport = streamable_http_client(f"{split.base_url}/mcp", http_client=http)
+        client = Client(transport, mode="legacy", read_timeout_seconds=MCP_READ_TIMEOUT_S, message_handler=on_message)
+        async with client:
+            await client.list_tools()
+            started = time.monotonic()
+            assert split.stop("ontology") == 0, tail(split.processes["ontology"].log, 30)
+            stopped_in = time.monotonic() - started
+            assert stopped_in < 5, f"the ontology took {stopped_in:.1f}s to stop on SIGTERM"
+            await client.list_tools()  # answered without generated tools while it is away
+            assert not changed.is_set()
+            split.serve("ontology")
+            split.wait_ready("ontology")
+            with anyio.fail_after(15):
+                await changed.wait()
 
 
 def postgres_processes(split: SplitMesh) -> list[int]:

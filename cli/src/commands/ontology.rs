@@ -11,7 +11,9 @@ use anyhow::{Context as _, bail};
 use clap::{Args, Subcommand};
 use kg_proto::v1::auth_client::AuthClient;
 use kg_proto::v1::ontology_client::OntologyClient;
-use kg_proto::v1::{AuthorizeRequest, ReloadProjectRequest, SignedCallerContext};
+use kg_proto::v1::{
+    AuthorizeRequest, ReloadProjectRequest, SignedCallerContext, WatchCompiledRequest,
+};
 use kgmesh::MeshInfo;
 
 use super::Remote;
@@ -168,6 +170,18 @@ pub(crate) async fn ontology(command: OntologyCommand) -> anyhow::Result<std::pr
             print(&json!({"policyVersion": active.compiled.policy_version, "tools": tools}))?;
             if reload {
                 let (mut client, signed) = ontology_client(&mesh).await?;
+                // The version served before, to say whether the reload changed anything (a
+                // session is notified only when it did).
+                let before = match client.watch_compiled(WatchCompiledRequest {}).await {
+                    Ok(watch) => watch
+                        .into_inner()
+                        .message()
+                        .await
+                        .ok()
+                        .flatten()
+                        .map(|v| v.compiled_version),
+                    Err(_) => None,
+                };
                 let response = client
                     .reload_project(with_caller(ReloadProjectRequest {}, &signed))
                     .await
@@ -176,11 +190,19 @@ pub(crate) async fn ontology(command: OntologyCommand) -> anyhow::Result<std::pr
                 if !response.problems.is_empty() {
                     return Ok(report(&response.problems));
                 }
-                eprintln!(
-                    "the running mesh now serves policy version {} ({} tools); MCP sessions were notified",
-                    response.compiled_version,
-                    response.tools.len()
-                );
+                if before == Some(response.compiled_version) {
+                    eprintln!(
+                        "the running mesh already served policy version {} ({} tools): nothing changed, no MCP session was notified",
+                        response.compiled_version,
+                        response.tools.len()
+                    );
+                } else {
+                    eprintln!(
+                        "the running mesh now serves policy version {} ({} tools); MCP sessions were notified",
+                        response.compiled_version,
+                        response.tools.len()
+                    );
+                }
             }
         }
     }

@@ -65,8 +65,12 @@ impl Generated {
     }
 }
 
-/// Follows Ontology.WatchCompiled until every receiver is gone.
+/// Follows Ontology.WatchCompiled until every receiver is gone. The first version a watch
+/// reports after the previous one ended is announced even when it did not change: while the
+/// ontology was away, `tools/list` answered without the generated tools, and the sessions
+/// that listed then must be told to list again.
 async fn watch_versions(mut client: OntologyClient<Channel>, tx: watch::Sender<i64>) {
+    let mut watched_before = false;
     loop {
         let stream = tokio::select! {
             () = tx.closed() => return,
@@ -74,6 +78,7 @@ async fn watch_versions(mut client: OntologyClient<Channel>, tx: watch::Sender<i
         };
         if let Ok(stream) = stream {
             let mut stream = stream.into_inner();
+            let mut again = watched_before;
             loop {
                 let next = tokio::select! {
                     () = tx.closed() => return,
@@ -82,10 +87,12 @@ async fn watch_versions(mut client: OntologyClient<Channel>, tx: watch::Sender<i
                 match next {
                     Ok(Some(v)) => {
                         tx.send_if_modified(|cur| {
-                            let changed = *cur != v.compiled_version;
+                            let changed = again || *cur != v.compiled_version;
                             *cur = v.compiled_version;
                             changed
                         });
+                        again = false;
+                        watched_before = true;
                     }
                     Ok(None) | Err(_) => break,
                 }

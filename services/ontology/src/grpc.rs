@@ -3,7 +3,7 @@
 
 use std::pin::Pin;
 
-use futures::Stream;
+use futures::{Stream, StreamExt as _};
 use kg_common::caller::{
     CALLER_METADATA_KEY, access_for, require_admin, require_caller, require_role,
 };
@@ -129,6 +129,7 @@ impl Ontology for OntologyService {
         _request: Request<WatchCompiledRequest>,
     ) -> Result<Response<Self::WatchCompiledStream>, Status> {
         let rx = self.subscribe();
+        let end = self.watches_end().cancelled_owned();
         let stream = futures::stream::unfold((rx, true), |(mut rx, first)| async move {
             if !first && rx.changed().await.is_err() {
                 return None;
@@ -140,7 +141,8 @@ impl Ontology for OntologyService {
                 }),
                 (rx, false),
             ))
-        });
+        })
+        .take_until(end);
         Ok(Response::new(Box::pin(stream)))
     }
 

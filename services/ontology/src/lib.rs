@@ -56,6 +56,14 @@ pub async fn serve(
         let shutdown = shutdown.clone();
         tokio::spawn(async move { tbox.keep_bus_copies(TBOX_BUS_CHECK_EVERY, shutdown).await })
     });
+    let watches = tokio::spawn({
+        let service = service.clone();
+        let shutdown = shutdown.clone();
+        async move {
+            shutdown.cancelled().await;
+            service.end_watches();
+        }
+    });
     let routes = tonic::service::Routes::new(
         OntologyServer::new(service)
             .max_decoding_message_size(kg_common::grpc::MAX_MESSAGE_BYTES)
@@ -72,5 +80,6 @@ pub async fn serve(
     if let Some(task) = bus_copies {
         task.abort();
     }
+    watches.abort();
     served
 }

@@ -12,6 +12,7 @@ use kg_proto::v1::{
 };
 use serde_json::Value;
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
 use crate::compile::{self, Compiled, GeneratedToolDef};
@@ -145,6 +146,9 @@ struct Inner {
     version: watch::Sender<i64>,
     approval: Option<ApprovalClient<Channel>>,
     tbox: Option<TboxStore>,
+    /// Ends every WatchCompiled stream: a stopping server waits for its open streams, and a
+    /// watch otherwise never ends.
+    watches_end: CancellationToken,
 }
 
 /// The ontology service; cheap to clone.
@@ -179,6 +183,7 @@ impl OntologyService {
                 version,
                 approval,
                 tbox,
+                watches_end: CancellationToken::new(),
             }),
         };
         if service.inner.config.project_dir.is_some() {
@@ -229,6 +234,17 @@ impl OntologyService {
     /// Follows the compiled version (0 before any project is loaded).
     pub fn subscribe(&self) -> watch::Receiver<i64> {
         self.inner.version.subscribe()
+    }
+
+    /// Cancelled when the service stops: each WatchCompiled stream ends then.
+    pub(crate) fn watches_end(&self) -> CancellationToken {
+        self.inner.watches_end.clone()
+    }
+
+    /// Ends every WatchCompiled stream (the server is stopping), so the watchers' connections
+    /// close and the server need not wait out its grace for them.
+    pub fn end_watches(&self) {
+        self.inner.watches_end.cancel();
     }
 
     /// The TBox store, when configured.

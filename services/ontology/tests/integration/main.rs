@@ -6,3 +6,4 @@ mod approval_flow;
 mod shop;
 mod sqlite_statement_trace;
 mod tbox_publish;
+mod watch_stop;
