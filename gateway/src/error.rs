@@ -63,6 +63,13 @@ impl ClientError {
     /// A status from backend `service`. Statuses carrying our code metadata have
     /// client-safe messages already; bare ones come from the transport.
     pub(crate) fn from_status(service: &str, status: &tonic::Status) -> Self {
+        if broke_off(status) {
+            tracing::warn!(service, grpc_code = ?status.code(), message = status.message(), cause = %causes(status), "backend connection broke off mid-call");
+            return Self::new(
+                ErrorCode::Unavailable,
+                format!("the {service} service stopped answering mid-call; retry shortly"),
+            );
+        }
         let code = code_of(status);
         if code.is_server_fault() {
             tracing::error!(service, grpc_code = ?status.code(), message = status.message(), cause = %causes(status), "backend call failed");
@@ -99,6 +106,18 @@ impl ClientError {
     }
 }
 
+/// Whether a status is the client transport's own report of a connection that broke under the
+/// call (the backend stopped, was killed or evicted), rather than an answer from the backend:
+/// no code of ours, and a transport error beneath it.
+fn broke_off(status: &tonic::Status) -> bool {
+    status.metadata().get(ERROR_CODE_METADATA_KEY).is_none()
+        && matches!(
+            status.code(),
+            tonic::Code::Unknown | tonic::Code::Cancelled | tonic::Code::Internal
+        )
+        && std::error::Error::source(status).is_some()
+}
+
 /// The transport's chain of causes under a status ("tcp connect error" alone hides the
 /// address and the OS error beneath it), for the log; empty when there is none.
 fn causes(status: &tonic::Status) -> String {
@@ -129,6 +148,30 @@ mod tests {
             .unwrap_err();
         let cause = causes(&status);
         assert!(cause.to_lowercase().contains("refused"), "{cause}");
+    }
+
+    /// A backend that stops mid-call (the process killed, a pod evicted) breaks the connection
+    /// under the call: that is an outage to retry, not an internal error.
+    #[tokio::test]
+    async fn a_backend_that_stops_mid_call_is_unavailable_and_retryable() {
+        use tokio::io::AsyncReadExt as _;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            // The connection preface and the request's first frames, then gone.
+            let mut buf = vec![0u8; 64];
+            let _ = socket.read(&mut buf).await;
+            drop(socket);
+        });
+        let channel = kg_common::grpc::channel(&addr).unwrap();
+        let status = kg_proto::v1::auth_client::AuthClient::new(channel)
+            .signing_key(kg_proto::v1::SigningKeyRequest {})
+            .await
+            .unwrap_err();
+        let err = ClientError::from_status("files", &status);
+        assert_eq!(err.code, ErrorCode::Unavailable, "{status:?}");
+        assert!(err.message.contains("retry shortly"), "{}", err.message);
     }
 
     #[test]
