@@ -25,6 +25,13 @@ const AUDIT_CONCURRENCY: usize = 8;
 const AUDIT_TIMEOUT: Duration = Duration::from_secs(5);
 /// A drop is logged on the first one and then once per this many.
 const DROP_LOG_EVERY: u64 = 100;
+/// First pause before sending an event again after auth could not be reached; doubles up to
+/// [`AUDIT_RETRY_MAX`].
+const AUDIT_RETRY_FIRST: Duration = Duration::from_millis(250);
+const AUDIT_RETRY_MAX: Duration = Duration::from_secs(4);
+/// An event is sent again only while its signed context has at least this long to live, or
+/// auth would refuse it as expired.
+const AUDIT_CONTEXT_MARGIN: Duration = Duration::from_secs(2);
 
 /// How a tool call reached the gateway.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,6 +52,8 @@ impl Transport {
 struct AuditJob {
     signed: SignedCallerContext,
     event: AuditEvent,
+    /// When the signed context expires (ms since the epoch): auth takes it until then.
+    expires_at_ms: i64,
 }
 
 impl AuditJob {
@@ -57,6 +66,7 @@ impl AuditJob {
         Self {
             signed: caller.signed().clone(),
             event,
+            expires_at_ms: context.expires_at_ms,
         }
     }
 }
@@ -147,23 +157,57 @@ async fn deliver(mut rx: mpsc::Receiver<AuditJob>, auth: AuthClient<Channel>) {
     }
 }
 
+/// Sends one event. While auth cannot be reached (restarting, a rollout) the event is sent
+/// again with backoff for as long as its signed context lives (a minute from the call), so an
+/// auth restart leaves no gap in the log. A refusal from auth itself is final. An attempt whose
+/// answer was lost may have been stored: a repeat then shows twice, with the same `requestId`.
 async fn send(client: &mut AuthClient<Channel>, job: AuditJob) {
     let tool = job.event.tool.clone();
-    let mut request = tonic::Request::new(RecordAuditRequest {
-        event: Some(job.event),
-    });
-    attach_caller(&mut request, &job.signed);
-    request.set_timeout(AUDIT_TIMEOUT);
-    if let Err(status) = client.record_audit(request).await {
+    let mut pause = AUDIT_RETRY_FIRST;
+    loop {
+        let mut request = tonic::Request::new(RecordAuditRequest {
+            event: Some(job.event.clone()),
+        });
+        attach_caller(&mut request, &job.signed);
+        request.set_timeout(AUDIT_TIMEOUT);
+        let Err(status) = client.record_audit(request).await else {
+            return;
+        };
+        let code = code_of(&status);
+        let lives_until =
+            job.expires_at_ms - i64::try_from(AUDIT_CONTEXT_MARGIN.as_millis()).unwrap_or(i64::MAX);
+        let next_try_at =
+            kg_common::caller::now_ms() + i64::try_from(pause.as_millis()).unwrap_or(i64::MAX);
+        if auth_unreachable(&status) && next_try_at < lives_until {
+            tracing::debug!(tool, %code, "auth unreachable: sending the audit event again");
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(AUDIT_RETRY_MAX);
+            continue;
+        }
         gateway_metrics().audit_failed.inc();
         // The status comes from auth or the transport; it never holds a token.
         tracing::warn!(
             tool,
-            code = %code_of(&status),
+            %code,
             message = status.message(),
             "could not record an audit event"
         );
+        return;
     }
+}
+
+/// Whether auth never answered (not listening, the connection broke, no answer in time), as
+/// opposed to answering with a refusal.
+fn auth_unreachable(status: &tonic::Status) -> bool {
+    let answered = status
+        .metadata()
+        .get(kg_common::error::ERROR_CODE_METADATA_KEY)
+        .is_some();
+    !answered
+        && (matches!(
+            status.code(),
+            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded
+        ) || std::error::Error::source(status).is_some())
 }
 
 #[cfg(test)]

@@ -7,8 +7,13 @@ use axum::http::StatusCode;
 use serde_json::json;
 use tower::ServiceExt as _;
 
-use super::doubles::{AGENT, start_auth_with};
+use kg_common::caller::{ContextSigner, now_ms};
+use kg_proto::v1::{AuditEvent, CallerContext};
+
+use super::doubles::{AGENT, serve_auth, start_auth_with};
 use super::{app, full_config, mcp_post, rpc_messages};
+use crate::audit::AuditSink;
+use crate::state::Caller;
 
 #[tokio::test]
 async fn a_slow_audit_sink_never_delays_the_call() {
@@ -45,4 +50,43 @@ async fn a_slow_audit_sink_never_delays_the_call() {
     assert_eq!(audits[0].principal_id, "agt_test");
     assert_eq!(audits[0].on_behalf_of, "usr_test");
     assert_eq!(audits[0].outcome, "ok");
+}
+
+/// Auth restarting (not listening for a while) leaves no gap in the audit log: the event is
+/// sent again until auth is back, within its signed context's lifetime.
+#[tokio::test]
+async fn an_event_sent_while_auth_restarts_is_recorded_once_it_is_back() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    let client = kg_proto::v1::auth_client::AuthClient::new(
+        kg_common::grpc::channel(&format!("http://{addr}")).unwrap(),
+    );
+    let sink = AuditSink::new(client, 16);
+
+    let signer = ContextSigner::generate();
+    let context = CallerContext {
+        principal_id: "agt_restart".into(),
+        issued_at_ms: now_ms(),
+        expires_at_ms: now_ms() + 60_000,
+        ..Default::default()
+    };
+    let caller = Caller::for_test(signer.sign(&context), context);
+    let event = AuditEvent {
+        tool: "kg_search".into(),
+        outcome: "ok".into(),
+        ..Default::default()
+    };
+    assert!(sink.record(&caller, event));
+
+    // Auth comes back on its address after the first attempts failed.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+    let auth = serve_auth(listener, signer, Duration::ZERO);
+    let audits = tokio::time::timeout(Duration::from_secs(15), auth.recorded.wait_audits(1))
+        .await
+        .expect("the event was never recorded after auth came back");
+    assert_eq!(audits.len(), 1);
+    assert_eq!(audits[0].principal_id, "agt_restart");
+    assert_eq!(audits[0].tool, "kg_search");
 }

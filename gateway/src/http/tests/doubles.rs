@@ -590,8 +590,16 @@ pub(crate) async fn start_auth() -> AuthFixture {
 /// Doubles whose RecordAudit takes `audit_delay` to answer.
 pub(crate) async fn start_auth_with(audit_delay: Duration) -> AuthFixture {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    serve_auth(listener, ContextSigner::generate(), audit_delay)
+}
+
+/// The doubles on `listener`, signing with `signer` (contexts signed before they start verify).
+pub(crate) fn serve_auth(
+    listener: tokio::net::TcpListener,
+    signer: ContextSigner,
+    audit_delay: Duration,
+) -> AuthFixture {
     let addr = format!("http://{}", listener.local_addr().unwrap());
-    let signer = ContextSigner::generate();
     let verifier = ContextVerifier::new(vec![signer.public_key()]);
     let recorded = Arc::new(Recorded::default());
     let auth = AuthServer::new(TestAuth {
