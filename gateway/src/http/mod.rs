@@ -121,7 +121,13 @@ pub fn router(state: GatewayState) -> Router {
         Some(cors) => app.layer(cors),
         None => app,
     };
-    app.layer(tower_http::trace::TraceLayer::new_for_http())
+    // A 5xx is logged where it arises, with its cause and at the level it deserves (a 503 from
+    // `/ready` during an outage is expected, once per probe); the trace layer's own ERROR line
+    // per failed response would name neither.
+    app.layer(
+        tower_http::trace::TraceLayer::new_for_http()
+            .on_failure(tower_http::trace::DefaultOnFailure::new().level(tracing::Level::DEBUG)),
+    )
 }
 
 /// How long a browser may reuse a preflight's answer.

@@ -121,6 +121,34 @@ pub(crate) fn parse<T: DeserializeOwned>(args: &Map<String, Value>) -> Result<T,
     })
 }
 
+/// An optional argument that is an object of named fields (`caps`, `ranking`, `filters`):
+/// serde's derived structs also take an array of the field values in declaration order, which
+/// read `"caps": [0, 99]` as mentions 0 and rel 99. Only an object (or null) is taken; the
+/// fields keep their paths in errors (`caps.mentions`).
+pub(crate) fn nested_object<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    struct ObjectOnly<T>(std::marker::PhantomData<T>);
+    impl<'de, T: Deserialize<'de>> serde::de::Visitor<'de> for ObjectOnly<T> {
+        type Value = Option<T>;
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("an object of named fields")
+        }
+        fn visit_unit<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_none<E: serde::de::Error>(self) -> Result<Self::Value, E> {
+            Ok(None)
+        }
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
+            T::deserialize(serde::de::value::MapAccessDeserializer::new(map)).map(Some)
+        }
+    }
+    deserializer.deserialize_any(ObjectOnly(std::marker::PhantomData))
+}
+
 pub(crate) fn bounded(
     name: &str,
     value: Option<Int>,
@@ -240,8 +268,11 @@ struct RawSearch {
     lanes: Option<Vec<String>>,
     top_k: Option<Int>,
     token_budget: Option<Int>,
+    #[serde(default, deserialize_with = "nested_object")]
     ranking: Option<RawRanking>,
+    #[serde(default, deserialize_with = "nested_object")]
     caps: Option<RawCaps>,
+    #[serde(default, deserialize_with = "nested_object")]
     filters: Option<super::entity_search::RawFilters>,
 }
 
@@ -401,6 +432,7 @@ struct RawOpen {
     entity_key: Option<String>,
     file_id: Option<String>,
     limit: Option<Int>,
+    #[serde(default, deserialize_with = "nested_object")]
     caps: Option<RawCaps>,
     token_budget: Option<Int>,
 }
@@ -793,6 +825,47 @@ mod tests {
             Value::Object(m) => m,
             _ => panic!("not an object"),
         }
+    }
+
+    /// `caps`, `ranking` and `filters` are objects: an array of values in field order (which
+    /// serde's derived structs would take positionally) is refused naming the argument, and
+    /// errors inside keep the field's path.
+    #[test]
+    fn nested_arguments_are_objects_only() {
+        for caps in [json!([0, 99, 0, 0, 0, 0]), json!([]), json!("x"), json!(3)] {
+            let err = open_args(&obj(
+                json!({"namespace": "demo", "chunkKey": "c1", "caps": caps}),
+            ))
+            .unwrap_err();
+            assert!(
+                err.message.contains("caps") && err.message.contains("an object"),
+                "{caps}: {}",
+                err.message
+            );
+        }
+        for (name, value) in [("ranking", json!([60])), ("filters", json!(["docs"]))] {
+            let err = search_args(&obj(json!({"query": "q", name: value}))).unwrap_err();
+            assert!(
+                err.message.contains(name) && err.message.contains("an object"),
+                "{name}: {}",
+                err.message
+            );
+        }
+        let err = open_args(&obj(
+            json!({"namespace": "demo", "chunkKey": "c1", "caps": {"mentions": "x"}}),
+        ))
+        .unwrap_err();
+        assert!(err.message.contains("caps.mentions"), "{}", err.message);
+        let open = open_args(&obj(
+            json!({"namespace": "demo", "chunkKey": "c1", "caps": null}),
+        ))
+        .unwrap();
+        assert_eq!(open.caps, caps(None).unwrap());
+        let open = open_args(&obj(
+            json!({"namespace": "demo", "chunkKey": "c1", "caps": {"rel": 3}}),
+        ))
+        .unwrap();
+        assert_eq!(open.caps.rel, Some(3));
     }
 
     #[test]

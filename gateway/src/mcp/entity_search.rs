@@ -101,6 +101,7 @@ struct RawEntitySearch {
     namespaces: Option<Vec<String>>,
     limit: Option<Int>,
     evidence_limit: Option<Int>,
+    #[serde(default, deserialize_with = "super::args::nested_object")]
     caps: Option<RawCaps>,
     mode: Option<String>,
     token_budget: Option<Int>,

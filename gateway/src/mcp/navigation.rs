@@ -50,6 +50,7 @@ struct RawHop {
     from_key: String,
     kind: String,
     limit: Option<Int>,
+    #[serde(default, deserialize_with = "super::args::nested_object")]
     caps: Option<RawCaps>,
     token_budget: Option<Int>,
 }

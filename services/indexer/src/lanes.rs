@@ -323,7 +323,7 @@ async fn run_lane<H: LaneHandler>(
         if let Some(last) = last
             && sequence < last
         {
-            tracing::info!(lane, key = %key, sequence, last, "skipping an event older than one already applied");
+            tracing::info!(lane, key = ?key, sequence, last, "skipping an event older than one already applied");
             leases.release(lease).await;
             settle(&spec, pending, AckKind::Ack).await;
             continue;
