@@ -20,6 +20,9 @@ use crate::store::Replayed;
 
 /// How often the files service checks which incarnation of `KG_FILES` it publishes into.
 pub const STREAM_CHECK_EVERY: Duration = Duration::from_secs(30);
+/// A pending version whose event has not reached the stream this long after it was written
+/// was left by a process that stopped mid-upload (a publish takes well under this).
+pub const UNQUEUED_AFTER: Duration = Duration::from_secs(30);
 /// Registry rows read per page of a replay.
 const REPLAY_PAGE: u32 = 500;
 
@@ -159,6 +162,9 @@ impl FilesService {
         }
         let msg_id = format!("{}:replay:{incarnation}", file.version_id);
         events::publish_file_change(&self.jetstream, &event, &msg_id).await?;
+        if file.status == FileStatus::Pending as i32 {
+            self.note_queued(file).await;
+        }
         replay.upserts += 1;
         // Deleted since the page was read: the delete's own event may be ahead of this upsert
         // in the stream, and the upsert would bring the file back into search. Delete again.
@@ -205,6 +211,11 @@ pub async fn run_stream_check(service: FilesService, shutdown: CancellationToken
     loop {
         if let Err(err) = service.replay_if_stream_renewed().await {
             tracing::warn!(error = %kg_common::error::detail(&err), "checking the event stream failed; trying again");
+        }
+        let before_ms = kg_common::caller::now_ms()
+            - i64::try_from(UNQUEUED_AFTER.as_millis()).unwrap_or(i64::MAX);
+        if let Err(err) = service.queue_unqueued(before_ms).await {
+            tracing::warn!(error = %kg_common::error::detail(&err), "queueing unqueued versions failed; trying again");
         }
         tokio::select! {
             () = shutdown.cancelled() => return,

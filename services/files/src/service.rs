@@ -25,6 +25,8 @@ const MAX_PAGE: u32 = 1000;
 /// Default and largest page of `Reindex`: a call stays well inside a gateway's deadline.
 const DEFAULT_REINDEX_PAGE: u32 = 1000;
 const MAX_REINDEX_PAGE: u32 = 5000;
+/// Unqueued versions queued again per sweep (the rest at the next one).
+const UNQUEUED_PAGE: u32 = 500;
 
 /// The files service's state.
 #[derive(Clone)]
@@ -321,6 +323,7 @@ impl FilesService {
             self.store.restore_status(current, rebuild_at_ms).await?;
             return Err(FilesError::QueueUnavailable);
         }
+        self.note_queued(&file).await;
         Ok(Some(file))
     }
 
@@ -453,7 +456,55 @@ impl FilesService {
             }
             return Err(FilesError::QueueUnavailable);
         }
+        if op == FileChangeOp::Upsert {
+            self.note_queued(file).await;
+        }
         Ok(())
+    }
+
+    /// Records that `file`'s indexing event is in the stream. Not recording it only means the
+    /// version is queued once more later ([`Self::queue_unqueued`]), so a failure is logged.
+    pub(crate) async fn note_queued(&self, file: &FileInfo) {
+        if let Err(err) = self
+            .store
+            .mark_queued(&file.file_id, &file.version_id)
+            .await
+        {
+            tracing::warn!(error = %kg_common::error::detail(&err), file_id = %file.file_id, "could not record that a version was queued; it will be queued again");
+        }
+    }
+
+    /// Queues again the pending versions whose event never reached the stream and that were
+    /// written before `before_ms` (a process stopped between the registry write and the
+    /// publish: the file stayed pending for good, and uploading the same content again changed
+    /// nothing). The number queued.
+    pub async fn queue_unqueued(&self, before_ms: i64) -> Result<usize> {
+        let stuck = self.store.unqueued(before_ms, UNQUEUED_PAGE).await?;
+        for row in &stuck {
+            let file = &row.current.file;
+            let mut event = change_event(
+                file,
+                &row.current.blob_key,
+                FileChangeOp::Upsert,
+                row.flags_version,
+            );
+            let msg_id = if row.index_requested_at_ms > 0 {
+                // The reindex's own id: if its publish did reach the stream, this is dropped.
+                event.rebuild_at_ms = row.index_requested_at_ms;
+                format!("{}:rebuild:{}", file.version_id, row.index_requested_at_ms)
+            } else {
+                format!("{}:upsert:{}", file.version_id, uuid::Uuid::now_v7())
+            };
+            events::publish_file_change(&self.jetstream, &event, &msg_id).await?;
+            self.note_queued(file).await;
+        }
+        if !stuck.is_empty() {
+            tracing::warn!(
+                queued = stuck.len(),
+                "queued again versions whose indexing event never reached the stream"
+            );
+        }
+        Ok(stuck.len())
     }
 
     /// One file by path or id, if the caller may see it.

@@ -459,8 +459,8 @@ impl FilesStore {
         requested_at_ms: i64,
     ) -> Result<Option<FlagsSnapshot>> {
         let row = sqlx::query(
-            "UPDATE kg_files SET status = 'pending', status_reason = '', index_requested_at_ms = $3 \
-             WHERE file_id = $1 AND version_id = $2 AND status <> 'deleted' \
+            "UPDATE kg_files SET status = 'pending', status_reason = '', index_requested_at_ms = $3, \
+             queued_at_ms = NULL WHERE file_id = $1 AND version_id = $2 AND status <> 'deleted' \
              RETURNING enabled, hidden, flags_version",
         )
         .bind(file_id)
@@ -507,7 +507,7 @@ impl FilesStore {
         let mut tx = self.sql.pool().begin().await?;
         self.hold_namespace(&mut tx, &file.namespace).await?;
         let updated = sqlx::query(
-            "UPDATE kg_files SET version_id = $1, content_sha256 = $2, size = $3, mime = $4, status = $5, status_reason = '', chunk_count = 0, index_requested_at_ms = 0, updated_at_ms = $6 WHERE file_id = $7",
+            "UPDATE kg_files SET version_id = $1, content_sha256 = $2, size = $3, mime = $4, status = $5, status_reason = '', chunk_count = 0, index_requested_at_ms = 0, updated_at_ms = $6, queued_at_ms = NULL WHERE file_id = $7",
         )
         .bind(&file.version_id)
         .bind(&file.content_sha256)
@@ -625,6 +625,46 @@ impl FilesStore {
     /// and status (deleted ones too), with the blob of their current version: what a replay
     /// into a new event stream publishes. Unfiltered: only the service itself replays, for no
     /// caller.
+    /// Records that the indexing event of `file_id`'s current version `version_id` was accepted
+    /// by the stream.
+    pub(crate) async fn mark_queued(&self, file_id: &str, version_id: &str) -> Result<()> {
+        sqlx::query(
+            "UPDATE kg_files SET queued_at_ms = $1 WHERE file_id = $2 AND version_id = $3 \
+             AND status = 'pending' AND queued_at_ms IS NULL",
+        )
+        .bind(kg_common::caller::now_ms())
+        .bind(file_id)
+        .bind(version_id)
+        .execute(self.sql.pool())
+        .await?;
+        Ok(())
+    }
+
+    /// Pending files whose indexing event was never accepted by the stream and that were
+    /// written (uploaded, or asked to be indexed again) before `before_ms`: a process stopped
+    /// between its registry write and its publish left them.
+    pub(crate) async fn unqueued(&self, before_ms: i64, limit: u32) -> Result<Vec<Replayed>> {
+        let rows = sqlx::query(AssertSqlSafe(format!(
+            "SELECT {FILE_COLUMNS}, COALESCE({}, '') AS blob_key, flags_version, \
+             index_requested_at_ms FROM kg_files WHERE status = 'pending' AND queued_at_ms IS NULL \
+             AND updated_at_ms < $1 AND index_requested_at_ms < $1 ORDER BY file_id LIMIT $2",
+            BLOB_KEY_COLUMN.trim_end_matches(" AS blob_key")
+        )))
+        .bind(before_ms)
+        .bind(i64::from(limit))
+        .fetch_all(self.sql.pool())
+        .await?;
+        rows.iter()
+            .map(|row| {
+                Ok(Replayed {
+                    current: readable_from(row)?,
+                    flags_version: row.try_get("flags_version")?,
+                    index_requested_at_ms: row.try_get("index_requested_at_ms")?,
+                })
+            })
+            .collect()
+    }
+
     pub(crate) async fn replay_page(
         &self,
         after_file_id: &str,

@@ -11,6 +11,7 @@ mod lost_stream;
 mod mixed_access;
 mod namespace_purge;
 mod reindex;
+mod unqueued;
 mod upload_race;
 mod version_links;
 mod version_prune;
