@@ -64,7 +64,11 @@ pub enum ApprovalError {
     Store(#[from] kg_stores::StoreError),
     /// A query failed.
     #[error("sql: {0}")]
-    Sql(#[from] sqlx::Error),
+    Sql(#[source] sqlx::Error),
+    /// The database could not be reached (no connection within the pool's timeout, or the
+    /// connection broke). The driver's words ride as the source, for the log only.
+    #[error("the database is unreachable; retry shortly")]
+    SqlUnreachable(#[source] sqlx::Error),
     /// Stored data could not be decoded.
     #[error("corrupt row: {0}")]
     Corrupt(String),
@@ -89,9 +93,7 @@ impl ErrorExt for ApprovalError {
             ApprovalError::Ontology { code, .. } => *code,
             ApprovalError::Caller(e) => e.code(),
             ApprovalError::Store(e) => e.code(),
-            ApprovalError::Sql(sqlx::Error::PoolTimedOut | sqlx::Error::Io(_)) => {
-                ErrorCode::Unavailable
-            }
+            ApprovalError::SqlUnreachable(_) => ErrorCode::Unavailable,
             ApprovalError::Sql(_)
             | ApprovalError::Corrupt(_)
             | ApprovalError::Config(_)
@@ -100,7 +102,39 @@ impl ErrorExt for ApprovalError {
     }
 }
 
+impl From<sqlx::Error> for ApprovalError {
+    fn from(err: sqlx::Error) -> Self {
+        match err {
+            sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) => Self::SqlUnreachable(err),
+            other => Self::Sql(other),
+        }
+    }
+}
+
 kg_common::impl_status_from!(ApprovalError);
 
 /// `Result` of this crate.
 pub type Result<T, E = ApprovalError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A database that does not answer is an outage the caller may retry, said in our words:
+    /// the driver's text (which can name the server) stays in the log.
+    #[test]
+    fn an_unreachable_database_is_unavailable_in_our_words() {
+        let err = ApprovalError::from(sqlx::Error::PoolTimedOut);
+        assert_eq!(err.code(), ErrorCode::Unavailable);
+        let status = kg_common::error::to_status(&err);
+        assert_eq!(
+            status.message(),
+            "the database is unreachable; retry shortly"
+        );
+        assert!(kg_common::error::detail(&err).contains("pool timed out"));
+        assert_eq!(
+            ApprovalError::from(sqlx::Error::RowNotFound).code(),
+            ErrorCode::Internal
+        );
+    }
+}

@@ -39,7 +39,11 @@ pub enum AuthError {
     Store(#[from] kg_stores::StoreError),
     /// A query failed.
     #[error("sql: {0}")]
-    Sql(#[from] sqlx::Error),
+    Sql(#[source] sqlx::Error),
+    /// The database could not be reached (no connection within the pool's timeout, or the
+    /// connection broke). The driver's words ride as the source, for the log only.
+    #[error("the database is unreachable; retry shortly")]
+    SqlUnreachable(#[source] sqlx::Error),
     /// Key material could not be loaded.
     #[error("signing key: {0}")]
     Key(String),
@@ -57,10 +61,17 @@ impl ErrorExt for AuthError {
             AuthError::Caller(e) => e.code(),
             AuthError::Name(e) => e.code(),
             AuthError::Store(e) => e.code(),
-            AuthError::Sql(sqlx::Error::PoolTimedOut | sqlx::Error::Io(_)) => {
-                ErrorCode::Unavailable
-            }
+            AuthError::SqlUnreachable(_) => ErrorCode::Unavailable,
             AuthError::Sql(_) | AuthError::Key(_) | AuthError::Corrupt(_) => ErrorCode::Internal,
+        }
+    }
+}
+
+impl From<sqlx::Error> for AuthError {
+    fn from(err: sqlx::Error) -> Self {
+        match err {
+            sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) => Self::SqlUnreachable(err),
+            other => Self::Sql(other),
         }
     }
 }
@@ -69,3 +80,26 @@ kg_common::impl_status_from!(AuthError);
 
 /// `Result` of this crate.
 pub type Result<T, E = AuthError> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A database that does not answer is an outage the caller may retry, said in our words:
+    /// the driver's text (which can name the server) stays in the log.
+    #[test]
+    fn an_unreachable_database_is_unavailable_in_our_words() {
+        let err = AuthError::from(sqlx::Error::PoolTimedOut);
+        assert_eq!(err.code(), ErrorCode::Unavailable);
+        let status = kg_common::error::to_status(&err);
+        assert_eq!(
+            status.message(),
+            "the database is unreachable; retry shortly"
+        );
+        assert!(kg_common::error::detail(&err).contains("pool timed out"));
+        assert_eq!(
+            AuthError::from(sqlx::Error::RowNotFound).code(),
+            ErrorCode::Internal
+        );
+    }
+}
