@@ -18,6 +18,7 @@ use futures::TryStreamExt;
 use serde_json::{Map, Number, Value};
 
 use crate::error::{StoreError, StoreKind};
+use kg_common::error::{ErrorCode, ErrorExt as _};
 
 pub use assign::assign_properties;
 pub use fulltext::{
@@ -85,6 +86,9 @@ impl std::fmt::Debug for GraphStore {
 /// Multiplexed sockets per client; commands pipeline over them.
 const CONNECTIONS: u8 = 2;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Longest a read sent again after a dead connection may take (see
+/// [`GraphStore::read_again_on_dead_connection`]).
+const READ_AGAIN_WITHIN: Duration = Duration::from_millis(500);
 /// Default longest wait for one reply: far above any query the services run (a large
 /// file's write is seconds), so it only ends waits on a server that stopped answering.
 pub const DEFAULT_REPLY_TIMEOUT: Duration = Duration::from_secs(120);
@@ -189,10 +193,37 @@ impl GraphStore {
         params: &Params,
         timeout_ms: u64,
     ) -> Result<Rows, StoreError> {
-        self.answered(Box::pin(
-            self.ro_query_inner(namespace, cypher, params, timeout_ms),
-        ))
+        self.read_again_on_dead_connection(|| {
+            self.answered(Box::pin(
+                self.ro_query_inner(namespace, cypher, params, timeout_ms),
+            ))
+        })
         .await
+    }
+
+    /// Runs a read, and again (up to once per socket) when it failed for want of a connection:
+    /// after FalkorDB restarted, each socket of the pool fails its first command before the
+    /// driver dials it again (a redial to a live server takes milliseconds), and a read is safe
+    /// to send twice. Each try again has [`READ_AGAIN_WITHIN`]: with the server still down the
+    /// driver would wait seconds for a connection, and the first failure is the answer.
+    async fn read_again_on_dead_connection<T, F, Fut>(&self, mut read: F) -> Result<T, StoreError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, StoreError>>,
+    {
+        let first = match read().await {
+            Err(err) if err.code() == ErrorCode::Unavailable => err,
+            answered => return answered,
+        };
+        tracing::debug!(error = %first, "graph read met a dead connection; sending it again");
+        for _ in 0..CONNECTIONS {
+            match tokio::time::timeout(READ_AGAIN_WITHIN, read()).await {
+                Ok(Err(err)) if err.code() == ErrorCode::Unavailable => {}
+                Ok(answered) => return answered,
+                Err(_elapsed) => break,
+            }
+        }
+        Err(first)
     }
 
     async fn ro_query_inner(
@@ -229,8 +260,10 @@ impl GraphStore {
     }
 
     async fn list_graphs(&self) -> Result<Vec<String>, StoreError> {
-        self.answered(async { self.client.list_graphs().await.map_err(map_falkor_error) })
-            .await
+        self.read_again_on_dead_connection(|| {
+            self.answered(async { self.client.list_graphs().await.map_err(map_falkor_error) })
+        })
+        .await
     }
 
     /// Whether a namespace's graph exists.

@@ -714,6 +714,73 @@ async fn a_silent_falkordb_fails_calls_in_time_and_the_handle_recovers() {
     assert!(graph.graph_exists("frozen").await.unwrap());
 }
 
+/// The process id of the FalkorDB listening on `port`, from INFO on a connection of our own.
+async fn falkordb_pid(port: u16) -> String {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut info = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    info.write_all(b"*2\r\n$4\r\nINFO\r\n$6\r\nserver\r\n")
+        .await
+        .unwrap();
+    let mut reply = vec![0u8; 16 * 1024];
+    let read = info.read(&mut reply).await.unwrap();
+    let text = String::from_utf8_lossy(&reply[..read]).into_owned();
+    text.lines()
+        .find_map(|line| line.strip_prefix("process_id:"))
+        .unwrap_or_else(|| panic!("no process_id in INFO: {text}"))
+        .trim()
+        .to_owned()
+}
+
+/// FalkorDB restarted under a live handle (killed, then back on its port): the handle's
+/// sockets died with it, and the first reads after it is back used them and failed as
+/// unavailable, one per socket, on every service. A read is sent again on a fresh connection,
+/// so the first one after the restart already answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_after_a_falkordb_restart_answer_at_once() {
+    use kg_stores::embedded::Restartable as _;
+    let venv = venv();
+    let dir = tempfile::tempdir().unwrap();
+    let mut falkor = EmbeddedFalkor::start(&venv, dir.path()).await.unwrap();
+    let graph = GraphStore::connect(&falkor.url).await.unwrap();
+    let none = Params::new();
+    graph
+        .query("restarted", "CREATE (:FileRef {fileId: 'f1'})", &none)
+        .await
+        .unwrap();
+    // Both sockets in use before the restart.
+    for n in 0..4 {
+        graph
+            .ro_query("restarted", &format!("RETURN {n}"), &none, 1000)
+            .await
+            .unwrap();
+    }
+
+    let pid = falkordb_pid(falkor.port).await;
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", &pid])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    falkor.wait_exit().await.unwrap();
+    falkor.restart().await.unwrap();
+
+    for n in 0..4 {
+        let rows = graph
+            .ro_query(
+                "restarted",
+                "MATCH (f:FileRef) RETURN count(f)",
+                &none,
+                1000,
+            )
+            .await
+            .unwrap_or_else(|err| panic!("read {n} after the restart: {}", err.detail()));
+        assert_eq!(rows.rows.len(), 1);
+    }
+    assert!(graph.graph_exists("restarted").await.unwrap());
+}
+
 // ---------------------------------------------------------------------------------------
 // Events: NATS JetStream.
 
