@@ -15,6 +15,10 @@ use crate::client::{AdminClient, Refused, RequestBody};
 
 /// Files uploaded at once.
 const UPLOAD_CONCURRENCY: usize = 4;
+/// Tries of one upload while the gateway or a service behind it is away (a restart, a
+/// rollout): 1 s, 2 s, then 4 s apart. Past them the ingest stops, as for any outage.
+const UPLOAD_TRIES: u32 = 4;
+const UPLOAD_RETRY_FIRST: Duration = Duration::from_secs(1);
 
 /// What happened to one ingest.
 #[derive(Debug, Default)]
@@ -414,10 +418,7 @@ pub async fn ingest(
             let mut segments = vec!["namespaces", namespace.as_str(), "files"];
             segments.extend(relative.split('/'));
             let url = client.url(&segments)?;
-            match client
-                .send::<Value>(Method::PUT, url, Some(RequestBody::Bytes(bytes)))
-                .await
-            {
+            match put_file(&client, url, bytes, UPLOAD_RETRY_FIRST).await {
                 Ok(answer) => anyhow::Ok((relative, Ok(answer))),
                 Err(err) => match err.downcast_ref::<Refused>() {
                     Some(refused) if refuses_only_this_file(refused.status) => {
@@ -605,6 +606,45 @@ async fn delete_missing(
     Ok(())
 }
 
+/// Uploads one file, again after `pause` (doubling) while the answer is an outage. An upload
+/// is safe to repeat: the same content is the same version, and one that was stored answers
+/// "unchanged" the second time.
+async fn put_file(
+    client: &AdminClient,
+    url: reqwest::Url,
+    bytes: Vec<u8>,
+    mut pause: Duration,
+) -> anyhow::Result<Value> {
+    let mut tried = 1;
+    loop {
+        let body = Some(RequestBody::Bytes(bytes.clone()));
+        match client.send::<Value>(Method::PUT, url.clone(), body).await {
+            Err(err) if tried < UPLOAD_TRIES && is_outage(&err) => {
+                tokio::time::sleep(pause).await;
+                pause *= 2;
+                tried += 1;
+            }
+            answered => return answered,
+        }
+    }
+}
+
+/// Whether a failed request met an outage that may pass (502, 503 or 504, or no answer at
+/// all) rather than a refusal.
+fn is_outage(err: &anyhow::Error) -> bool {
+    if let Some(refused) = err.downcast_ref::<Refused>() {
+        return matches!(
+            refused.status,
+            StatusCode::BAD_GATEWAY | StatusCode::SERVICE_UNAVAILABLE | StatusCode::GATEWAY_TIMEOUT
+        );
+    }
+    err.chain().any(|cause| {
+        cause
+            .downcast_ref::<reqwest::Error>()
+            .is_some_and(|e| !e.is_builder())
+    })
+}
+
 /// Whether a refused upload says something about that file alone (its size, path, type, or
 /// the caller's right to write there), so the other files still go up. Anything else (a
 /// missing namespace, an outage, too many requests) would refuse every file: the ingest stops.
@@ -700,6 +740,61 @@ pub async fn list_all(client: &AdminClient, namespace: &str) -> anyhow::Result<V
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    /// A gateway answering each PUT with the next of `statuses` (the last one for ever); the
+    /// number of PUTs it saw.
+    async fn gateway_answering(
+        statuses: Vec<u16>,
+    ) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+        use std::sync::Arc;
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let seen = Arc::new(AtomicUsize::new(0));
+        let counted = seen.clone();
+        let app = axum::Router::new().fallback(move || {
+            let n = counted.fetch_add(1, Ordering::SeqCst);
+            let status = statuses[n.min(statuses.len() - 1)];
+            async move {
+                let body =
+                    serde_json::json!({"code": "unavailable", "message": "x", "changed": true});
+                (
+                    axum::http::StatusCode::from_u16(status).unwrap(),
+                    axum::Json(body),
+                )
+            }
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+        (addr, seen)
+    }
+
+    /// A service restarting behind the gateway (503 for a moment) costs an ingest a pause, not
+    /// its run; an outage that lasts still stops it, and a refusal is never sent again.
+    #[tokio::test]
+    async fn an_upload_is_sent_again_through_a_short_outage_only() {
+        use std::sync::atomic::Ordering;
+        let pause = Duration::from_millis(5);
+        let upload = async |statuses: Vec<u16>| {
+            let (addr, seen) = gateway_answering(statuses).await;
+            let client = AdminClient::new(&addr, "kg_pat_test", None).unwrap();
+            let url = client.url(&["namespaces", "ns", "files", "a.md"]).unwrap();
+            let answer = put_file(&client, url, b"# A\n".to_vec(), pause).await;
+            (answer, seen.load(Ordering::SeqCst))
+        };
+        let (answer, puts) = upload(vec![503, 503, 200]).await;
+        assert!(answer.is_ok(), "{answer:?}");
+        assert_eq!(puts, 3);
+        let (answer, puts) = upload(vec![503]).await;
+        let refused = answer.unwrap_err();
+        assert_eq!(
+            refused.downcast_ref::<Refused>().unwrap().status,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        assert_eq!(puts, UPLOAD_TRIES as usize);
+        let (answer, puts) = upload(vec![413]).await;
+        assert!(answer.is_err());
+        assert_eq!(puts, 1, "a refusal is not sent again");
+    }
 
     #[test]
     fn excludes_match_names_anywhere_and_paths_from_the_folder() {
