@@ -353,6 +353,7 @@ async fn fetch_verifier(
         .with_context(|| format!("cluster.auth_addr `{auth_addr}` is not a gRPC address"))?;
     let mut client = AuthClient::new(channel);
     let deadline = Instant::now() + SIGNING_KEY_WAIT;
+    let mut said_waiting_at: Option<Instant> = None;
     loop {
         let answer = tokio::select! {
             () = shutdown.cancelled() => return Ok(None),
@@ -372,7 +373,13 @@ async fn fetch_verifier(
                 status.code(),
                 status.message()
             ),
-            Err(_) => {
+            Err(status) => {
+                // Said once and then every 10 s: a service waiting for auth is not hung.
+                if said_waiting_at.is_none_or(|at| at.elapsed() >= Duration::from_secs(10)) {
+                    tracing::info!(auth = auth_addr, code = ?status.code(), cause = status.message(),
+                        "waiting for auth to hand out its signing key before serving");
+                    said_waiting_at = Some(Instant::now());
+                }
                 tokio::select! {
                     () = shutdown.cancelled() => return Ok(None),
                     () = tokio::time::sleep(Duration::from_millis(500)) => {}

@@ -565,6 +565,8 @@ def test_a_service_waiting_for_auth_stops_at_once_on_sigterm(tmp_path: Path) -> 
     stderr = waiting.stderr.read().decode() if waiting.stderr else ""
     assert code == 0, (code, stderr[-2000:])
     assert time.monotonic() - started < 10, stderr[-2000:]
+    # Not silent meanwhile: it says what it waits for, and where.
+    assert "waiting for auth to hand out its signing key" in stderr, stderr[-2000:]
 
 
 def test_serve_refuses_a_config_it_cannot_run_and_says_what_to_change(tmp_path: Path) -> None:
