@@ -113,6 +113,23 @@ fn file_from(row: &AnyRow) -> Result<FileInfo> {
 /// The blob key of the row's current version, as a column of a `kg_files` query.
 const BLOB_KEY_COLUMN: &str = "(SELECT v.blob_key FROM kg_file_versions v WHERE v.version_id = kg_files.version_id) AS blob_key";
 
+/// The files (rows for [`replayed_from`]) matching `condition`, by file id, `LIMIT $2`.
+fn replayed_select(condition: &str) -> String {
+    format!(
+        "SELECT {FILE_COLUMNS}, COALESCE({}, '') AS blob_key, flags_version, \
+         index_requested_at_ms FROM kg_files WHERE {condition} ORDER BY file_id LIMIT $2",
+        BLOB_KEY_COLUMN.trim_end_matches(" AS blob_key")
+    )
+}
+
+fn replayed_from(row: &AnyRow) -> Result<Replayed> {
+    Ok(Replayed {
+        current: readable_from(row)?,
+        flags_version: row.try_get("flags_version")?,
+        index_requested_at_ms: row.try_get("index_requested_at_ms")?,
+    })
+}
+
 /// A file the caller may read, with the blob of its current version.
 #[derive(Debug, Clone)]
 pub(crate) struct Readable {
@@ -644,25 +661,15 @@ impl FilesStore {
     /// written (uploaded, or asked to be indexed again) before `before_ms`: a process stopped
     /// between its registry write and its publish left them.
     pub(crate) async fn unqueued(&self, before_ms: i64, limit: u32) -> Result<Vec<Replayed>> {
-        let rows = sqlx::query(AssertSqlSafe(format!(
-            "SELECT {FILE_COLUMNS}, COALESCE({}, '') AS blob_key, flags_version, \
-             index_requested_at_ms FROM kg_files WHERE status = 'pending' AND queued_at_ms IS NULL \
-             AND updated_at_ms < $1 AND index_requested_at_ms < $1 ORDER BY file_id LIMIT $2",
-            BLOB_KEY_COLUMN.trim_end_matches(" AS blob_key")
+        let rows = sqlx::query(AssertSqlSafe(replayed_select(
+            "status = 'pending' AND queued_at_ms IS NULL \
+             AND updated_at_ms < $1 AND index_requested_at_ms < $1",
         )))
         .bind(before_ms)
         .bind(i64::from(limit))
         .fetch_all(self.sql.pool())
         .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(Replayed {
-                    current: readable_from(row)?,
-                    flags_version: row.try_get("flags_version")?,
-                    index_requested_at_ms: row.try_get("index_requested_at_ms")?,
-                })
-            })
-            .collect()
+        rows.iter().map(replayed_from).collect()
     }
 
     pub(crate) async fn replay_page(
@@ -670,24 +677,12 @@ impl FilesStore {
         after_file_id: &str,
         limit: u32,
     ) -> Result<Vec<Replayed>> {
-        let rows = sqlx::query(AssertSqlSafe(format!(
-            "SELECT {FILE_COLUMNS}, COALESCE({}, '') AS blob_key, flags_version, \
-             index_requested_at_ms FROM kg_files WHERE file_id > $1 ORDER BY file_id LIMIT $2",
-            BLOB_KEY_COLUMN.trim_end_matches(" AS blob_key")
-        )))
-        .bind(after_file_id.to_owned())
-        .bind(i64::from(limit))
-        .fetch_all(self.sql.pool())
-        .await?;
-        rows.iter()
-            .map(|row| {
-                Ok(Replayed {
-                    current: readable_from(row)?,
-                    flags_version: row.try_get("flags_version")?,
-                    index_requested_at_ms: row.try_get("index_requested_at_ms")?,
-                })
-            })
-            .collect()
+        let rows = sqlx::query(AssertSqlSafe(replayed_select("file_id > $1")))
+            .bind(after_file_id.to_owned())
+            .bind(i64::from(limit))
+            .fetch_all(self.sql.pool())
+            .await?;
+        rows.iter().map(replayed_from).collect()
     }
 
     /// Whether the registry marks `file_id` deleted now.

@@ -633,7 +633,6 @@ async fn graph_store_on_falkordb() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_falkordb_fails_calls_in_time_and_the_handle_recovers() {
     use std::time::{Duration, Instant};
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
     let venv = venv();
     let dir = tempfile::tempdir().unwrap();
@@ -648,22 +647,7 @@ async fn a_silent_falkordb_fails_calls_in_time_and_the_handle_recovers() {
         .await
         .unwrap();
 
-    // The server's pid, from INFO on a connection of our own.
-    let mut info = tokio::net::TcpStream::connect(("127.0.0.1", falkor.port))
-        .await
-        .unwrap();
-    info.write_all(b"*2\r\n$4\r\nINFO\r\n$6\r\nserver\r\n")
-        .await
-        .unwrap();
-    let mut reply = vec![0u8; 16 * 1024];
-    let read = info.read(&mut reply).await.unwrap();
-    let text = String::from_utf8_lossy(&reply[..read]).into_owned();
-    let pid = text
-        .lines()
-        .find_map(|line| line.strip_prefix("process_id:"))
-        .unwrap_or_else(|| panic!("no process_id in INFO: {text}"))
-        .trim()
-        .to_owned();
+    let pid = falkordb_pid(falkor.port).await;
     let signal = |name: &str| {
         let status = std::process::Command::new("kill")
             .args([name, &pid])
