@@ -463,8 +463,6 @@ impl ApprovalService {
                 Event::new("rejected", by, reason.clone()),
             )
         };
-        // Held from the claim on: the re-check below runs while the proposal is approved.
-        let hold = approve.then(|| RunHold::new(&self.inner.runs, id));
         if !self
             .inner
             .store
@@ -478,9 +476,13 @@ impl ApprovalService {
             });
         }
         tracing::info!(proposal = id, by, approve, "proposal decided");
-        let Some(hold) = hold.filter(|_| approve) else {
+        if !approve {
             return self.get_stored(id).await;
-        };
+        }
+        // Held from the claim on (the claim took the lease): the re-check below runs while the
+        // proposal is approved. Only the decision that won holds it: a losing one in this
+        // process must not release the winner's hold.
+        let hold = RunHold::new(&self.inner.runs, id);
         // On its own task from here: a caller that goes away mid-check (its deadline, a closed
         // connection) must not leave the proposal approved with nothing running it.
         let this = self.clone();

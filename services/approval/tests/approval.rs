@@ -1376,3 +1376,36 @@ async fn a_crashed_services_runs_are_settled_once_their_lease_lapses() {
     assert_eq!(p.state(), ProposalState::Unknown, "{p:?}");
     assert!(p.outcome_detail.contains("stopped"), "{p:?}");
 }
+
+/// Two admins approving one proposal at once in one process: the losing decision must not
+/// release the winner's hold on the run, or its lease lapses mid-effect and the run is settled
+/// as interrupted while it still runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_losing_decision_leaves_the_winners_run_held() {
+    let dir = tempfile::tempdir().unwrap();
+    let lease = Duration::from_secs(1);
+    let h = Harness::start_with(sqlite_at(&dir.path().join("approval.db")).await, |c| {
+        c.run_lease = lease;
+        c.decide_wait = Duration::from_millis(300);
+    })
+    .await;
+    let mut hang = h.rule("hang");
+    hang.timeout_ms = 60_000;
+    hang.max_attempts = 1;
+    h.ontology.set("orace", "cancel", hang);
+    let p = h.submit("orace", "trace", false).await.unwrap();
+    let (first, second) = tokio::join!(h.decide(&p.id, true), h.decide(&p.id, true));
+    assert_eq!(
+        [first.is_ok(), second.is_ok()]
+            .iter()
+            .filter(|ok| **ok)
+            .count(),
+        1,
+        "one decision wins: {first:?} {second:?}"
+    );
+    // Three leases on, the effect (waiting on a receiver that never answers) still runs.
+    tokio::time::sleep(lease * 3).await;
+    let running = h.get(&p.id).await;
+    assert_eq!(running.state(), ProposalState::Approved, "{running:?}");
+    assert_eq!(h.receiver.hits("trace").len(), 1);
+}
