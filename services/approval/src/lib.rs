@@ -48,6 +48,18 @@ pub async fn serve(
         let shutdown = shutdown.clone();
         async move { service.keep_leases(shutdown).await }
     });
+    // From the stop on, beside the server's own drain (which waits for decisions still waiting
+    // on their effect): effects still running after the grace are settled, not abandoned, and
+    // within the time a supervisor gives a stopping process (`up`: 8 s; Kubernetes: 30 s).
+    let stopping = shutdown.clone();
+    let settle_on_stop = tokio::spawn({
+        let service = service.clone();
+        let shutdown = shutdown.clone();
+        async move {
+            shutdown.cancelled().await;
+            service.drain_on_stop().await;
+        }
+    });
     let routes = tonic::service::Routes::new(ApprovalServer::new(service.clone()));
     let served = kg_common::grpc::serve(
         listener,
@@ -58,7 +70,11 @@ pub async fn serve(
     )
     .await;
     leases.abort();
-    // Effects still running get a moment to end; whatever is left is settled, not abandoned.
-    service.drain_on_stop().await;
+    if stopping.is_cancelled() {
+        let _ = settle_on_stop.await;
+    } else {
+        // The server failed on its own (no stop asked): nothing to settle for a stop.
+        settle_on_stop.abort();
+    }
     served
 }

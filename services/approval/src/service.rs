@@ -40,7 +40,7 @@ const INTERRUPTED_AFTER: Duration = Duration::from_secs(30 * 60);
 /// stopped mid-run leaves its proposals approved at most about this long.
 pub const DEFAULT_RUN_LEASE: Duration = Duration::from_secs(30);
 /// How long a stopping service lets its running effects finish before it settles them.
-pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(10);
+pub const DEFAULT_STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// How the approval service runs.
 #[derive(Clone, Debug)]

@@ -1303,7 +1303,6 @@ async fn a_stopping_service_settles_the_effects_it_leaves_running() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("approval.db");
     let h = Harness::start_with(sqlite_at(&db).await, |c| {
-        c.decide_wait = Duration::from_millis(300);
         c.stop_grace = Duration::from_millis(300);
     })
     .await;
@@ -1311,8 +1310,20 @@ async fn a_stopping_service_settles_the_effects_it_leaves_running() {
     hang.timeout_ms = 60_000;
     hang.max_attempts = 1;
     h.ontology.set("ostop", "cancel", hang);
-    let p = h.propose_and_approve("ostop", "tstop").await;
-    assert_eq!(p.state(), ProposalState::Approved, "still running: {p:?}");
+    let p = h.submit("ostop", "tstop", false).await.unwrap();
+    // The approval is still waiting for its effect (30 s) when the stop comes: the server's own
+    // drain waits for that call, and the settling must not wait behind it.
+    let client = h.client.clone();
+    let decide = h.request(
+        DecideRequest {
+            id: p.id.clone(),
+            approve: true,
+            reason: String::new(),
+        },
+        "admin-1",
+        true,
+    );
+    let waiting = tokio::spawn(async move { client.clone().decide(decide).await });
     while h.receiver.hits("tstop").is_empty() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -1320,10 +1331,11 @@ async fn a_stopping_service_settles_the_effects_it_leaves_running() {
 
     // Another service on the same database (a long lease: only the stop can have settled it).
     let reader = Harness::start(sqlite_at(&db).await).await;
-    let p = settled_within(&reader, &p.id, Duration::from_secs(10)).await;
+    let p = settled_within(&reader, &p.id, Duration::from_secs(5)).await;
     assert_eq!(p.state(), ProposalState::Unknown, "{p:?}");
     assert_eq!(p.attempts, 1);
     assert!(p.outcome_detail.contains("do not retry"), "{p:?}");
+    waiting.abort();
 }
 
 /// A process that dies mid-run (no drain) leaves its proposal approved only until its lease
