@@ -150,7 +150,7 @@ impl ProposalStore {
 
     /// Stores a new proposal with its first events.
     pub(crate) async fn insert(&self, p: &Proposal, events: &[Event]) -> Result<()> {
-        let mut tx = self.sql.pool().begin().await?;
+        let mut tx = self.sql.begin_write().await?;
         sqlx::query(
             "INSERT INTO approval_proposals (id, object_name, action_name, arguments_json, arguments_sha256, \
              policy_version, proposer, on_behalf_of, agent, role, state, refusal, outcome_detail, effect_method, \
@@ -265,7 +265,7 @@ impl ProposalStore {
         reason: &str,
         event: &Event,
     ) -> Result<bool> {
-        let mut tx = self.sql.pool().begin().await?;
+        let mut tx = self.sql.begin_write().await?;
         let now = kg_common::caller::now_ms();
         let finished = (to == ProposalState::Rejected).then_some(now);
         let lease = (to == ProposalState::Approved).then(|| self.lease_until());
@@ -294,7 +294,7 @@ impl ProposalStore {
 
     /// approved -> pending, when the re-check could not run (nothing was sent).
     pub(crate) async fn release_claim(&self, id: &str, event: &Event) -> Result<bool> {
-        let mut tx = self.sql.pool().begin().await?;
+        let mut tx = self.sql.begin_write().await?;
         let done = sqlx::query(
             "UPDATE approval_proposals SET state = 'pending', decided_by = '', decision_reason = '', \
              decided_at_ms = NULL, run_lease_until_ms = NULL \
@@ -314,7 +314,7 @@ impl ProposalStore {
 
     /// Records an audit event without a state change.
     pub(crate) async fn record(&self, id: &str, event: &Event) -> Result<()> {
-        let mut tx = self.sql.pool().begin().await?;
+        let mut tx = self.sql.begin_write().await?;
         insert_event(&mut tx, id, event).await?;
         tx.commit().await?;
         Ok(())
@@ -330,7 +330,7 @@ impl ProposalStore {
         host: &str,
         event: &Event,
     ) -> Result<()> {
-        let mut tx = self.sql.pool().begin().await?;
+        let mut tx = self.sql.begin_write().await?;
         sqlx::query(
             "UPDATE approval_proposals SET effect_method = $1, effect_url_template = $2, effect_host = $3 \
              WHERE id = $4 AND state = 'approved'",
@@ -366,7 +366,7 @@ impl ProposalStore {
         outcome: &Outcome<'_>,
         event: &Event,
     ) -> Result<bool> {
-        let mut tx = self.sql.pool().begin().await?;
+        let mut tx = self.sql.begin_write().await?;
         let done = sqlx::query(
             "UPDATE approval_proposals SET state = $1, refusal = $2, outcome_detail = $3, finished_at_ms = $4 \
              WHERE id = $5 AND state = 'approved'",

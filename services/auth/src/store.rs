@@ -289,7 +289,7 @@ impl AuthStore {
             SqlBackend::Sqlite => sqlite_epoch_triggers(),
             SqlBackend::Postgres => postgres_epoch_triggers(),
         };
-        let mut tx = self.sql.pool().begin().await?;
+        let mut tx = self.sql.begin_write().await?;
         for statement in statements {
             sqlx::query(AssertSqlSafe(statement))
                 .execute(&mut *tx)
@@ -361,7 +361,7 @@ impl AuthStore {
     /// retired at `at_ms` (which moves the access epoch, so no cached resolution outlives it).
     /// A namespace already retired is answered as it is; `None` when there is no such namespace.
     pub(crate) async fn retire_namespace(&self, name: &str, at_ms: i64) -> Result<Option<Retired>> {
-        let mut tx = self.sql.pool().begin().await?;
+        let mut tx = self.sql.begin_write().await?;
         let Some(row) = sqlx::query(
             "SELECT name, description, created_at_ms, retired_at_ms FROM kg_namespaces WHERE name = $1",
         )
@@ -407,7 +407,7 @@ impl AuthStore {
     /// Forgets the retired namespace `name`, freeing its name; `false` when there is none.
     /// Grants or denies put while it was being retired go with it.
     pub(crate) async fn delete_namespace(&self, name: &str) -> Result<bool> {
-        let mut tx = self.sql.pool().begin().await?;
+        let mut tx = self.sql.begin_write().await?;
         let Some(row) = sqlx::query("SELECT retired_at_ms FROM kg_namespaces WHERE name = $1")
             .bind(name)
             .fetch_optional(&mut *tx)
@@ -488,7 +488,7 @@ impl AuthStore {
     /// advisory lock, as two transactions would both see no admin and both insert (SQLite
     /// runs one writer at a time). Whether it was created.
     pub(crate) async fn create_first_admin(&self, admin: &Principal) -> Result<bool> {
-        let mut tx = self.sql.pool().begin().await?;
+        let mut tx = self.sql.begin_write().await?;
         if self.sql.backend() == SqlBackend::Postgres {
             sqlx::query("SELECT pg_advisory_xact_lock($1)")
                 .bind(BOOTSTRAP_LOCK)

@@ -273,7 +273,7 @@ impl FilesService {
         links.sort_by_key(|l| l.ordinal);
         links.dedup_by_key(|l| l.ordinal);
 
-        let mut tx = self.store.sql().pool().begin().await?;
+        let mut tx = self.store.sql().begin_write().await?;
         sqlx::query("DELETE FROM kg_file_version_links WHERE version_id = $1")
             .bind(&event.version_id)
             .execute(&mut *tx)

@@ -148,7 +148,7 @@ impl FilesStore {
     /// once the transaction holds the namespace (after every upload already writing committed),
     /// so each change those uploads published was made before it.
     pub(crate) async fn purge_namespace(&self, namespace: &str) -> Result<(Purged, i64)> {
-        let mut tx = self.sql().pool().begin().await?;
+        let mut tx = self.sql().begin_write().await?;
         lock_namespace(self, &mut tx, namespace, true).await?;
         let mut purged = Purged::default();
         for (table, condition) in PURGE_STATEMENTS {

@@ -521,7 +521,7 @@ impl FilesStore {
         blob_key: &str,
         refuse_hidden: bool,
     ) -> Result<FlagsSnapshot> {
-        let mut tx = self.sql.pool().begin().await?;
+        let mut tx = self.sql.begin_write().await?;
         self.hold_namespace(&mut tx, &file.namespace).await?;
         let updated = sqlx::query(
             "UPDATE kg_files SET version_id = $1, content_sha256 = $2, size = $3, mime = $4, status = $5, status_reason = '', chunk_count = 0, index_requested_at_ms = 0, updated_at_ms = $6, queued_at_ms = NULL WHERE file_id = $7",

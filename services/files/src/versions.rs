@@ -587,7 +587,7 @@ impl FilesService {
         };
         // In a transaction like an upload's: a purge committing meanwhile is waited for (the
         // namespace's lock on PostgreSQL) and then seen, so no branch outlives its namespace.
-        let mut tx = self.versions.sql.pool().begin().await?;
+        let mut tx = self.versions.sql.begin_write().await?;
         self.store.hold_namespace(&mut tx, namespace).await?;
         sqlx::query(
             "INSERT INTO kg_branches (branch_id, namespace, name, created_at_ms, created_by) VALUES ($1, $2, $3, $4, $5)",

@@ -337,7 +337,7 @@ impl TboxStore {
         };
         // The version is recorded only once the bus holds it: a put that fails rolls the
         // insert back, so SQL never lists a version the indexers were not given.
-        let mut tx = self.sql.pool().begin().await?;
+        let mut tx = self.sql.begin_write().await?;
         sqlx::query(
             "INSERT INTO kg_tbox_versions (namespace, version, body, published_by, reviewed_by, published_at_ms) \
              VALUES ($1, $2, $3, $4, $5, $6)",
@@ -365,7 +365,7 @@ impl TboxStore {
     pub async fn purge(&self, namespace: &str) -> Result<PurgeTboxResponse> {
         kg_common::access::validate_namespace(namespace)
             .map_err(|err| OntologyError::BadRequest(err.to_string()))?;
-        let mut tx = self.sql.pool().begin().await?;
+        let mut tx = self.sql.begin_write().await?;
         let versions_removed = sqlx::query("DELETE FROM kg_tbox_versions WHERE namespace = $1")
             .bind(namespace.to_owned())
             .execute(&mut *tx)

@@ -91,6 +91,18 @@ impl SqlStore {
         &self.pool
     }
 
+    /// Begins a transaction that will write. On SQLite it takes the write lock at once
+    /// (`BEGIN IMMEDIATE`, waiting out the busy timeout for it): a deferred transaction that
+    /// reads first and then writes fails at once with `SQLITE_BUSY_SNAPSHOT` (517) when another
+    /// writer committed in between, whatever the busy timeout, and under an ingest that made a
+    /// namespace delete answer 500 now and then. On PostgreSQL, a plain `BEGIN`.
+    pub async fn begin_write(&self) -> Result<sqlx::Transaction<'static, sqlx::Any>, sqlx::Error> {
+        match self.backend {
+            SqlBackend::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await,
+            SqlBackend::Postgres => self.pool.begin().await,
+        }
+    }
+
     /// Which database this is.
     pub fn backend(&self) -> SqlBackend {
         self.backend

@@ -698,6 +698,57 @@ async fn a_silent_falkordb_fails_calls_in_time_and_the_handle_recovers() {
     assert!(graph.graph_exists("frozen").await.unwrap());
 }
 
+/// A transaction that reads and then writes, while another writer commits in between: begun
+/// with `begin_write` it waits for the lock and both succeed. A deferred one (`BEGIN`) fails
+/// at once with SQLITE_BUSY_SNAPSHOT, whatever the busy timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sqlite_write_transactions_wait_for_a_concurrent_writer() {
+    let dir = tempfile::tempdir().unwrap();
+    let sql = SqlStore::connect(&format!("sqlite://{}", dir.path().join("w.db").display()))
+        .await
+        .unwrap();
+    sqlx::query("CREATE TABLE t (k TEXT PRIMARY KEY, n BIGINT NOT NULL)")
+        .execute(sql.pool())
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO t (k, n) VALUES ('a', 0)")
+        .execute(sql.pool())
+        .await
+        .unwrap();
+
+    let mut tx = sql.begin_write().await.unwrap();
+    let n: i64 = sqlx::query("SELECT n FROM t WHERE k = 'a'")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap()
+        .try_get("n")
+        .unwrap();
+    // Another writer meanwhile: it waits for this transaction instead of slipping in.
+    let other = tokio::spawn({
+        let sql = sql.clone();
+        async move {
+            sqlx::query("INSERT INTO t (k, n) VALUES ('b', 1)")
+                .execute(sql.pool())
+                .await
+        }
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    sqlx::query("UPDATE t SET n = $1 WHERE k = 'a'")
+        .bind(n + 1)
+        .execute(&mut *tx)
+        .await
+        .expect("the read-then-write transaction was refused");
+    tx.commit().await.unwrap();
+    other.await.unwrap().unwrap();
+    let rows: i64 = sqlx::query("SELECT count(*) AS c FROM t")
+        .fetch_one(sql.pool())
+        .await
+        .unwrap()
+        .try_get("c")
+        .unwrap();
+    assert_eq!(rows, 2);
+}
+
 /// The process id of the FalkorDB listening on `port`, from INFO on a connection of our own.
 async fn falkordb_pid(port: u16) -> String {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
