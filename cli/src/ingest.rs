@@ -631,7 +631,7 @@ async fn put_file(
 
 /// Whether a failed request met an outage that may pass (502, 503 or 504, or no answer at
 /// all) rather than a refusal.
-fn is_outage(err: &anyhow::Error) -> bool {
+pub fn is_outage(err: &anyhow::Error) -> bool {
     if let Some(refused) = err.downcast_ref::<Refused>() {
         return matches!(
             refused.status,

@@ -35,7 +35,8 @@ struct Cli {
 enum Command {
     /// Run every service on its embedded defaults (approval in a child process).
     Up(UpArgs),
-    /// Upload a file or folder into a namespace and wait until it is indexed.
+    /// Upload a file or folder into a namespace and wait until it is indexed. Exits 0, 3 when
+    /// some files could not go in (listed), 75 when an outage stopped the run (run it again).
     Ingest(IngestArgs),
     /// Serve MCP on stdin/stdout against a running mesh.
     Mcp(McpArgs),
@@ -697,7 +698,20 @@ async fn ingest(args: IngestArgs) -> anyhow::Result<ExitCode> {
             ExitCode::from(3)
         });
     }
-    let report = kgmesh::ingest::ingest(&client, &args.path, &args.namespace, &options).await?;
+    let report = match kgmesh::ingest::ingest(&client, &args.path, &args.namespace, &options).await
+    {
+        Ok(report) => report,
+        // Temporary: what is stored stays, and the same command resumes (75, as `approvals
+        // approve` answers an outage).
+        Err(err) if kgmesh::ingest::is_outage(&err) => {
+            eprintln!("error: {err:#}");
+            eprintln!(
+                "the gateway or a service behind it did not answer: run the same ingest again to resume"
+            );
+            return Ok(ExitCode::from(75));
+        }
+        Err(err) => return Err(err),
+    };
     let summary = json!({
         "namespace": args.namespace,
         "uploaded": report.uploaded,

@@ -328,3 +328,41 @@ def test_a_name_the_server_would_change_is_skipped_not_uploaded_under_another(me
     code, again = ingest_json(mesh, docs, namespace, "--delete")
     assert code == 3 and again["deleted"] == [] and again["unchanged"] == 3, again
     assert indexed_paths(mesh, namespace) == stored, again
+
+
+def test_an_ingest_stopped_by_an_outage_exits_75_and_says_to_run_it_again(tmp_path: Path) -> None:
+    """A gateway answering 503 (a service behind it away) through the retries: temporary (75,
+    as `approvals approve` answers one), not a refusal (1)."""
+    import subprocess
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from kgmesh_support import REPO_ROOT, kgmesh_bin
+
+    class Away(BaseHTTPRequestHandler):
+        def answer(self) -> None:
+            body = b'{"code":"unavailable","message":"the files service is unavailable; retry shortly","retryable":true}'
+            self.send_response(503)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_PUT = do_POST = answer
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Away)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        (tmp_path / "a.md").write_text("# A\n\nText.\n")
+        done = subprocess.run(
+            [str(kgmesh_bin()), "ingest", str(tmp_path), "--namespace", "away",
+             "--url", f"http://127.0.0.1:{server.server_address[1]}", "--token", "kg_pat_unused"],
+            cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=False,
+        )
+    finally:
+        server.shutdown()
+    assert done.returncode == 75, (done.returncode, done.stderr)
+    assert "run the same ingest again to resume" in done.stderr, done.stderr

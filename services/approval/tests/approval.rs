@@ -493,6 +493,15 @@ impl Harness {
             .into_inner()
     }
 
+    /// `object`'s cancel sends one request to a receiver that never answers (within a minute):
+    /// an effect still running for as long as a test needs.
+    fn never_answered(&self, object: &str) {
+        let mut hang = self.rule("hang");
+        hang.timeout_ms = 60_000;
+        hang.max_attempts = 1;
+        self.ontology.set(object, "cancel", hang);
+    }
+
     /// Submits a pending proposal for `object` and approves it.
     async fn propose_and_approve(&self, object: &str, tag: &str) -> Proposal {
         let p = self.submit(object, tag, false).await.unwrap();
@@ -1306,10 +1315,7 @@ async fn a_stopping_service_settles_the_effects_it_leaves_running() {
         c.stop_grace = Duration::from_millis(300);
     })
     .await;
-    let mut hang = h.rule("hang");
-    hang.timeout_ms = 60_000;
-    hang.max_attempts = 1;
-    h.ontology.set("ostop", "cancel", hang);
+    h.never_answered("ostop");
     let p = h.submit("ostop", "tstop", false).await.unwrap();
     // The approval is still waiting for its effect (30 s) when the stop comes: the server's own
     // drain waits for that call, and the settling must not wait behind it.
@@ -1362,10 +1368,7 @@ async fn a_crashed_services_runs_are_settled_once_their_lease_lapses() {
                 c.decide_wait = Duration::from_millis(300);
             })
             .await;
-            let mut hang = h.rule("hang");
-            hang.timeout_ms = 60_000;
-            hang.max_attempts = 1;
-            h.ontology.set("ocrash", "cancel", hang);
+            h.never_answered("ocrash");
             let p = h.propose_and_approve("ocrash", "tcrash").await;
             // Three leases long, while the survivor sweeps every third of one.
             tokio::time::sleep(lease * 3).await;
@@ -1401,10 +1404,7 @@ async fn a_losing_decision_leaves_the_winners_run_held() {
         c.decide_wait = Duration::from_millis(300);
     })
     .await;
-    let mut hang = h.rule("hang");
-    hang.timeout_ms = 60_000;
-    hang.max_attempts = 1;
-    h.ontology.set("orace", "cancel", hang);
+    h.never_answered("orace");
     let p = h.submit("orace", "trace", false).await.unwrap();
     let (first, second) = tokio::join!(h.decide(&p.id, true), h.decide(&p.id, true));
     assert_eq!(

@@ -876,9 +876,18 @@ impl AuthService {
                 "latencyUs and resultBytes must not be negative".to_owned(),
             ));
         }
+        // When the call happened, as the gateway saw it: an event sent again after an auth
+        // restart arrives late. Bounded by the signed context (the call came after auth issued
+        // it) and by now, so no gateway can place an event elsewhere in the log.
+        let now = now_ms();
+        let at_ms = if event.at_ms > 0 {
+            event.at_ms.clamp(caller.issued_at_ms.min(now), now)
+        } else {
+            now
+        };
         let stored = AuditEvent {
             id: new_id("aud"),
-            at_ms: now_ms(),
+            at_ms,
             principal_id: caller.principal_id.clone(),
             on_behalf_of: caller.on_behalf_of.clone(),
             tool: event.tool,

@@ -582,11 +582,15 @@ async fn scenario(sql: SqlStore) {
         target: "/api/v1/grants/grant_1".into(),
     };
     let agent_ctx = context(&auth, &agent_token).await;
+    // Recorded a moment after the call, as an event sent again after an auth restart is.
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     let stored = auth.record_audit(&agent_ctx, lie.clone()).await.unwrap();
     assert_eq!(stored.principal_id, agent.id);
     assert_eq!(stored.on_behalf_of, user.id);
     assert_ne!(stored.id, "aud_forged");
-    assert!(stored.at_ms > 1);
+    // The time is the call's as the gateway gave it, bounded by the signed context: one before
+    // auth issued the context is that moment (and one after now would be now).
+    assert_eq!(stored.at_ms, agent_ctx.issued_at_ms);
     let bea_ctx = context(&auth, &bea_token).await;
     for bad in [
         AuditEvent {
