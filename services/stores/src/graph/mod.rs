@@ -86,9 +86,10 @@ impl std::fmt::Debug for GraphStore {
 /// Multiplexed sockets per client; commands pipeline over them.
 const CONNECTIONS: u8 = 2;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// Longest a read sent again after a dead connection may take (see
-/// [`GraphStore::read_again_on_dead_connection`]).
-const READ_AGAIN_WITHIN: Duration = Duration::from_millis(500);
+/// Longest the tries again of a read that met a dead connection may take, all together (see
+/// [`GraphStore::read_again_on_dead_connection`]): a redial after a restart took up to about a
+/// second under load; a server still down costs each read this much more before it fails.
+const READ_AGAIN_WITHIN: Duration = Duration::from_secs(1);
 /// Default longest wait for one reply: far above any query the services run (a large
 /// file's write is seconds), so it only ends waits on a server that stopped answering.
 pub const DEFAULT_REPLY_TIMEOUT: Duration = Duration::from_secs(120);
@@ -204,8 +205,8 @@ impl GraphStore {
     /// Runs a read, and again (up to once per socket) when it failed for want of a connection:
     /// after FalkorDB restarted, each socket of the pool fails its first command before the
     /// driver dials it again (a redial to a live server takes milliseconds), and a read is safe
-    /// to send twice. Each try again has [`READ_AGAIN_WITHIN`]: with the server still down the
-    /// driver would wait seconds for a connection, and the first failure is the answer.
+    /// to send twice. The tries again have [`READ_AGAIN_WITHIN`] in all: with the server still
+    /// down the driver would wait seconds for a connection, and the first failure is the answer.
     async fn read_again_on_dead_connection<T, F, Fut>(&self, mut read: F) -> Result<T, StoreError>
     where
         F: FnMut() -> Fut,
@@ -216,14 +217,19 @@ impl GraphStore {
             answered => return answered,
         };
         tracing::debug!(error = %first, "graph read met a dead connection; sending it again");
-        for _ in 0..CONNECTIONS {
-            match tokio::time::timeout(READ_AGAIN_WITHIN, read()).await {
-                Ok(Err(err)) if err.code() == ErrorCode::Unavailable => {}
-                Ok(answered) => return answered,
-                Err(_elapsed) => break,
+        let again = async {
+            for _ in 0..CONNECTIONS {
+                match read().await {
+                    Err(err) if err.code() == ErrorCode::Unavailable => {}
+                    answered => return Some(answered),
+                }
             }
+            None
+        };
+        match tokio::time::timeout(READ_AGAIN_WITHIN, again).await {
+            Ok(Some(answered)) => answered,
+            Ok(None) | Err(_) => Err(first),
         }
-        Err(first)
     }
 
     async fn ro_query_inner(
