@@ -212,11 +212,11 @@ impl ApprovalService {
         }
     }
 
-    /// For a stopping service: waits up to `grace` for its running effects to end, then
+    /// For a stopping service: waits up to `stop_grace` for its running effects to end, then
     /// settles those still running as interrupted (`unknown` once a request may have gone
     /// out), so none is left approved for another process to find later.
-    pub(crate) async fn drain(&self, grace: Duration) {
-        let until = Instant::now() + grace;
+    pub(crate) async fn drain_on_stop(&self) {
+        let until = Instant::now() + self.inner.config.stop_grace;
         while !lock(&self.inner.runs).is_empty() && Instant::now() < until {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
@@ -232,11 +232,6 @@ impl ApprovalService {
                 tracing::warn!(error = %err, code = %err.code(), "stopping: cannot settle the effects still running; another approval process settles them once their lease lapses");
             }
         }
-    }
-
-    /// [`Self::drain`] with the configured grace.
-    pub(crate) async fn drain_on_stop(&self) {
-        self.drain(self.inner.config.stop_grace).await;
     }
 
     /// Stores a proposal for `caller` (the proposer), or with `execute_now`

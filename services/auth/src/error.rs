@@ -69,9 +69,10 @@ impl ErrorExt for AuthError {
 
 impl From<sqlx::Error> for AuthError {
     fn from(err: sqlx::Error) -> Self {
-        match err {
-            sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) => Self::SqlUnreachable(err),
-            other => Self::Sql(other),
+        if kg_stores::sql::is_unreachable(&err) {
+            Self::SqlUnreachable(err)
+        } else {
+            Self::Sql(err)
         }
     }
 }
@@ -86,7 +87,8 @@ mod tests {
     use super::*;
 
     /// A database that does not answer is an outage the caller may retry, said in our words:
-    /// the driver's text (which can name the server) stays in the log.
+    /// the driver's text (which can name the server) stays in the log. Files and approval sort
+    /// sqlx errors the same way (`kg_stores::sql::is_unreachable`).
     #[test]
     fn an_unreachable_database_is_unavailable_in_our_words() {
         let err = AuthError::from(sqlx::Error::PoolTimedOut);

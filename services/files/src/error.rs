@@ -192,9 +192,10 @@ impl ErrorExt for FilesError {
 
 impl From<sqlx::Error> for FilesError {
     fn from(err: sqlx::Error) -> Self {
-        match err {
-            sqlx::Error::PoolTimedOut | sqlx::Error::Io(_) => Self::SqlUnreachable(err),
-            other => Self::Sql(other),
+        if kg_stores::sql::is_unreachable(&err) {
+            Self::SqlUnreachable(err)
+        } else {
+            Self::Sql(err)
         }
     }
 }
@@ -203,26 +204,3 @@ kg_common::impl_status_from!(FilesError);
 
 /// `Result` of this crate.
 pub type Result<T, E = FilesError> = std::result::Result<T, E>;
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A database that does not answer is an outage the caller may retry, said in our words:
-    /// the driver's text (which can name the server) stays in the log.
-    #[test]
-    fn an_unreachable_database_is_unavailable_in_our_words() {
-        let err = FilesError::from(sqlx::Error::PoolTimedOut);
-        assert_eq!(err.code(), ErrorCode::Unavailable);
-        let status = kg_common::error::to_status(&err);
-        assert_eq!(
-            status.message(),
-            "the database is unreachable; retry shortly"
-        );
-        assert!(kg_common::error::detail(&err).contains("pool timed out"));
-        assert_eq!(
-            FilesError::from(sqlx::Error::RowNotFound).code(),
-            ErrorCode::Internal
-        );
-    }
-}

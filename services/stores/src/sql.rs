@@ -186,6 +186,13 @@ async fn prepare_sqlite_url(url: &str) -> Result<String, StoreError> {
     })
 }
 
+/// Whether a query failed because the database could not be reached (no connection within the
+/// pool's timeout, or the connection broke), rather than for anything about the query: the
+/// caller may retry it. The services' own SQL error types sort sqlx errors by it.
+pub fn is_unreachable(err: &sqlx::Error) -> bool {
+    matches!(err, sqlx::Error::PoolTimedOut | sqlx::Error::Io(_))
+}
+
 impl From<sqlx::Error> for StoreError {
     fn from(err: sqlx::Error) -> Self {
         use sqlx::error::ErrorKind;
