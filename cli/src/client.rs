@@ -121,7 +121,7 @@ impl AdminClient {
                 .unwrap_or_else(|| text.chars().take(300).collect());
             if status == StatusCode::UNAUTHORIZED {
                 bail!(
-                    "401 unauthorized: the token is missing, revoked, expired or from another deployment ({detail})"
+                    "401 unauthorized: the token is missing, revoked, expired or from another deployment, or its principal is disabled ({detail})"
                 );
             }
             return Err(Refused {

@@ -113,6 +113,41 @@ def test_revoked_pat_is_401_even_inside_an_open_session(mesh: Mesh, make_princip
     assert_unauthorized(post_mcp(mesh, tools_list, bearer, **session, **version))
 
 
+def test_a_disabled_principal_is_shut_out_inside_an_open_session_and_let_back_in(
+    mesh: Mesh, make_principal: Callable[..., Principal]
+) -> None:
+    """`principal disable` stops the principal's tokens and its agents' on the next call, even
+    inside an open session, and keeps its tokens for `enable`; an admin cannot disable itself."""
+    user = make_principal("leaver")
+    agent = make_principal("leaver-bot", kind="agent", acts_for=user.id)
+    version = {"MCP-Protocol-Version": "2025-06-18"}
+    tools_list = {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}
+    opened = post_mcp(mesh, INITIALIZE, f"Bearer {user.token}")
+    assert opened.status_code == 200, opened.text[:300]
+    session = {"Mcp-Session-Id": opened.headers["mcp-session-id"]} if "mcp-session-id" in opened.headers else {}
+    assert mesh.run("pat", "list", token=agent.token).returncode == 0
+
+    shown = mesh.cli("principal", "disable", user.id)
+    assert shown["id"] == user.id and shown["disabled"] is True and shown["disabledAtMs"] > 0, shown
+    assert_unauthorized(post_mcp(mesh, tools_list, f"Bearer {user.token}", **session, **version))
+    for token in (user.token, agent.token):
+        refused = mesh.run("pat", "list", token=token)
+        assert refused.returncode == 1 and "principal is disabled" in refused.stderr, refused.stderr
+    listed = {p["id"]: p for p in mesh.cli("principal", "list")["principals"]}
+    assert listed[user.id]["disabled"] is True and listed[agent.id]["disabled"] is False, listed
+    assert [p["id"] for p in mesh.cli("pat", "list", "--principal", user.id)["pats"]] == [user.pat_id]
+
+    assert mesh.cli("principal", "enable", user.id)["disabled"] is False
+    assert post_mcp(mesh, INITIALIZE, f"Bearer {user.token}").status_code == 200
+    assert mesh.run("pat", "list", token=agent.token).returncode == 0
+
+    me = next(p for p in mesh.cli("principal", "list")["principals"] if p["name"] == "admin")
+    refused = mesh.run("principal", "disable", me["id"])
+    assert refused.returncode == 1 and "signed in as" in refused.stderr, refused.stderr
+    refused = mesh.run("principal", "disable", "usr_nobody")
+    assert refused.returncode == 1 and "not_found" in refused.stderr, refused.stderr
+
+
 SESSIONLESS = "2026-07-28"
 
 

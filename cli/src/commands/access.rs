@@ -131,6 +131,19 @@ pub(crate) enum PrincipalCommand {
         #[command(flatten)]
         remote: Remote,
     },
+    /// Disable a principal: none of its tokens, nor those of agents acting for it, works from
+    /// the next call on. Its grants, groups and tokens are kept for `enable`.
+    Disable {
+        principal_id: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
+    /// Enable a disabled principal again, with the grants, groups and tokens it had.
+    Enable {
+        principal_id: String,
+        #[command(flatten)]
+        remote: Remote,
+    },
 }
 
 pub(crate) async fn principal(command: PrincipalCommand) -> anyhow::Result<()> {
@@ -160,7 +173,30 @@ pub(crate) async fn principal(command: PrincipalCommand) -> anyhow::Result<()> {
             let v = remote.client()?.get(&["principals"], &[]).await?;
             remote.print(&v)
         }
+        PrincipalCommand::Disable {
+            principal_id,
+            remote,
+        } => set_principal_disabled(&principal_id, true, &remote).await,
+        PrincipalCommand::Enable {
+            principal_id,
+            remote,
+        } => set_principal_disabled(&principal_id, false, &remote).await,
     }
+}
+
+async fn set_principal_disabled(
+    principal_id: &str,
+    disabled: bool,
+    remote: &Remote,
+) -> anyhow::Result<()> {
+    let v = remote
+        .client()?
+        .patch(
+            &["principals", principal_id],
+            json!({ "disabled": disabled }),
+        )
+        .await?;
+    remote.print(&v)
 }
 
 #[derive(Subcommand)]

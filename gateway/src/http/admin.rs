@@ -9,7 +9,7 @@ use axum::extract::rejection::{BytesRejection, JsonRejection, QueryRejection};
 use axum::extract::{DefaultBodyLimit, Extension, Path, Query, State};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
+use axum::routing::{delete, get, patch, post};
 use kg_common::ErrorCode;
 use kg_common::access::{normalize_folder_prefix, normalize_path, validate_namespace};
 use kg_proto::v1::{
@@ -18,7 +18,8 @@ use kg_proto::v1::{
     GroupMemberRequest, ListAuditRequest, ListDeniesRequest, ListFilesRequest, ListGrantsRequest,
     ListGroupsRequest, ListNamespacesRequest, ListPatsRequest, ListPrincipalsRequest,
     PutDenyRequest, PutGrantRequest, ReindexRequest, RevokePatRequest, RotatePatRequest,
-    SetFileFlagsRequest, SweepBlobsRequest, UploadRequest, get_file_request,
+    SetFileFlagsRequest, SetPrincipalDisabledRequest, SweepBlobsRequest, UploadRequest,
+    get_file_request,
 };
 use serde::Deserialize;
 use serde_json::json;
@@ -43,6 +44,7 @@ pub(crate) fn routes(state: GatewayState) -> Router {
             "/api/v1/principals",
             get(list_principals).post(create_principal),
         )
+        .route("/api/v1/principals/{id}", patch(set_principal_disabled))
         .route("/api/v1/groups", get(list_groups).post(create_group))
         .route("/api/v1/groups/{id}/members", post(add_group_member))
         .route(
@@ -242,6 +244,36 @@ async fn create_principal(
         .map_err(backend("auth"))?
         .into_inner();
     Ok(created(to_value(PrincipalJson::from(principal))))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PrincipalChangeBody {
+    /// Required: the one thing a principal's PATCH changes.
+    disabled: bool,
+}
+
+/// `PATCH /api/v1/principals/{id}` with `{"disabled": true}` shuts a principal out (its
+/// tokens, and those of agents acting for it) from the next call on; `false` lets it back in.
+async fn set_principal_disabled(
+    State(state): State<GatewayState>,
+    Extension(caller): Extension<Caller>,
+    Path(id): Path<String>,
+    body: Result<Json<PrincipalChangeBody>, JsonRejection>,
+) -> ApiResult {
+    let body = json_body(body)?;
+    let principal = state
+        .backends
+        .auth
+        .clone()
+        .set_principal_disabled(caller.request(SetPrincipalDisabledRequest {
+            id,
+            disabled: body.disabled,
+        }))
+        .await
+        .map_err(backend("auth"))?
+        .into_inner();
+    Ok(ok(to_value(PrincipalJson::from(principal))))
 }
 
 #[derive(Deserialize)]

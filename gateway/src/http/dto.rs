@@ -88,6 +88,10 @@ pub(crate) struct PrincipalJson {
     acts_for: Option<String>,
     is_admin: bool,
     created_at_ms: i64,
+    disabled: bool,
+    /// When it was disabled; absent while it is enabled.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    disabled_at_ms: Option<i64>,
 }
 
 impl From<Principal> for PrincipalJson {
@@ -99,6 +103,8 @@ impl From<Principal> for PrincipalJson {
             acts_for: Some(p.acts_for).filter(|a| !a.is_empty()),
             is_admin: p.is_admin,
             created_at_ms: p.created_at_ms,
+            disabled: p.disabled_at_ms != 0,
+            disabled_at_ms: Some(p.disabled_at_ms).filter(|at| *at != 0),
         }
     }
 }
@@ -326,7 +332,7 @@ mod tests {
         let v = serde_json::to_value(PrincipalJson::from(p)).unwrap();
         assert_eq!(
             v,
-            json!({"id": "u1", "name": "ada", "kind": "agent", "actsFor": "u0", "isAdmin": false, "createdAtMs": 0})
+            json!({"id": "u1", "name": "ada", "kind": "agent", "actsFor": "u0", "isAdmin": false, "createdAtMs": 0, "disabled": false})
         );
         assert_eq!(parse_permission("write").unwrap(), Permission::Write);
         assert!(

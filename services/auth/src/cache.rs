@@ -118,6 +118,7 @@ mod tests {
                 expires_at_ms: None,
                 revoked_at_ms: None,
                 last_used_at_ms: last_used,
+                acts_for_disabled_at_ms: None,
                 principal: Principal::default(),
             },
             BTreeMap::new(),

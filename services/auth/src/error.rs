@@ -5,7 +5,9 @@ use kg_common::{ErrorCode, ErrorExt};
 pub enum AuthError {
     /// Missing, malformed, unknown, revoked or expired token. One message for
     /// all of them, so a probe learns nothing about which.
-    #[error("invalid token: it is missing, malformed, revoked, expired or from another deployment")]
+    #[error(
+        "invalid token: it is missing, malformed, revoked, expired or from another deployment, or its principal is disabled"
+    )]
     InvalidToken,
     /// The caller may not read a namespace it asked for.
     #[error("namespace `{0}` is not readable by this caller")]

@@ -104,6 +104,18 @@ impl Auth for AuthService {
         }))
     }
 
+    async fn set_principal_disabled(
+        &self,
+        request: Request<SetPrincipalDisabledRequest>,
+    ) -> Result<Response<Principal>, Status> {
+        let caller = require_caller(&request)?;
+        let r = request.into_inner();
+        Ok(Response::new(
+            self.set_principal_disabled(&caller, &r.id, r.disabled)
+                .await?,
+        ))
+    }
+
     async fn put_grant(
         &self,
         request: Request<PutGrantRequest>,

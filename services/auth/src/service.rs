@@ -116,9 +116,14 @@ pub struct AuthService {
     tag: DeploymentTag,
 }
 
-/// Refuses a revoked or expired token (the same error as any bad token).
+/// Refuses a revoked or expired token, and the token of a disabled principal or of an agent
+/// acting for a disabled user (the same error as any bad token; only the log says why).
 fn check_usable(owner: &PatOwner, now_ms: i64) -> Result<()> {
     if owner.revoked_at_ms.is_some() || owner.expires_at_ms.is_some_and(|e| e <= now_ms) {
+        return Err(AuthError::InvalidToken);
+    }
+    if owner.principal.disabled_at_ms != 0 || owner.acts_for_disabled_at_ms.is_some() {
+        tracing::debug!(principal = %owner.principal.id, "token refused: principal or the user it acts for is disabled");
         return Err(AuthError::InvalidToken);
     }
     Ok(())
@@ -348,6 +353,7 @@ impl AuthService {
             acts_for: String::new(),
             is_admin: true,
             created_at_ms: now_ms(),
+            disabled_at_ms: 0,
         };
         if !self.store.create_first_admin(&principal).await? {
             return Ok(None);
@@ -527,6 +533,7 @@ impl AuthService {
             acts_for: acts_for.to_owned(),
             is_admin,
             created_at_ms: now_ms(),
+            disabled_at_ms: 0,
         };
         self.store.create_principal(&principal).await?;
         Ok(principal)
@@ -536,6 +543,32 @@ impl AuthService {
     pub async fn list_principals(&self, caller: &CallerContext) -> Result<Vec<Principal>> {
         require_admin(caller)?;
         self.store.list_principals().await
+    }
+
+    /// Admin: disable principal `id` (`disabled`), so that none of its tokens, nor those of
+    /// agents acting for it, passes Authorize from the next call on, or enable it again. Its
+    /// grants, groups and tokens are kept. An admin cannot disable itself, and the last
+    /// enabled admin cannot be disabled.
+    pub async fn set_principal_disabled(
+        &self,
+        caller: &CallerContext,
+        id: &str,
+        disabled: bool,
+    ) -> Result<Principal> {
+        require_admin(caller)?;
+        if id.is_empty() {
+            return Err(AuthError::Invalid("id must name a principal".to_owned()));
+        }
+        if disabled && id == caller.principal_id {
+            return Err(AuthError::FailedPrecondition(
+                "you cannot disable the principal you are signed in as; another admin can"
+                    .to_owned(),
+            ));
+        }
+        self.store
+            .set_principal_disabled(id, disabled.then(now_ms))
+            .await?
+            .ok_or_else(|| AuthError::NotFound(format!("principal `{id}`")))
     }
 
     /// Admin: grant (or change) a permission on a namespace, optionally on a

@@ -80,8 +80,14 @@ fn principal_from(row: &AnyRow) -> Result<Principal> {
             .unwrap_or_default(),
         is_admin: row.try_get::<i64, _>("is_admin")? != 0,
         created_at_ms: row.try_get("created_at_ms")?,
+        disabled_at_ms: row
+            .try_get::<Option<i64>, _>("disabled_at_ms")?
+            .unwrap_or(0),
     })
 }
+
+/// The columns [`principal_from`] reads.
+const PRINCIPAL_COLUMNS: &str = "id, name, kind, acts_for, is_admin, created_at_ms, disabled_at_ms";
 
 const GRANT_COLUMNS: &str =
     "id, principal_id, group_id, namespace, permission, path_prefix, created_at_ms";
@@ -193,6 +199,8 @@ pub(crate) struct PatOwner {
     pub revoked_at_ms: Option<i64>,
     /// When the token was last recorded as used (minute resolution, see [`PAT_TOUCH_MS`]).
     pub last_used_at_ms: Option<i64>,
+    /// When the user an agent acts for was disabled (`None`: enabled, or not an agent).
+    pub acts_for_disabled_at_ms: Option<i64>,
     pub principal: Principal,
 }
 
@@ -211,6 +219,9 @@ const EPOCH_PAT_COLUMNS: &str = "token_hash, principal_id, expires_at_ms, revoke
 
 /// `pg_advisory_xact_lock` key serialising the first admin's creation ("kgboot" in ASCII).
 const BOOTSTRAP_LOCK: i64 = 0x6b67_626f_6f74;
+
+/// `pg_advisory_xact_lock` key serialising changes to who is an enabled admin ("kgadmin").
+const ADMIN_SET_LOCK: i64 = 0x006b_6761_646d_696e;
 
 /// `pg_advisory_xact_lock` key serialising the trigger DDL ("kgepoch" in ASCII).
 const EPOCH_DDL_LOCK: i64 = 0x006b_6765_706f_6368;
@@ -468,7 +479,8 @@ impl AuthStore {
     }
 
     pub(crate) async fn get_principal(&self, id: &str) -> Result<Option<Principal>> {
-        let row = sqlx::query("SELECT id, name, kind, acts_for, is_admin, created_at_ms FROM kg_principals WHERE id = $1")
+        let sql = format!("SELECT {PRINCIPAL_COLUMNS} FROM kg_principals WHERE id = $1");
+        let row = sqlx::query(AssertSqlSafe(sql))
             .bind(id)
             .fetch_optional(self.sql.pool())
             .await?;
@@ -476,12 +488,86 @@ impl AuthStore {
     }
 
     pub(crate) async fn list_principals(&self) -> Result<Vec<Principal>> {
-        let rows = sqlx::query(
-            "SELECT id, name, kind, acts_for, is_admin, created_at_ms FROM kg_principals ORDER BY created_at_ms, id",
-        )
-        .fetch_all(self.sql.pool())
-        .await?;
+        let sql =
+            format!("SELECT {PRINCIPAL_COLUMNS} FROM kg_principals ORDER BY created_at_ms, id");
+        let rows = sqlx::query(AssertSqlSafe(sql))
+            .fetch_all(self.sql.pool())
+            .await?;
         rows.iter().map(principal_from).collect()
+    }
+
+    /// Disables principal `id` at `at_ms` (kept when it already is disabled), or enables it
+    /// with `None`. Refuses to disable the last enabled admin, checked in the same transaction
+    /// as the change: on PostgreSQL under an advisory lock, as two admins disabling each other
+    /// at once would each see the other still enabled (SQLite runs one writer at a time).
+    /// `None` when no such principal exists.
+    pub(crate) async fn set_principal_disabled(
+        &self,
+        id: &str,
+        at_ms: Option<i64>,
+    ) -> Result<Option<Principal>> {
+        let mut tx = self.sql.begin_write().await?;
+        if self.sql.backend() == SqlBackend::Postgres {
+            sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                .bind(ADMIN_SET_LOCK)
+                .execute(&mut *tx)
+                .await?;
+        }
+        let sql = format!("SELECT {PRINCIPAL_COLUMNS} FROM kg_principals WHERE id = $1");
+        let Some(row) = sqlx::query(AssertSqlSafe(sql))
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let principal = principal_from(&row)?;
+        if at_ms.is_some() && principal.is_admin && principal.disabled_at_ms == 0 {
+            let others = sqlx::query(
+                "SELECT COUNT(*) AS n FROM kg_principals \
+                 WHERE is_admin = 1 AND disabled_at_ms IS NULL AND id <> $1",
+            )
+            .bind(id)
+            .fetch_one(&mut *tx)
+            .await?
+            .try_get::<i64, _>("n")?;
+            if others == 0 {
+                return Err(AuthError::FailedPrecondition(format!(
+                    "`{id}` is the last enabled admin: make or enable another admin first, so \
+                     that someone can still administer this deployment"
+                )));
+            }
+        }
+        // A repeat changes nothing: a disabled principal keeps the time it was first disabled.
+        match at_ms {
+            Some(at_ms) => {
+                sqlx::query(
+                    "UPDATE kg_principals SET disabled_at_ms = $1 \
+                     WHERE id = $2 AND disabled_at_ms IS NULL",
+                )
+                .bind(at_ms)
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+            }
+            None => {
+                sqlx::query(
+                    "UPDATE kg_principals SET disabled_at_ms = NULL \
+                     WHERE id = $1 AND disabled_at_ms IS NOT NULL",
+                )
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+            }
+        }
+        let sql = format!("SELECT {PRINCIPAL_COLUMNS} FROM kg_principals WHERE id = $1");
+        let row = sqlx::query(AssertSqlSafe(sql))
+            .bind(id)
+            .fetch_one(&mut *tx)
+            .await?;
+        let principal = principal_from(&row)?;
+        tx.commit().await?;
+        Ok(Some(principal))
     }
 
     /// Creates `admin` only when no admin exists, in one statement; on PostgreSQL under an
@@ -970,8 +1056,11 @@ impl AuthStore {
 
     pub(crate) async fn pat_owner(&self, token_hash: &str) -> Result<Option<PatOwner>> {
         let row = sqlx::query(
-            "SELECT t.id AS pat_id, t.token_hash, t.expires_at_ms, t.revoked_at_ms, t.last_used_at_ms, p.id, p.name, p.kind, p.acts_for, p.is_admin, p.created_at_ms \
-             FROM kg_pats t JOIN kg_principals p ON p.id = t.principal_id WHERE t.token_hash = $1",
+            "SELECT t.id AS pat_id, t.token_hash, t.expires_at_ms, t.revoked_at_ms, t.last_used_at_ms, \
+             p.id, p.name, p.kind, p.acts_for, p.is_admin, p.created_at_ms, p.disabled_at_ms, \
+             u.disabled_at_ms AS acts_for_disabled_at_ms \
+             FROM kg_pats t JOIN kg_principals p ON p.id = t.principal_id \
+             LEFT JOIN kg_principals u ON u.id = p.acts_for WHERE t.token_hash = $1",
         )
         .bind(token_hash)
         .fetch_optional(self.sql.pool())
@@ -983,6 +1072,7 @@ impl AuthStore {
                 expires_at_ms: r.try_get("expires_at_ms")?,
                 revoked_at_ms: r.try_get("revoked_at_ms")?,
                 last_used_at_ms: r.try_get("last_used_at_ms")?,
+                acts_for_disabled_at_ms: r.try_get("acts_for_disabled_at_ms")?,
                 principal: principal_from(&r)?,
             })
         })

@@ -941,8 +941,153 @@ async fn scenario(sql: SqlStore) {
         assert_eq!(err.code(), ErrorCode::Unauthenticated, "{bad}");
     }
 
+    principal_disabling(&auth, &replica, &admin_ctx, &admin_token).await;
     namespace_deletion(&auth, &sql, &admin_ctx, &admin_token).await;
     audit_retention(&auth, &sql, &admin_ctx).await;
+}
+
+/// A disabled principal's tokens, and those of agents acting for it, fail from the next call
+/// on, on every replica; enabled again, it has what it had. No admin disables itself, and the
+/// last enabled admin stays enabled, also when two admins disable each other at once.
+async fn principal_disabling(
+    auth: &AuthService,
+    replica: &AuthService,
+    admin_ctx: &CallerContext,
+    admin_token: &str,
+) {
+    let lea = auth
+        .create_principal(admin_ctx, "lea", PrincipalKind::User, "", false)
+        .await
+        .unwrap();
+    let lea_bot = auth
+        .create_principal(admin_ctx, "lea-bot", PrincipalKind::Agent, &lea.id, false)
+        .await
+        .unwrap();
+    for p in [&lea, &lea_bot] {
+        assert_eq!(p.disabled_at_ms, 0);
+        auth.put_grant(
+            admin_ctx,
+            &principal(&p.id),
+            "handbook",
+            Permission::Read,
+            "",
+        )
+        .await
+        .unwrap();
+    }
+    let (lea_token, _) = auth
+        .create_pat(admin_ctx, &lea.id, "laptop", None)
+        .await
+        .unwrap();
+    let (bot_token, _) = auth
+        .create_pat(admin_ctx, &lea_bot.id, "bot", None)
+        .await
+        .unwrap();
+    // Resolved, and so cached, on both replicas before the change.
+    let lea_before = context(replica, &lea_token).await;
+    let bot_before = context(auth, &bot_token).await;
+    let lea_ctx = context(auth, &lea_token).await;
+
+    let err = auth
+        .set_principal_disabled(&lea_ctx, &lea_bot.id, true)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.code(),
+        ErrorCode::PermissionDenied,
+        "only admins disable"
+    );
+    let err = auth
+        .set_principal_disabled(admin_ctx, "usr_nobody", true)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::NotFound);
+
+    let disabled = auth
+        .set_principal_disabled(admin_ctx, &lea.id, true)
+        .await
+        .unwrap();
+    assert!(disabled.disabled_at_ms > 0);
+    for token in [&lea_token, &bot_token] {
+        for service in [auth, replica] {
+            let err = service
+                .authorize(token, "kg_search", &[], "r")
+                .await
+                .unwrap_err();
+            assert_eq!(err.code(), ErrorCode::Unauthenticated);
+            assert!(err.to_string().contains("disabled"), "{err}");
+        }
+    }
+    // Listed as disabled, since the first time; nothing of it is removed.
+    let again = auth
+        .set_principal_disabled(admin_ctx, &lea.id, true)
+        .await
+        .unwrap();
+    assert_eq!(again.disabled_at_ms, disabled.disabled_at_ms);
+    let listed = auth.list_principals(admin_ctx).await.unwrap();
+    let listed_lea = listed.iter().find(|p| p.id == lea.id).unwrap();
+    assert_eq!(listed_lea.disabled_at_ms, disabled.disabled_at_ms);
+    let listed_bot = listed.iter().find(|p| p.id == lea_bot.id).unwrap();
+    assert_eq!(
+        listed_bot.disabled_at_ms, 0,
+        "the agent itself is not disabled"
+    );
+    let pats = auth.list_pats(admin_ctx, &lea.id).await.unwrap();
+    assert_eq!(pats.len(), 1);
+    assert!(pats[0].revoked_at_ms.is_none());
+
+    let enabled = auth
+        .set_principal_disabled(admin_ctx, &lea.id, false)
+        .await
+        .unwrap();
+    assert_eq!(enabled.disabled_at_ms, 0);
+    assert_eq!(context(replica, &lea_token).await.access, lea_before.access);
+    assert_eq!(context(auth, &bot_token).await.access, bot_before.access);
+
+    // No admin shuts itself out.
+    let err = auth
+        .set_principal_disabled(admin_ctx, &admin_ctx.principal_id, true)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::FailedPrecondition);
+    assert!(err.to_string().contains("signed in as"), "{err}");
+
+    // Two admins disabling each other at once: one wins, the other is the last enabled admin.
+    let second = auth
+        .create_principal(admin_ctx, "root-2", PrincipalKind::User, "", true)
+        .await
+        .unwrap();
+    let (second_token, _) = auth
+        .create_pat(admin_ctx, &second.id, "root-2", None)
+        .await
+        .unwrap();
+    let second_ctx = auth
+        .authorize(&second_token, "admin", &[], "r")
+        .await
+        .unwrap()
+        .decoded
+        .unwrap();
+    assert!(second_ctx.is_admin);
+    for round in 0..40 {
+        let (first_result, second_result) = tokio::join!(
+            auth.set_principal_disabled(admin_ctx, &second.id, true),
+            replica.set_principal_disabled(&second_ctx, &admin_ctx.principal_id, true),
+        );
+        let (winner_ctx, loser_id, refused) = match (first_result, second_result) {
+            (Ok(_), Err(err)) => (admin_ctx, second.id.clone(), err),
+            (Err(err), Ok(_)) => (&second_ctx, admin_ctx.principal_id.clone(), err),
+            (a, b) => panic!("round {round}: both or neither disabled: {a:?} {b:?}"),
+        };
+        assert_eq!(refused.code(), ErrorCode::FailedPrecondition);
+        assert!(
+            refused.to_string().contains("last enabled admin"),
+            "{refused}"
+        );
+        auth.set_principal_disabled(winner_ctx, &loser_id, false)
+            .await
+            .unwrap();
+    }
+    assert!(auth.authorize(admin_token, "admin", &[], "r").await.is_ok());
 }
 
 /// The audit retention deletes the events recorded before its cut-off, in batches (1,001 of

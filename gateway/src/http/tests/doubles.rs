@@ -126,7 +126,7 @@ impl Auth for TestAuth {
             _ => {
                 return Err(status_with_code(
                     ErrorCode::Unauthenticated,
-                    "invalid token: it is missing, malformed, revoked, expired or from another deployment",
+                    "invalid token: it is missing, malformed, revoked, expired or from another deployment, or its principal is disabled",
                 ));
             }
         };
@@ -234,6 +234,23 @@ impl Auth for TestAuth {
         _: tonic::Request<ListPrincipalsRequest>,
     ) -> Res<ListPrincipalsResponse> {
         unimplemented()
+    }
+    async fn set_principal_disabled(
+        &self,
+        request: tonic::Request<SetPrincipalDisabledRequest>,
+    ) -> Res<Principal> {
+        self.recorded.note(&request)?;
+        let r = request.into_inner();
+        if r.id == "usr_nobody" {
+            return Err(Status::not_found("principal `usr_nobody`"));
+        }
+        Ok(Response::new(Principal {
+            id: r.id,
+            name: "lea".into(),
+            kind: PrincipalKind::User as i32,
+            disabled_at_ms: if r.disabled { 42 } else { 0 },
+            ..Default::default()
+        }))
     }
     async fn put_grant(&self, request: tonic::Request<PutGrantRequest>) -> Res<Grant> {
         self.recorded.note(&request)?;

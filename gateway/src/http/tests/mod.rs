@@ -1104,6 +1104,60 @@ async fn admin_rest_forwards_the_signed_context() {
 }
 
 #[tokio::test]
+async fn a_principal_is_disabled_and_enabled_with_a_patch() {
+    let fixture = start_auth().await;
+    let app = app(full_config(&fixture).await);
+    let send = async |uri: &str, json: &str| {
+        let request = request("PATCH", uri)
+            .header(header::AUTHORIZATION, format!("Bearer {GOOD}"))
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(json.to_owned()))
+            .unwrap();
+        let response = app.clone().oneshot(request).await.unwrap();
+        (response.status(), body_json(response).await)
+    };
+
+    let (status, body) = send("/api/v1/principals/usr_lea", r#"{"disabled": true}"#).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        (&body["id"], &body["disabled"], &body["disabledAtMs"]),
+        (&json!("usr_lea"), &json!(true), &json!(42))
+    );
+    assert!(
+        fixture
+            .recorded
+            .saw(&kg_proto::v1::SetPrincipalDisabledRequest {
+                id: "usr_lea".into(),
+                disabled: true,
+            })
+    );
+    let (status, body) = send("/api/v1/principals/usr_lea", r#"{"disabled": false}"#).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["disabled"], json!(false));
+    assert!(body.get("disabledAtMs").is_none(), "{body}");
+
+    let (status, body) = send("/api/v1/principals/usr_nobody", r#"{"disabled": true}"#).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    // The one field is required, and nothing else is taken.
+    for bad in [
+        r#"{}"#,
+        r#"{"disabled": "yes"}"#,
+        r#"{"disabled": true, "isAdmin": true}"#,
+    ] {
+        let (status, body) = send("/api/v1/principals/usr_lea", bad).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {body}");
+        assert_eq!(body["code"], "invalid_argument", "{bad}: {body}");
+    }
+    let audits = fixture.recorded.wait_audits(6).await;
+    assert!(
+        audits
+            .iter()
+            .any(|a| a.tool == "admin:PATCH /api/v1/principals/{id}" && a.outcome == "ok"),
+        "{audits:?}"
+    );
+}
+
+#[tokio::test]
 async fn a_namespace_deletion_runs_across_the_services_and_holds_its_name() {
     let fixture = start_auth().await;
     let app = app(full_config(&fixture).await);
