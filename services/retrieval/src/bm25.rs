@@ -505,7 +505,7 @@ async fn document_frequencies(
         node.text
     );
     let rows = store
-        .ro_query(namespace, &cypher, &params, STATS_TIMEOUT_MS)
+        .fulltext_ro_query(namespace, "Chunk", &cypher, &params, STATS_TIMEOUT_MS)
         .await?;
     let mut df = vec![0u64; terms.len()];
     for row in &rows.rows {

@@ -188,8 +188,9 @@ async fn link(store: &GraphStore, namespace: &str, query_text: &str) -> Result<V
     );
     params.insert("limit".into(), Value::from(CANDIDATES as i64));
     let rows = store
-        .ro_query(
+        .fulltext_ro_query(
             namespace,
+            "Entity",
             "UNWIND $terms AS term \
              CALL db.idx.fulltext.queryNodes('Entity', term) YIELD node \
              WITH DISTINCT node \

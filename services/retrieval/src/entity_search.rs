@@ -353,8 +353,9 @@ async fn candidates(
     params.insert("limit".into(), Value::from(CANDIDATES as i64));
     params.insert("skip".into(), Value::from(skip as i64));
     let rows = store
-        .ro_query(
+        .fulltext_ro_query(
             ns,
+            "Entity",
             "UNWIND $terms AS term \
              CALL db.idx.fulltext.queryNodes('Entity', term) YIELD node, score \
              WITH node, count(DISTINCT term) AS matched, sum(score) AS total \

@@ -92,9 +92,9 @@ impl RetrievalError {
     /// the code.
     pub(crate) fn trace_message(&self, what: &str) -> String {
         match self {
-            RetrievalError::IndexMissing { .. } | RetrievalError::FailedPrecondition(_) => {
-                self.to_string()
-            }
+            RetrievalError::IndexMissing { .. }
+            | RetrievalError::FailedPrecondition(_)
+            | RetrievalError::Store(StoreError::IndexBuilding { .. }) => self.to_string(),
             RetrievalError::OutOfTime { .. } => format!("{what} {self}"),
             other => format!(
                 "{what} failed ({}); the details are in the server log",

@@ -2,8 +2,9 @@
 
 use kg_common::access::cypher_predicate;
 use kg_proto::v1::AccessFilter;
+use kg_stores::StoreError;
 use kg_stores::chunk_text::text_hash;
-use kg_stores::graph::{GraphStore, Params, Rows, fulltext_terms};
+use kg_stores::graph::{FulltextIndexState, GraphStore, Params, Rows, fulltext_terms};
 use serde_json::Value;
 
 use crate::bm25;
@@ -208,7 +209,7 @@ pub(crate) async fn fulltext(
         params.insert("pool".into(), Value::from(pool as i64));
         async move {
             store
-                .ro_query(namespace, cypher, &params, LANE_TIMEOUT_MS)
+                .fulltext_ro_query(namespace, "Chunk", cypher, &params, LANE_TIMEOUT_MS)
                 .await
         }
     };
@@ -497,18 +498,22 @@ impl Nomination {
 }
 
 /// Fails with [`RetrievalError::IndexMissing`] when the namespace holds `label` nodes but
-/// no full-text index on them: FalkorDB answers a query on a missing index with no rows, so
-/// an empty result is checked before it is believed. Asked only after an empty result, so
-/// a search with hits pays nothing.
+/// no full-text index on them, and `Unavailable` while the index is being built (recreated
+/// since the search began): FalkorDB answers a query on either with no rows, so an empty
+/// result is checked before it is believed. Asked only after an empty result, so a search
+/// with hits pays nothing.
 pub(crate) async fn missing_index_check(
     store: &GraphStore,
     namespace: &str,
     label: &'static str,
 ) -> Result<()> {
-    if store.fulltext_index_missing(namespace, label).await? {
-        return Err(RetrievalError::IndexMissing { label });
+    match store.fulltext_index_state(namespace, label).await? {
+        FulltextIndexState::Ready => Ok(()),
+        FulltextIndexState::Missing => Err(RetrievalError::IndexMissing { label }),
+        FulltextIndexState::Building => Err(RetrievalError::Store(StoreError::IndexBuilding {
+            label: label.to_owned(),
+        })),
     }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -98,6 +98,17 @@ pub enum StoreError {
         /// The driver text.
         detail: String,
     },
+    /// A full-text index FalkorDB is still building (after a restart, or just recreated): a
+    /// search over it would miss nodes without an error. Coded `Unavailable`; the message is
+    /// client-safe.
+    #[error(
+        "the full-text index on {label} is still being built (FalkorDB restarted, or the index \
+         was recreated); retry in a few seconds"
+    )]
+    IndexBuilding {
+        /// The indexed label (`Chunk`, `Entity`).
+        label: String,
+    },
     /// No virtualenv with the embedded servers was found.
     #[error(
         "python virtualenv with the embedded servers not found ({detail}); run deploy/scripts/dev-deps.sh \
@@ -157,7 +168,9 @@ impl StoreError {
 impl ErrorExt for StoreError {
     fn code(&self) -> ErrorCode {
         match self {
-            StoreError::Unavailable { .. } => ErrorCode::Unavailable,
+            StoreError::Unavailable { .. } | StoreError::IndexBuilding { .. } => {
+                ErrorCode::Unavailable
+            }
             StoreError::Timeout { .. } => ErrorCode::Timeout,
             StoreError::NotFound { .. } => ErrorCode::NotFound,
             StoreError::InvalidInput { .. } => ErrorCode::InvalidArgument,

@@ -16,7 +16,7 @@ use kg_embed::{HashingEmbedder, SharedEmbedder};
 use kg_indexer::document::DocumentMeta;
 use kg_proto::v1::{CallerContext, EntitySearchRequest, SearchResponse};
 use kg_retrieval::{RetrievalError, RetrievalService};
-use kg_stores::graph::{GraphStore, Params};
+use kg_stores::graph::{FulltextIndexState, GraphStore, Params};
 use kg_stores::vector::{EdgeIndex, PointKind, VectorIndex, VectorPoint};
 
 const NS: &str = "noindex";
@@ -43,11 +43,14 @@ async fn search_in(
 /// Drops a full-text index and waits until `db.indexes()` no longer lists it (FalkorDB may
 /// finish a drop after the call returns).
 async fn drop_index(store: &GraphStore, label: &str) {
-    assert!(!store.fulltext_index_missing(NS, label).await.unwrap());
+    assert_eq!(
+        store.fulltext_index_state(NS, label).await.unwrap(),
+        FulltextIndexState::Ready
+    );
     let cypher = format!("CALL db.idx.fulltext.drop('{label}')");
     run(store, NS, &cypher, Params::new()).await;
     for _ in 0..100 {
-        if store.fulltext_index_missing(NS, label).await.unwrap() {
+        if store.fulltext_index_state(NS, label).await.unwrap() == FulltextIndexState::Missing {
             return;
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;

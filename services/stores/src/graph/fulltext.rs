@@ -12,13 +12,18 @@
 //! stem, [`exact_term`] (quoted) only itself (both verified against FalkorDB in
 //! kg-retrieval's `tests/integration/bm25.rs`).
 //!
-//! `queryNodes` on a label without a full-text index answers with no rows, not an error, so
-//! a search cannot tell a dropped index from "no hits": [`GraphStore::fulltext_index_missing`]
-//! asks `db.indexes()` (callers ask only when a search came back empty).
+//! `queryNodes` on a label without a full-text index, or on one still being built, answers
+//! with no rows, not an error, so a search cannot tell either from "no hits":
+//! [`GraphStore::fulltext_ro_query`] waits for an index being built, and
+//! [`GraphStore::fulltext_index_state`] tells a missing one (callers ask only when a search
+//! came back empty).
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::{GraphStore, Params};
+use super::{GraphStore, Params, Rows};
 use crate::error::StoreError;
 
 /// Server-side limit on the index lookup.
@@ -119,17 +124,35 @@ pub fn stemmed_term(term: &str) -> String {
         .collect()
 }
 
+/// What a namespace graph's full-text index on a label can answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FulltextIndexState {
+    /// Built, or nothing to search (no graph, no `label` node): a search's answer is complete.
+    Ready,
+    /// Being built: just created, or rebuilt by FalkorDB after a restart (it loads its data,
+    /// then indexes it in the background). Until then a search misses nodes, with no error.
+    Building,
+    /// The graph holds `label` nodes but no full-text index on them (dropped, or never made).
+    Missing,
+}
+
+/// How long a full-text read waits for an index FalkorDB is building before it fails
+/// `Unavailable` (after a restart, a few thousand chunks took 10-40 ms).
+const BUILDING_WAIT: Duration = Duration::from_secs(1);
+/// Pause between two looks at an index being built.
+const BUILDING_POLL: Duration = Duration::from_millis(20);
+/// Namespace graphs and labels whose index was last seen built, at most; past it the record is
+/// started again (each then costs one more look).
+const READY_RECORD_MAX: usize = 4_096;
+
 impl GraphStore {
-    /// Whether the namespace graph holds `label` nodes but no full-text index on `label`
-    /// (dropped, or never created), so a full-text search over it would wrongly find nothing.
-    /// `false` when the index exists, when no `label` node exists (nothing ingested: an empty
-    /// result is the truth) and when the graph itself does not exist yet. `label` must be a
+    /// The state of the full-text index on `label` in a namespace graph. `label` must be a
     /// plain identifier (`Chunk`, `Entity`).
-    pub async fn fulltext_index_missing(
+    pub async fn fulltext_index_state(
         &self,
         namespace: &str,
         label: &str,
-    ) -> Result<bool, StoreError> {
+    ) -> Result<FulltextIndexState, StoreError> {
         if label.is_empty() || !label.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
             return Err(StoreError::InvalidInput {
                 what: "label",
@@ -139,22 +162,94 @@ impl GraphStore {
         let mut params = Params::new();
         params.insert("label".into(), Value::from(label));
         // One row on an existing graph (the aggregate), none when the graph does not exist.
+        // A label's indexes share one row and one status, which reads `OPERATIONAL` once built
+        // and `[Indexing] n/m: UNDER CONSTRUCTION` before.
         let cypher = format!(
-            "CALL db.indexes() YIELD label, types, entitytype \
+            "CALL db.indexes() YIELD label, types, entitytype, status \
              WHERE label = $label AND entitytype = 'NODE' \
-             WITH sum(size([p IN keys(types) WHERE 'FULLTEXT' IN types[p]])) AS fulltext \
-             OPTIONAL MATCH (n:{label}) WITH fulltext, n LIMIT 1 \
-             RETURN fulltext, n IS NOT NULL"
+             WITH sum(size([p IN keys(types) WHERE 'FULLTEXT' IN types[p]])) AS fulltext, \
+                  collect(status) AS statuses \
+             OPTIONAL MATCH (n:{label}) WITH fulltext, statuses, n LIMIT 1 \
+             RETURN fulltext, n IS NOT NULL, all(s IN statuses WHERE s = 'OPERATIONAL')"
         );
         let rows = self
             .ro_query(namespace, &cypher, &params, INDEX_LOOKUP_TIMEOUT_MS)
             .await?;
         let Some(row) = rows.rows.first() else {
-            return Ok(false);
+            return Ok(FulltextIndexState::Ready);
         };
         let indexed = row.first().and_then(Value::as_f64).unwrap_or(0.0) > 0.0;
         let has_nodes = row.get(1).and_then(Value::as_bool).unwrap_or(false);
-        Ok(has_nodes && !indexed)
+        let built = row.get(2).and_then(Value::as_bool).unwrap_or(false);
+        Ok(if indexed && !built {
+            FulltextIndexState::Building
+        } else if has_nodes && !indexed {
+            FulltextIndexState::Missing
+        } else {
+            FulltextIndexState::Ready
+        })
+    }
+
+    /// Runs a read-only query that searches the full-text index on `label` (see
+    /// [`GraphStore::ro_query`]), only once that index is built, so that its answer is
+    /// complete. FalkorDB rebuilds its indexes in the background after a restart and answers
+    /// searches meanwhile with no row and no error: a search would read "nothing matches", and
+    /// counts taken then would skew every later score. Whether the index is built is looked up
+    /// once per namespace and label, and again after this handle met a dead connection (a
+    /// restart); a read that met one runs again once the index is built. An index still being
+    /// built after a second fails `Unavailable`, which a caller may retry.
+    pub async fn fulltext_ro_query(
+        &self,
+        namespace: &str,
+        label: &str,
+        cypher: &str,
+        params: &Params,
+        timeout_ms: u64,
+    ) -> Result<Rows, StoreError> {
+        self.await_fulltext_built(namespace, label).await?;
+        let restarts = self.restarts_seen();
+        let rows = self.ro_query(namespace, cypher, params, timeout_ms).await?;
+        if self.restarts_seen() == restarts {
+            return Ok(rows);
+        }
+        self.await_fulltext_built(namespace, label).await?;
+        self.ro_query(namespace, cypher, params, timeout_ms).await
+    }
+
+    /// Returns once the full-text index on `label` was seen built since this handle last met
+    /// a dead connection, waiting up to [`BUILDING_WAIT`] for one being built.
+    async fn await_fulltext_built(&self, namespace: &str, label: &str) -> Result<(), StoreError> {
+        let restarts = self.restarts_seen();
+        let key = (namespace.to_owned(), label.to_owned());
+        let seen_built =
+            |ready: &HashMap<(String, String), u64>| ready.get(&key) == Some(&restarts);
+        if self
+            .fulltext_ready
+            .lock()
+            .map(|ready| seen_built(&ready))
+            .unwrap_or(false)
+        {
+            return Ok(());
+        }
+        let deadline = Instant::now() + BUILDING_WAIT;
+        loop {
+            // A missing index is the lanes' to report, when a search comes back empty.
+            if self.fulltext_index_state(namespace, label).await? != FulltextIndexState::Building {
+                if let Ok(mut ready) = self.fulltext_ready.lock() {
+                    if ready.len() >= READY_RECORD_MAX {
+                        ready.clear();
+                    }
+                    ready.insert(key, restarts);
+                }
+                return Ok(());
+            }
+            if Instant::now() + BUILDING_POLL > deadline {
+                return Err(StoreError::IndexBuilding {
+                    label: label.to_owned(),
+                });
+            }
+            tokio::time::sleep(BUILDING_POLL).await;
+        }
     }
 
     /// The properties of `label` nodes the full-text index covers (empty without an index),

@@ -9,7 +9,10 @@ mod assign;
 mod fulltext;
 mod params;
 
+use std::collections::HashMap;
 use std::num::NonZeroU8;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use falkordb::{FalkorAsyncClient, FalkorClientBuilder, FalkorConnectionInfo, FalkorDBError};
@@ -22,8 +25,8 @@ use kg_common::error::{ErrorCode, ErrorExt as _};
 
 pub use assign::assign_properties;
 pub use fulltext::{
-    MAX_TERM_CHARS, MAX_TERMS, exact_term, fulltext_query, fulltext_terms, split_words,
-    stemmed_term,
+    FulltextIndexState, MAX_TERM_CHARS, MAX_TERMS, exact_term, fulltext_query, fulltext_terms,
+    split_words, stemmed_term,
 };
 pub use params::{Params, cypher_literal};
 
@@ -72,9 +75,15 @@ pub struct Rows {
 #[derive(Clone)]
 pub struct GraphStore {
     client: FalkorAsyncClient,
-    url: std::sync::Arc<str>,
+    url: Arc<str>,
     /// Longest wait for one reply ([`GraphStore::with_reply_timeout`]).
     reply_timeout: Duration,
+    /// Calls that met a dead connection or a server still loading: each may be a restart,
+    /// after which FalkorDB rebuilds its indexes ([`GraphStore::fulltext_ro_query`]).
+    restarts: Arc<AtomicU64>,
+    /// Per namespace graph and label, the count of [`GraphStore::restarts`] when its full-text
+    /// index was last seen built.
+    fulltext_ready: Arc<Mutex<HashMap<(String, String), u64>>>,
 }
 
 impl std::fmt::Debug for GraphStore {
@@ -116,6 +125,8 @@ impl GraphStore {
             client,
             url: url.into(),
             reply_timeout: DEFAULT_REPLY_TIMEOUT,
+            restarts: Arc::default(),
+            fulltext_ready: Arc::default(),
         })
     }
 
@@ -135,6 +146,10 @@ impl GraphStore {
         call: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
         match tokio::time::timeout(self.reply_timeout, call).await {
+            Ok(Err(err)) if err.code() == ErrorCode::Unavailable => {
+                self.restarts.fetch_add(1, Ordering::AcqRel);
+                Err(err)
+            }
             Ok(result) => result,
             Err(_elapsed) => Err(StoreError::timeout(
                 StoreKind::Graph,
@@ -144,6 +159,12 @@ impl GraphStore {
                 ),
             )),
         }
+    }
+
+    /// How many calls of this handle (and its clones) met a dead connection or a server
+    /// still loading.
+    pub(crate) fn restarts_seen(&self) -> u64 {
+        self.restarts.load(Ordering::Acquire)
     }
 
     /// The server this handle talks to, for per-server caches (never logged: it may hold a password).
