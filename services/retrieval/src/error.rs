@@ -96,6 +96,10 @@ impl RetrievalError {
             | RetrievalError::FailedPrecondition(_)
             | RetrievalError::Store(StoreError::IndexBuilding { .. }) => self.to_string(),
             RetrievalError::OutOfTime { .. } => format!("{what} {self}"),
+            other if other.code().retryable() => format!(
+                "{what} failed ({}); retry shortly, the details are in the server log",
+                other.code().as_str()
+            ),
             other => format!(
                 "{what} failed ({}); the details are in the server log",
                 other.code().as_str()
@@ -190,5 +194,31 @@ mod tests {
             let shown = tonic::Status::from(err);
             assert!(!shown.message().contains(secret), "{}", shown.message());
         }
+    }
+
+    #[test]
+    fn a_lane_that_failed_for_a_while_says_to_retry() {
+        let dead = RetrievalError::Store(StoreError::unavailable(
+            kg_stores::error::StoreKind::Graph,
+            "connection refused 10.0.0.9:6379",
+        ));
+        assert_eq!(
+            dead.trace_message("the fulltext lane"),
+            "the fulltext lane failed (unavailable); retry shortly, the details are in the server log"
+        );
+        let building = RetrievalError::Store(StoreError::IndexBuilding {
+            label: "Chunk".into(),
+        });
+        assert_eq!(building.trace_code(), "unavailable");
+        assert!(
+            building
+                .trace_message("the fulltext lane")
+                .starts_with("the full-text index on Chunk is still being built"),
+        );
+        let broken = RetrievalError::UnexpectedReply("row [1]".into());
+        assert_eq!(
+            broken.trace_message("the fulltext lane"),
+            "the fulltext lane failed (internal); the details are in the server log"
+        );
     }
 }
