@@ -783,8 +783,8 @@ WHOLE_LABEL_QUERIES: dict[str, str] = {
     "entities it dropped, once per publish",
     "RETURN count(node), count(node.wordCount)": "BM25's N and avgdl are over every readable chunk by "
     "definition; cached per caller scope for a minute (bm25::STATS_TTL)",
-    "OPTIONAL MATCH (n:Entity) WITH fulltext, n LIMIT 1": "does the namespace have any entity: the scan "
-    "stops at the first",
+    "WITH fulltext, statuses, n LIMIT 1": "is the namespace's full-text index on Chunk or Entity built, and "
+    "does the label have any node: the scan stops at the first",
     "MATCH (f:FileRef) WHERE f.versionId IS NOT NULL": "which files are stale: every file's stamps, once "
     "per TBox publish and once per indexer start",
     "MATCH (f:FileRef)-[p:PROPOSES]->(ce:CandidateEntity)": "`kgmesh tbox candidates` counts every readable "

@@ -109,6 +109,17 @@ pub enum StoreError {
         /// The indexed label (`Chunk`, `Entity`).
         label: String,
     },
+    /// The database holds migrations of this service that this release does not know: a
+    /// newer release upgraded it. Coded `FailedPrecondition`.
+    #[error(
+        "the database was upgraded by a newer kgmesh (migrations {} are unknown to this \
+         release); run that release or a newer one, or restore a backup taken before the upgrade",
+        versions.iter().map(i64::to_string).collect::<Vec<_>>().join(", ")
+    )]
+    SchemaNewer {
+        /// The unknown versions.
+        versions: Vec<i64>,
+    },
     /// No virtualenv with the embedded servers was found.
     #[error(
         "python virtualenv with the embedded servers not found ({detail}); run deploy/scripts/dev-deps.sh \
@@ -172,6 +183,7 @@ impl ErrorExt for StoreError {
                 ErrorCode::Unavailable
             }
             StoreError::Timeout { .. } => ErrorCode::Timeout,
+            StoreError::SchemaNewer { .. } => ErrorCode::FailedPrecondition,
             StoreError::NotFound { .. } => ErrorCode::NotFound,
             StoreError::InvalidInput { .. } => ErrorCode::InvalidArgument,
             StoreError::AlreadyExists { .. } => ErrorCode::AlreadyExists,

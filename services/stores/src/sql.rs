@@ -10,6 +10,7 @@
 //! - Each service has its own `Migrator` with a disjoint version range, and all of them share
 //!   the `_sqlx_migrations` table, so [`SqlStore::migrate`] ignores versions it does not know.
 
+use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::Duration;
 
@@ -109,11 +110,46 @@ impl SqlStore {
     }
 
     /// Applies `migrator`'s pending migrations. Versions applied by other services'
-    /// migrators in the same database are ignored rather than reported as missing.
+    /// migrators in the same database are ignored rather than reported as missing; each
+    /// service numbers its own in a block of a thousand (auth 1xxx, files 2xxx, ...). A
+    /// version in one of `migrator`'s blocks that it does not know was applied by a newer
+    /// release, and is refused ([`StoreError::SchemaNewer`]): this release would run on
+    /// tables it does not understand (a namespace being deleted would come back, say).
     pub async fn migrate(&self, migrator: &Migrator) -> Result<(), StoreError> {
+        self.refuse_newer_schema(migrator).await?;
         let mut own = Migrator::with_migrations(migrator.iter().cloned().collect());
         own.set_ignore_missing(true);
         own.run(&self.pool).await.map_err(map_migrate_error)
+    }
+
+    async fn refuse_newer_schema(&self, migrator: &Migrator) -> Result<(), StoreError> {
+        let exists = match self.backend {
+            SqlBackend::Sqlite => {
+                "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations'"
+            }
+            SqlBackend::Postgres => {
+                "SELECT COUNT(*) FROM information_schema.tables \
+                 WHERE table_schema = current_schema() AND table_name = '_sqlx_migrations'"
+            }
+        };
+        let tables: i64 = sqlx::query_scalar(exists).fetch_one(&self.pool).await?;
+        if tables == 0 {
+            return Ok(());
+        }
+        let known: BTreeSet<i64> = migrator.iter().map(|m| m.version).collect();
+        let blocks: BTreeSet<i64> = known.iter().map(|v| v / 1_000).collect();
+        let applied: Vec<i64> = sqlx::query_scalar("SELECT version FROM _sqlx_migrations")
+            .fetch_all(&self.pool)
+            .await?;
+        let unknown: Vec<i64> = applied
+            .into_iter()
+            .filter(|v| blocks.contains(&(v / 1_000)) && !known.contains(v))
+            .collect();
+        if unknown.is_empty() {
+            Ok(())
+        } else {
+            Err(StoreError::SchemaNewer { versions: unknown })
+        }
     }
 
     /// A probe for a service's health: whether the database answers a trivial statement

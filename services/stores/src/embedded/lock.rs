@@ -51,6 +51,14 @@ pub enum DirLockError {
         /// listed (not Linux, or `/proc` unreadable).
         servers: Vec<(u32, String)>,
     },
+    /// Processes work in it without holding its lock: servers of a kgmesh from before the lock
+    /// existed (left running when it was killed), or started by hand.
+    UsedUnlocked {
+        /// The directory.
+        dir: PathBuf,
+        /// The processes, as `(pid, command name)`.
+        processes: Vec<(u32, String)>,
+    },
     /// The lock file could not be opened or locked.
     Io {
         /// The directory.
@@ -86,16 +94,17 @@ impl fmt::Display for DirLockError {
                 if servers.is_empty() {
                     return write!(f, ": stop the servers it started, then start again");
                 }
-                let listed: Vec<String> = servers
-                    .iter()
-                    .map(|(pid, name)| format!("pid {pid} ({name})"))
-                    .collect();
-                let pids: Vec<String> = servers.iter().map(|(pid, _)| pid.to_string()).collect();
+                let (listed, pids) = listed_processes(servers);
+                write!(f, ": {listed}; stop them (`kill {pids}`), then start again")
+            }
+            DirLockError::UsedUnlocked { dir, processes } => {
+                let (listed, pids) = listed_processes(processes);
                 write!(
                     f,
-                    ": {}; stop them (`kill {}`), then start again",
-                    listed.join(", "),
-                    pids.join(" ")
+                    "{} is in use by {listed} without its lock: a server of an older kgmesh that \
+                     was left running, or one started by hand, and two servers on one store's \
+                     files corrupt them; stop it (`kill {pids}`), then start again",
+                    dir.display(),
                 )
             }
             DirLockError::Io { dir, reason } => {
@@ -103,6 +112,16 @@ impl fmt::Display for DirLockError {
             }
         }
     }
+}
+
+/// `pid 1 (redis-server), pid 2 (nats-server)` and `1 2`.
+fn listed_processes(processes: &[(u32, String)]) -> (String, String) {
+    let listed: Vec<String> = processes
+        .iter()
+        .map(|(pid, name)| format!("pid {pid} ({name})"))
+        .collect();
+    let pids: Vec<String> = processes.iter().map(|(pid, _)| pid.to_string()).collect();
+    (listed.join(", "), pids.join(" "))
 }
 
 impl std::error::Error for DirLockError {}
@@ -174,6 +193,13 @@ impl DirLock {
             }
             Err(err) => return Err(io(&err)),
         }
+        let processes = unlocked_users(dir);
+        if !processes.is_empty() {
+            return Err(DirLockError::UsedUnlocked {
+                dir: dir.to_path_buf(),
+                processes,
+            });
+        }
         // Inherited by the servers spawned from here on (see the type's comment).
         fcntl_setfd(&file, FdFlags::empty()).map_err(|err| io(&err))?;
         file.set_len(0)
@@ -206,6 +232,63 @@ fn process_exited(pid: u32) -> bool {
             return true;
         };
         matches!(rustix::process::test_kill_process(pid), Err(Errno::SRCH))
+    }
+}
+
+/// Server programs that run in their data directory: FalkorDB's `redis-server` changes into
+/// its `--dir`.
+const SERVERS_IN_THEIR_DIR: &[&str] = &["redis-server", "nats-server", "postgres"];
+
+/// The processes other than this one that work in `dir` without its lock, as `(pid, command
+/// name)`: those given `dir` as an argument (NATS's `-sd`, FalkorDB's `--dir`, PostgreSQL's
+/// `-D`, as given or relative to the process's working directory), and servers whose working
+/// directory it is. A lock holder passes [`DirLock::acquire`]'s flock first, so what is found
+/// here predates the lock (an older kgmesh's servers) or was started by hand.
+fn unlocked_users(dir: &Path) -> Vec<(u32, String)> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::ffi::OsStrExt as _;
+        let (Ok(dir), Ok(processes)) = (dir.canonicalize(), std::fs::read_dir("/proc")) else {
+            return Vec::new();
+        };
+        let Some(leaf) = dir.file_name() else {
+            return Vec::new();
+        };
+        let names_dir = |cwd: &Path, arg: &[u8]| {
+            let arg = Path::new(std::ffi::OsStr::from_bytes(arg));
+            // Only a path ending in the directory's own name is resolved: one lookup per
+            // candidate, not per argument of every process.
+            arg.file_name() == Some(leaf)
+                && cwd
+                    .join(arg)
+                    .canonicalize()
+                    .is_ok_and(|resolved| resolved == dir)
+        };
+        let mut users: Vec<(u32, String)> = processes
+            .filter_map(Result::ok)
+            .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|&pid| pid != std::process::id())
+            .filter_map(|pid| {
+                let name = std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                    .map(|name| name.trim().to_owned())
+                    .unwrap_or_default();
+                let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).ok()?;
+                let in_dir = cwd == dir && SERVERS_IN_THEIR_DIR.contains(&name.as_str());
+                let named = std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|line| {
+                    line.split(|byte| *byte == 0)
+                        .skip(1)
+                        .any(|arg| !arg.is_empty() && names_dir(&cwd, arg))
+                });
+                (in_dir || named).then_some((pid, name))
+            })
+            .collect();
+        users.sort();
+        users
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = dir;
+        Vec::new()
     }
 }
 
@@ -301,6 +384,69 @@ mod tests {
             .await
             .unwrap();
         servers_stop.await.unwrap();
+    }
+
+    /// A server left running by a kgmesh from before the lock existed holds no lock: it is
+    /// found by its arguments or its working directory, and named, and the lock is not taken.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn servers_working_in_the_directory_without_its_lock_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = dir.path().join("nats");
+        std::fs::create_dir(&store).unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        // As NATS was started: the directory as an argument, relative to where it runs.
+        let sleeper = ["-c", "import time; time.sleep(30)"];
+        let mut by_argument = std::process::Command::new("python3")
+            .args(sleeper)
+            .args(["-sd", "nats"])
+            .current_dir(dir.path())
+            .spawn()
+            .unwrap();
+        let wait_started = || std::thread::sleep(Duration::from_millis(100));
+        wait_started();
+        let err = DirLock::acquire(&store).unwrap_err();
+        let text = err.to_string();
+        let DirLockError::UsedUnlocked { processes, .. } = err else {
+            panic!("{text}");
+        };
+        assert_eq!(
+            processes,
+            vec![(by_argument.id(), "python3".to_owned())],
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!("stop it (`kill {}`)", by_argument.id())),
+            "{text}"
+        );
+        // Nothing of it was taken: the next try, once it stopped, succeeds.
+        by_argument.kill().unwrap();
+        by_argument.wait().unwrap();
+        let held = DirLock::acquire(&store).unwrap();
+        drop(held);
+
+        // Any other program working there (a shell, an editor) is no server.
+        let shell = std::process::Command::new("sleep")
+            .arg("30")
+            .current_dir(&store)
+            .spawn()
+            .unwrap();
+        // A path that only ends the same elsewhere is another directory.
+        let other = elsewhere.path().join("nats");
+        std::fs::create_dir(&other).unwrap();
+        let unrelated = std::process::Command::new("python3")
+            .args(sleeper)
+            .arg("-sd")
+            .arg(&other)
+            .spawn()
+            .unwrap();
+        wait_started();
+        let held = DirLock::acquire(&store);
+        for mut child in [shell, unrelated] {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+        held.unwrap();
     }
 
     /// A server that inherited the lock outlives the process that took it: named in the error.

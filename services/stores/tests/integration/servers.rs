@@ -91,6 +91,30 @@ async fn exercise(store: &SqlStore) {
     store.migrate(&NOTES).await.unwrap();
     store.migrate(&ITEMS).await.unwrap();
     store.migrate(&NOTES).await.unwrap();
+    // A version in ITEMS' block it does not know is a newer release's: refused, saying so,
+    // while NOTES, whose block it is not, goes on.
+    sqlx::query(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+         VALUES (1002, 'a newer release', TRUE, $1, 0)",
+    )
+    .bind(vec![0_u8; 48])
+    .execute(store.pool())
+    .await
+    .unwrap();
+    let err = store.migrate(&ITEMS).await.unwrap_err();
+    assert!(matches!(err, StoreError::SchemaNewer { .. }), "{err:?}");
+    assert_eq!(err.code(), ErrorCode::FailedPrecondition);
+    assert!(
+        err.to_string()
+            .contains("upgraded by a newer kgmesh (migrations 1002 are unknown"),
+        "{err}"
+    );
+    store.migrate(&NOTES).await.unwrap();
+    sqlx::query("DELETE FROM _sqlx_migrations WHERE version = 1002")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    store.migrate(&ITEMS).await.unwrap();
 
     let pool = store.pool();
     let hostile = "'; DROP TABLE test_items; -- \\ \" $1 ?";
