@@ -73,6 +73,11 @@ pub async fn serve(
     .await
 }
 
+/// How long an indexing outcome delivered to a files process that died waits to be delivered
+/// again (a slow handler is kept in progress meanwhile): how long a searchable file may read
+/// `pending` after a crash of the files service.
+pub(crate) const STATUS_ACK_WAIT: Duration = Duration::from_secs(10);
+
 /// Records indexing outcomes from `kg.index.v1.*.indexed`, and the indexer's reports on
 /// deleted namespaces from `kg.index.v1.*.purged`, until `shutdown`.
 pub async fn run_status_consumer(
@@ -85,7 +90,7 @@ pub async fn run_status_consumer(
         durable: "files-status".to_owned(),
         filter_subject: "kg.index.v1.*.indexed".to_owned(),
         max_deliver: 20,
-        ack_wait: Duration::from_secs(30),
+        ack_wait: STATUS_ACK_WAIT,
     };
     let outcomes = {
         let service = service.clone();

@@ -7,8 +7,6 @@
 //! create it again, so a namespace made later under the same name never meets the old one's
 //! graph. The blob sweep removes the content once no version names it.
 
-use std::time::Duration;
-
 use kg_common::access::validate_namespace;
 use kg_common::caller::{now_ms, require_admin};
 use kg_proto::v1::{CallerContext, NamespacePurge, NamespacePurged};
@@ -355,7 +353,7 @@ pub(crate) async fn run_purge_consumer(
         durable: "files-purges".to_owned(),
         filter_subject: "kg.index.v1.*.purged".to_owned(),
         max_deliver: 20,
-        ack_wait: Duration::from_secs(30),
+        ack_wait: crate::STATUS_ACK_WAIT,
     };
     consumer::run(&jetstream, &spec, shutdown, |delivery| {
         let service = service.clone();

@@ -34,8 +34,10 @@ use in_flight::{InFlight, Pending};
 use leases::Lease;
 pub(crate) use leases::Leases;
 
-/// How long one pull request waits for messages before a new one is sent.
-const PULL_EXPIRES: Duration = Duration::from_secs(10);
+/// How long one pull request waits for messages before a new one is sent. A request NATS lost
+/// in a restart is given up 5 s after this (the client's margin), so this bounds how long an
+/// indexer waits before it asks a restarted NATS again.
+const PULL_EXPIRES: Duration = Duration::from_secs(4);
 /// Pause after a failed pull, so a broken consumer does not spin.
 const PULL_RETRY: Duration = Duration::from_secs(1);
 /// How often the consumer's backlog is read into `kgmesh_indexer_pending_events`.

@@ -36,9 +36,11 @@ const PURGES_BUCKET: &str = "kg_indexer_purges";
 
 /// How often the purge asks whether events of the namespace still run.
 const RUNNING_POLL: Duration = Duration::from_millis(200);
-/// How long one delivery of a purge may take before it is redelivered: the wait for running
-/// events lasts as long as the slowest of them (a large file's LLM extraction).
-const PURGE_ACK_WAIT: Duration = Duration::from_secs(15 * 60);
+/// How long a purge delivered to an indexer that died waits to be delivered again. The wait
+/// for running events lasts as long as the slowest of them (a large file's LLM extraction),
+/// and the purge is kept in progress meanwhile; with 15 minutes here and no progress, an
+/// indexer killed during a namespace deletion held it up for those 15 minutes.
+const PURGE_ACK_WAIT: Duration = Duration::from_secs(30);
 
 /// The shared record of deleted namespaces, and what this process last saw of it.
 pub(crate) struct Purges {

@@ -49,8 +49,9 @@ impl Default for IndexerConfig {
         Self {
             chunk: ChunkOptions::default(),
             max_deliver: 5,
-            // A crashed worker's message comes back after this long.
-            ack_wait: Duration::from_secs(30),
+            // A crashed worker's messages (the one it ran, the few pulled ahead) come back
+            // after this long; a running one is kept in progress every third of it.
+            ack_wait: Duration::from_secs(10),
             concurrency: 4,
             vectors: None,
             sparse: None,

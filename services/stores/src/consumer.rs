@@ -65,13 +65,26 @@ const REOPEN_PAUSE: Duration = Duration::from_secs(1);
 /// every upload's status read `pending` until then.
 const PULL_EXPIRES: Duration = Duration::from_secs(5);
 const PULL_HEARTBEAT: Duration = Duration::from_secs(1);
+/// Messages asked for at a time. The handler takes one at a time, and what a process pulled
+/// and had not handled when it died waits out its ack wait before it is delivered again: with
+/// the client's default of 200, a files service killed under load left outcomes of files
+/// already searchable `pending` for the whole ack wait.
+const PULL_BATCH: usize = 8;
 
-/// The messages of `consumer`, pulled as [`PULL_EXPIRES`] and [`PULL_HEARTBEAT`] say.
+/// The progress-ack interval for a consumer whose ack wait is `ack_wait`: a third of it,
+/// so two progress acks can be lost before JetStream gives up on a message.
+pub fn progress_interval(ack_wait: Duration) -> Duration {
+    (ack_wait / 3).max(Duration::from_millis(100))
+}
+
+/// The messages of `consumer`, pulled as [`PULL_EXPIRES`], [`PULL_HEARTBEAT`] and
+/// [`PULL_BATCH`] say.
 async fn pull_messages(
     consumer: &jetstream::consumer::Consumer<pull::Config>,
 ) -> Result<pull::Stream, StoreError> {
     consumer
         .stream()
+        .max_messages_per_batch(PULL_BATCH)
         .expires(PULL_EXPIRES)
         .heartbeat(PULL_HEARTBEAT)
         .messages()
@@ -98,21 +111,44 @@ pub async fn open_with_incarnation(
 ) -> Result<(jetstream::consumer::Consumer<pull::Config>, i64), StoreError> {
     let stream = crate::events::stream(js, &spec.stream).await?;
     let incarnation = crate::events::incarnation_of(&stream);
-    let consumer = stream
-        .get_or_create_consumer(
-            &spec.durable,
-            pull::Config {
-                durable_name: Some(spec.durable.clone()),
-                filter_subject: spec.filter_subject.clone(),
-                ack_policy: AckPolicy::Explicit,
-                ack_wait: spec.ack_wait,
-                max_deliver: spec.max_deliver,
-                ..Default::default()
-            },
-        )
+    let config = pull::Config {
+        durable_name: Some(spec.durable.clone()),
+        filter_subject: spec.filter_subject.clone(),
+        ack_policy: AckPolicy::Explicit,
+        ack_wait: spec.ack_wait,
+        max_deliver: spec.max_deliver,
+        ..Default::default()
+    };
+    let mut consumer = stream
+        .get_or_create_consumer(&spec.durable, config.clone())
         .await
         .map_err(|e| StoreError::unavailable(StoreKind::Events, e))?;
+    // A durable made by an earlier release keeps the settings it was made with: brought to
+    // this one's (a shorter ack wait is how soon a delivery lost with its process is made
+    // again). On a server that refuses, the old ones stay; callers pace by the shorter wait.
+    let made = &consumer.cached_info().config;
+    if made.ack_wait != spec.ack_wait || made.max_deliver != spec.max_deliver {
+        match stream.update_consumer(config).await {
+            Ok(updated) => consumer = updated,
+            Err(err) => {
+                tracing::warn!(error = %err, consumer = %spec.durable, "could not bring the consumer's ack wait and deliveries to this release's; keeping the old ones");
+            }
+        }
+    }
     Ok((consumer, incarnation))
+}
+
+/// The ack wait `consumer` runs with: the server's, when it holds a shorter one than `spec`.
+fn effective_ack_wait(
+    consumer: &jetstream::consumer::Consumer<pull::Config>,
+    spec: &ConsumerSpec,
+) -> Duration {
+    let made = consumer.cached_info().config.ack_wait;
+    if made.is_zero() {
+        spec.ack_wait
+    } else {
+        made.min(spec.ack_wait)
+    }
 }
 
 /// Waits `delay` unless `shutdown` comes first; false on shutdown.
@@ -138,7 +174,9 @@ where
     F: FnMut(Delivery<'_>) -> Fut,
     Fut: Future<Output = Handled>,
 {
-    let mut messages = pull_messages(&open(js, spec).await?).await?;
+    let consumer = open(js, spec).await?;
+    let mut progress_every = progress_interval(effective_ack_wait(&consumer, spec));
+    let mut messages = pull_messages(&consumer).await?;
     loop {
         let next = tokio::select! {
             _ = shutdown.cancelled() => return Ok(()),
@@ -160,7 +198,10 @@ where
                         return Ok(());
                     }
                     let reopened = match open(js, spec).await {
-                        Ok(consumer) => pull_messages(&consumer).await,
+                        Ok(consumer) => {
+                            progress_every = progress_interval(effective_ack_wait(&consumer, spec));
+                            pull_messages(&consumer).await
+                        }
                         Err(err) => Err(err),
                     };
                     match reopened {
@@ -180,14 +221,29 @@ where
             .info()
             .map(|i| (i.delivered, i.stream_sequence))
             .unwrap_or((1, 0));
-        let outcome = handler(Delivery {
+        let handling = handler(Delivery {
             subject: message.subject.as_str(),
             payload: &message.payload,
             attempt,
             last_attempt: attempt >= spec.max_deliver,
             sequence,
-        })
-        .await;
+        });
+        // While the handler works (a store that is slow or down, a purge waiting for events
+        // still running), the server is told it is in progress, so the ack wait can stay
+        // short: it is how long a delivery lost with its process waits to be made again.
+        tokio::pin!(handling);
+        let mut progress =
+            tokio::time::interval_at(tokio::time::Instant::now() + progress_every, progress_every);
+        let outcome = loop {
+            tokio::select! {
+                outcome = &mut handling => break outcome,
+                _ = progress.tick() => {
+                    if let Err(err) = message.ack_with(AckKind::Progress).await {
+                        tracing::debug!(error = %err, consumer = %spec.durable, "progress ack failed");
+                    }
+                }
+            }
+        };
         let acked = match outcome {
             Handled::Ack => message.ack().await,
             Handled::Retry(reason) => {

@@ -28,11 +28,7 @@ impl Ackable for jetstream::Message {
     }
 }
 
-/// The progress-ack interval for a consumer whose ack wait is `ack_wait`: a third of it,
-/// so two progress acks can be lost before JetStream gives up on a message.
-pub(crate) fn progress_interval(ack_wait: Duration) -> Duration {
-    (ack_wait / 3).max(Duration::from_millis(100))
-}
+pub(crate) use kg_stores::consumer::progress_interval;
 
 /// The messages pulled and not yet settled.
 pub(crate) struct InFlight<M> {

@@ -18,10 +18,11 @@ use tokio_util::sync::CancellationToken;
 const LEASE_BUCKET: &str = "kg_indexer_leases";
 /// The highest stream sequence applied per key.
 const APPLIED_BUCKET: &str = "kg_indexer_applied";
-/// A lease not renewed for this long is gone: its holder stopped.
-pub(crate) const LEASE_TTL: Duration = Duration::from_secs(30);
+/// A lease not renewed for this long is gone: its holder stopped. After a crash, the file it
+/// was indexing waits this long at most before another replica (or the restarted one) runs it.
+pub(crate) const LEASE_TTL: Duration = Duration::from_secs(15);
 /// How often a running event renews its lease.
-pub(crate) const RENEW_EVERY: Duration = Duration::from_secs(10);
+pub(crate) const RENEW_EVERY: Duration = Duration::from_secs(5);
 /// How often a lane asks again for a lease another replica holds.
 const BUSY_RETRY: Duration = Duration::from_millis(100);
 

@@ -964,6 +964,74 @@ async fn a_consumer_and_a_publisher_outlive_streams_nats_lost() {
     consuming.await.unwrap().unwrap();
 }
 
+/// A handler slower than the consumer's ack wait is kept in progress, so its message is not
+/// delivered again meanwhile; and a durable an earlier release made with a longer ack wait is
+/// brought to the one asked for, since the ack wait is how long a delivery lost with its
+/// process waits to be made again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumers_keep_slow_work_in_progress_and_take_this_releases_ack_wait() {
+    use kg_stores::consumer::{self, ConsumerSpec, Handled};
+    use std::time::Duration;
+    let venv = venv();
+    let dir = tempfile::tempdir().unwrap();
+    let nats = EmbeddedNats::start(&venv, dir.path()).await.unwrap();
+    let js = events::connect(&nats.url).await.unwrap();
+    events::ensure_streams(&js).await.unwrap();
+    let spec = ConsumerSpec {
+        stream: events::INDEX_STREAM.into(),
+        durable: "slow".into(),
+        filter_subject: "kg.index.v1.*.indexed".into(),
+        max_deliver: 5,
+        ack_wait: Duration::from_secs(1),
+    };
+    // As an earlier release made it.
+    let stream = js.get_stream(events::INDEX_STREAM).await.unwrap();
+    stream
+        .create_consumer(async_nats::jetstream::consumer::pull::Config {
+            durable_name: Some(spec.durable.clone()),
+            filter_subject: spec.filter_subject.clone(),
+            ack_wait: Duration::from_secs(30),
+            max_deliver: 20,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut opened = consumer::open(&js, &spec).await.unwrap();
+    let config = &opened.info().await.unwrap().config;
+    assert_eq!((config.ack_wait, config.max_deliver), (spec.ack_wait, 5));
+
+    let (seen, mut received) = tokio::sync::mpsc::unbounded_channel::<Vec<u8>>();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let consuming = {
+        let (js, stop, spec) = (js.clone(), stop.clone(), spec.clone());
+        tokio::spawn(async move {
+            consumer::run(&js, &spec, stop, |delivery| {
+                let _ = seen.send(delivery.payload.to_vec());
+                async {
+                    // Two and a half ack waits.
+                    tokio::time::sleep(Duration::from_millis(2_500)).await;
+                    Handled::Ack
+                }
+            })
+            .await
+        })
+    };
+    let subject = events::indexed_subject("handbook").unwrap();
+    events::publish(&js, &subject, "slow-1", b"slow".to_vec())
+        .await
+        .unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(10), received.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(first, b"slow");
+    // Handled once: nothing more arrives while it runs, nor after it was acked.
+    let again = tokio::time::timeout(Duration::from_secs(5), received.recv()).await;
+    assert!(again.is_err(), "delivered again: {again:?}");
+    stop.cancel();
+    consuming.await.unwrap().unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn events_on_nats_jetstream() {
     let venv = venv();
