@@ -235,15 +235,15 @@ fn process_exited(pid: u32) -> bool {
     }
 }
 
-/// Server programs that run in their data directory: FalkorDB's `redis-server` changes into
-/// its `--dir`.
-const SERVERS_IN_THEIR_DIR: &[&str] = &["redis-server", "nats-server", "postgres"];
+/// The store servers kgmesh starts, by command name.
+const STORE_SERVERS: &[&str] = &["redis-server", "nats-server", "postgres"];
 
-/// The processes other than this one that work in `dir` without its lock, as `(pid, command
-/// name)`: those given `dir` as an argument (NATS's `-sd`, FalkorDB's `--dir`, PostgreSQL's
-/// `-D`, as given or relative to the process's working directory), and servers whose working
-/// directory it is. A lock holder passes [`DirLock::acquire`]'s flock first, so what is found
-/// here predates the lock (an older kgmesh's servers) or was started by hand.
+/// The store servers other than this process that work in `dir` without its lock, as `(pid,
+/// command name)`: given `dir` as an argument (NATS's `-sd`, FalkorDB's `--dir`, PostgreSQL's
+/// `-D`, as given or relative to the server's working directory), or running in it (FalkorDB
+/// changes into its `--dir`). A lock holder passes [`DirLock::acquire`]'s flock first, so what
+/// is found here predates the lock (an older kgmesh's servers) or was started by hand. Other
+/// programs are left out: a `kgmesh mcp` given the data dir, or a shell in it, is no server.
 fn unlocked_users(dir: &Path) -> Vec<(u32, String)> {
     #[cfg(target_os = "linux")]
     {
@@ -271,9 +271,10 @@ fn unlocked_users(dir: &Path) -> Vec<(u32, String)> {
             .filter_map(|pid| {
                 let name = std::fs::read_to_string(format!("/proc/{pid}/comm"))
                     .map(|name| name.trim().to_owned())
-                    .unwrap_or_default();
+                    .ok()
+                    .filter(|name| STORE_SERVERS.contains(&name.as_str()))?;
                 let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).ok()?;
-                let in_dir = cwd == dir && SERVERS_IN_THEIR_DIR.contains(&name.as_str());
+                let in_dir = cwd == dir;
                 let named = std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|line| {
                     line.split(|byte| *byte == 0)
                         .skip(1)
@@ -388,6 +389,7 @@ mod tests {
 
     /// A server left running by a kgmesh from before the lock existed holds no lock: it is
     /// found by its arguments or its working directory, and named, and the lock is not taken.
+    /// Other programs given the directory, or working in it, are no servers.
     #[cfg(target_os = "linux")]
     #[test]
     fn servers_working_in_the_directory_without_its_lock_are_named() {
@@ -395,15 +397,28 @@ mod tests {
         let store = dir.path().join("nats");
         std::fs::create_dir(&store).unwrap();
         let elsewhere = tempfile::tempdir().unwrap();
-        // As NATS was started: the directory as an argument, relative to where it runs.
-        let sleeper = ["-c", "import time; time.sleep(30)"];
-        let mut by_argument = std::process::Command::new("python3")
-            .args(sleeper)
-            .args(["-sd", "nats"])
-            .current_dir(dir.path())
-            .spawn()
+        let other = elsewhere.path().join("nats");
+        std::fs::create_dir(&other).unwrap();
+        // A program called `nats-server` (Python under that name) that sleeps.
+        let python = std::process::Command::new("python3")
+            .args(["-c", "import sys; print(sys.executable)"])
+            .output()
             .unwrap();
-        let wait_started = || std::thread::sleep(Duration::from_millis(100));
+        let python = String::from_utf8(python.stdout).unwrap();
+        let server = elsewhere.path().join("nats-server");
+        std::os::unix::fs::symlink(python.trim(), &server).unwrap();
+        let sleeping = |program: &Path, cwd: &Path, args: &[&std::ffi::OsStr]| {
+            std::process::Command::new(program)
+                .args(["-c", "import time; time.sleep(30)"])
+                .args(args)
+                .current_dir(cwd)
+                .spawn()
+                .unwrap()
+        };
+        let wait_started = || std::thread::sleep(Duration::from_millis(200));
+
+        // As NATS was started: the directory as an argument, relative to where it runs.
+        let mut by_argument = sleeping(&server, dir.path(), &["-sd".as_ref(), "nats".as_ref()]);
         wait_started();
         let err = DirLock::acquire(&store).unwrap_err();
         let text = err.to_string();
@@ -412,37 +427,35 @@ mod tests {
         };
         assert_eq!(
             processes,
-            vec![(by_argument.id(), "python3".to_owned())],
+            vec![(by_argument.id(), "nats-server".to_owned())],
             "{text}"
         );
         assert!(
             text.contains(&format!("stop it (`kill {}`)", by_argument.id())),
             "{text}"
         );
-        // Nothing of it was taken: the next try, once it stopped, succeeds.
         by_argument.kill().unwrap();
         by_argument.wait().unwrap();
-        let held = DirLock::acquire(&store).unwrap();
-        drop(held);
+        // As FalkorDB runs: in the directory.
+        let mut inside = sleeping(&server, &store, &[]);
+        wait_started();
+        assert!(matches!(
+            DirLock::acquire(&store),
+            Err(DirLockError::UsedUnlocked { .. })
+        ));
+        inside.kill().unwrap();
+        inside.wait().unwrap();
 
-        // Any other program working there (a shell, an editor) is no server.
-        let shell = std::process::Command::new("sleep")
-            .arg("30")
-            .current_dir(&store)
-            .spawn()
-            .unwrap();
-        // A path that only ends the same elsewhere is another directory.
-        let other = elsewhere.path().join("nats");
-        std::fs::create_dir(&other).unwrap();
-        let unrelated = std::process::Command::new("python3")
-            .args(sleeper)
-            .arg("-sd")
-            .arg(&other)
-            .spawn()
-            .unwrap();
+        // Not servers, or a server of another directory that only ends the same.
+        let python = Path::new("python3");
+        let others = [
+            sleeping(python, dir.path(), &["-sd".as_ref(), "nats".as_ref()]),
+            sleeping(python, &store, &[]),
+            sleeping(&server, dir.path(), &["-sd".as_ref(), other.as_os_str()]),
+        ];
         wait_started();
         let held = DirLock::acquire(&store);
-        for mut child in [shell, unrelated] {
+        for mut child in others {
             child.kill().unwrap();
             child.wait().unwrap();
         }
