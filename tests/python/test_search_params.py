@@ -742,6 +742,7 @@ async def test_missing_offsets_and_a_broken_namespace_soft_fails(mesh: Mesh, cor
                 "ok": False,
                 "errorCode": "internal",
                 "stage": "search",
+                "message": "internal error; the details are in the server log",
             }, trace
             for raw in ("WRONGTYPE", "wrong kind", graph_key(NS_FRAGILE), "redis"):
                 assert raw.lower() not in outcome.raw.lower(), f"store text {raw!r} reached the agent"

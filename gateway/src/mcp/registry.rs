@@ -474,7 +474,7 @@ fn search_output() -> Value {
                     }, "required": ["namespace", "lane", "ok"]}},
                     "namespaces": {"type": "array", "items": {"type": "object", "properties": {
                         "namespace": {"type": "string"}, "ok": {"type": "boolean"}, "errorCode": {"type": "string"},
-                        "stage": {"type": "string", "enum": ["search", "packages"]}
+                        "stage": {"type": "string", "enum": ["search", "packages"]}, "message": {"type": "string"}
                     }, "required": ["namespace", "ok"]}},
                     "tokenBudget": token_budget_output(),
                     "vectorWidening": {"type": "array", "items": {"type": "object", "properties": {

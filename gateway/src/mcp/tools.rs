@@ -186,7 +186,8 @@ struct NamespaceOutcome {
     namespace: String,
     hits: Vec<SearchHit>,
     total: u64,
-    error: Option<(ErrorCode, &'static str)>,
+    /// The code, the stage it failed at, and the client-safe message.
+    error: Option<(ErrorCode, &'static str, String)>,
 }
 
 /// The first round of a search: per-namespace outcomes and the lane trace.
@@ -229,7 +230,7 @@ impl SearchRound {
                 .position(|g| g["namespace"] == outcome.namespace.as_str())
             {
                 self.grounding.push(reported.swap_remove(at));
-            } else if let Some((code, _)) = outcome.error {
+            } else if let Some((code, _, _)) = &outcome.error {
                 self.grounding
                     .push(super::entity_search::grounding_json(&Grounding {
                         namespace: outcome.namespace.clone(),
@@ -296,7 +297,7 @@ fn collect_searches(
                     namespace: ns.clone(),
                     hits: Vec::new(),
                     total: 0,
-                    error: Some((err.code, "search")),
+                    error: Some((err.code, "search", err.message.clone())),
                 });
                 first_error.get_or_insert(err);
             }
@@ -346,7 +347,7 @@ fn assemble(
             Err(err) if is_caller_error(&err) => return Err(err),
             Err(err) => {
                 tracing::warn!(namespace = %outcome.namespace, code = %err.code, "namespace packages soft-failed");
-                outcome.error = Some((err.code, "packages"));
+                outcome.error = Some((err.code, "packages", err.message.clone()));
                 packages.push(HashMap::new());
                 first_error.get_or_insert(err);
             }
@@ -381,7 +382,10 @@ fn assemble(
         .iter()
         .map(|o| match o.error {
             None => json!({"namespace": o.namespace, "ok": true}),
-            Some((code, stage)) => json!({"namespace": o.namespace, "ok": false, "errorCode": code.as_str(), "stage": stage}),
+            Some((code, stage, ref message)) => json!({
+                "namespace": o.namespace, "ok": false, "errorCode": code.as_str(), "stage": stage,
+                "message": message,
+            }),
         })
         .collect();
     let mut trace = json!({"lanes": lanes, "namespaces": namespace_trace});
@@ -746,7 +750,7 @@ mod tests {
             result["trace"]["namespaces"],
             json!([
                 {"namespace": "a", "ok": true},
-                {"namespace": "b", "ok": false, "errorCode": "unavailable", "stage": "search"},
+                {"namespace": "b", "ok": false, "errorCode": "unavailable", "stage": "search", "message": "down"},
                 {"namespace": "c", "ok": true}
             ])
         );

@@ -238,12 +238,14 @@ pub async fn publish(
     match send().await {
         Ok(_) => Ok(()),
         // The server has no stream for the subject: NATS lost its state (restarted without
-        // its volume, or a stream was deleted by hand). Make the streams again and publish once
-        // more, rather than refuse every change until a restart of this process.
+        // its volume, or a stream was deleted by hand), or is stopping (JetStream answers so
+        // while it shuts down). Make the streams where missing and publish once more, rather
+        // than refuse every change until a restart of this process.
         Err(err) if err.kind() == PublishErrorKind::StreamNotFound => {
             tracing::warn!(
                 subject,
-                "the event bus has no stream for this subject; creating the streams again"
+                "the event bus answered that no stream takes this subject (NATS stopping, or \
+                 its state lost); making sure the streams exist and publishing again"
             );
             ensure_streams(js).await?;
             send().await.map(|_| ()).map_err(map)

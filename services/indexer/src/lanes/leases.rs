@@ -51,7 +51,7 @@ impl Leases {
         Ok(Leases {
             leases,
             applied,
-            owner: Bytes::from(uuid::Uuid::new_v4().to_string()),
+            owner: Bytes::from(owner_identity()),
             incarnation: AtomicI64::new(incarnation),
         })
     }
@@ -144,6 +144,12 @@ impl Leases {
                 Err(err) if err.kind() == kv::CreateErrorKind::AlreadyExists => {}
                 Err(err) => return Err(events_err(err)),
             }
+            if let Some(revision) = self.take_over_if_holder_ended(key).await {
+                return Ok(Some(Lease {
+                    key: key.to_owned(),
+                    revision,
+                }));
+            }
             // Another replica runs an event of this file: its message stays ours meanwhile
             // (progress acks), and we run after it.
             tokio::select! {
@@ -151,6 +157,29 @@ impl Leases {
                 _ = tokio::time::sleep(BUSY_RETRY) => {}
             }
         }
+    }
+
+    /// Takes the lease of `key` when its holder is a process of this machine that has ended
+    /// (an indexer killed and started again), rather than wait out its [`LEASE_TTL`] while the
+    /// lane's other files wait behind it. The swap is on the entry's revision, so of two
+    /// replicas taking it at once one gets it. The lease's revision, if taken.
+    async fn take_over_if_holder_ended(&self, key: &str) -> Option<u64> {
+        let entry = self.leases.entry(key).await.ok()??;
+        if entry.operation != kv::Operation::Put
+            || !holder_ended(std::str::from_utf8(&entry.value).ok()?)
+        {
+            return None;
+        }
+        let revision = self
+            .leases
+            .update(key, self.owner.clone(), entry.revision)
+            .await
+            .ok()?;
+        tracing::info!(
+            key,
+            "took over the lease of an indexer of this machine that ended"
+        );
+        Some(revision)
     }
 
     /// Keeps `lease` alive for another [`LEASE_TTL`].
@@ -206,6 +235,68 @@ impl Leases {
     }
 }
 
+/// Who holds a lease: `host|boot id|pid|process start|random`. On Linux the first four let a
+/// replica of the same machine (the same kernel and host name: a restarted container keeps
+/// both) tell that the holder's process has ended; elsewhere they are empty and a lease is
+/// only ever waited out.
+fn owner_identity() -> String {
+    let random = uuid::Uuid::new_v4().simple().to_string();
+    match (machine(), process_start(std::process::id())) {
+        (Some((host, boot)), Some(start)) => {
+            format!("{host}|{boot}|{}|{start}|{random}", std::process::id())
+        }
+        _ => format!("||||{random}"),
+    }
+}
+
+/// This machine's host name and kernel boot id.
+fn machine() -> Option<(String, String)> {
+    let read = |path: &str| {
+        std::fs::read_to_string(path)
+            .ok()
+            .map(|text| text.trim().to_owned())
+            .filter(|text| !text.is_empty() && !text.contains('|'))
+    };
+    Some((
+        read("/proc/sys/kernel/hostname")?,
+        read("/proc/sys/kernel/random/boot_id")?,
+    ))
+}
+
+/// When process `pid` started (clock ticks after boot), while it runs.
+fn process_start(pid: u32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (in parentheses, any bytes): state is the 3rd field of the
+    // line, the start time the 22nd.
+    let after_name = stat.get(stat.rfind(')')? + 1..)?;
+    let mut fields = after_name.split_whitespace();
+    if fields.next()? == "Z" {
+        return None;
+    }
+    fields.nth(18).map(str::to_owned)
+}
+
+/// Whether `owner` (see [`owner_identity`]) is a process of this machine that has ended: one
+/// of another machine, or with no identity, is never judged.
+fn holder_ended(owner: &str) -> bool {
+    let mut parts = owner.split('|');
+    let (Some(host), Some(boot), Some(pid), Some(start)) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return false;
+    };
+    let Some((my_host, my_boot)) = machine() else {
+        return false;
+    };
+    if host != my_host || boot != my_boot || host.is_empty() {
+        return false;
+    }
+    let Ok(pid) = pid.parse::<u32>() else {
+        return false;
+    };
+    process_start(pid).as_deref() != Some(start)
+}
+
 /// The sequence of an applied record `<sequence>@<incarnation>` if it is of `incarnation`.
 /// A bare `<sequence>` was written before incarnations were recorded, and counts as current.
 fn applied_in(record: &str, incarnation: i64) -> Option<u64> {
@@ -218,8 +309,82 @@ fn applied_in(record: &str, incarnation: i64) -> Option<u64> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
-    use super::applied_in;
+    use super::{applied_in, holder_ended, owner_identity};
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_holder_of_this_machine_that_ended_is_told_from_a_live_one() {
+        let mine = owner_identity();
+        assert!(!holder_ended(&mine), "this process runs: {mine}");
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        let parts: Vec<&str> = mine.split('|').collect();
+        let ended = format!("{}|{}|{pid}|{}|x", parts[0], parts[1], parts[3]);
+        assert!(holder_ended(&ended), "{ended}");
+        // A pid reused by another process: its start time differs.
+        let reused = format!("{}|{}|{}|1|x", parts[0], parts[1], std::process::id());
+        assert!(holder_ended(&reused), "{reused}");
+        // Another machine's, or one without an identity, is never judged.
+        let elsewhere = format!("other-host|{}|{pid}|{}|x", parts[1], parts[3]);
+        assert!(!holder_ended(&elsewhere));
+        assert!(!holder_ended("||||x"));
+        assert!(!holder_ended("a-uuid-of-an-earlier-release"));
+    }
+
+    /// An indexer killed while it ran a file, started again on the same machine, takes the
+    /// file's lease at once instead of waiting out its TTL; a live holder's is waited for.
+    #[cfg(target_os = "linux")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_lease_of_an_ended_indexer_of_this_machine_is_taken_at_once() {
+        use super::{LEASE_TTL, Leases};
+        use std::time::{Duration, Instant};
+        let venv = kg_stores::embedded::find_venv().expect("the dev-deps virtualenv");
+        let dir = tempfile::tempdir().unwrap();
+        let nats = kg_stores::embedded::EmbeddedNats::start(&venv, dir.path())
+            .await
+            .unwrap();
+        let js = kg_stores::events::connect(&nats.url).await.unwrap();
+        let before = Leases::open(&js, 1).await.unwrap();
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let held = before.acquire("s.f1", &shutdown).await.unwrap().unwrap();
+        // The killed process: its owner string with a pid that has ended.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let ended_pid = child.id();
+        child.wait().unwrap();
+        let mine = String::from_utf8(before.owner.to_vec()).unwrap();
+        let parts: Vec<&str> = mine.split('|').collect();
+        let ended = format!("{}|{}|{ended_pid}|{}|x", parts[0], parts[1], parts[3]);
+        before
+            .leases
+            .update("s.f1", ended.into(), held.revision)
+            .await
+            .unwrap();
+
+        let after = Leases::open(&js, 1).await.unwrap();
+        let started = Instant::now();
+        let taken = after.acquire("s.f1", &shutdown).await.unwrap().unwrap();
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+        // Now held by a live process: the other waits (here, until it gives up).
+        let waiting = {
+            let stop = shutdown.child_token();
+            let canceller = stop.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(700)).await;
+                canceller.cancel();
+            });
+            before.acquire("s.f1", &stop).await.unwrap()
+        };
+        assert!(waiting.is_none(), "a live holder's lease was taken");
+        after.release(taken).await;
+        assert!(LEASE_TTL > Duration::from_secs(2));
+    }
 
     #[test]
     fn an_applied_sequence_counts_only_in_its_streams_incarnation() {
