@@ -120,6 +120,10 @@ impl AdminClient {
                 })
                 .unwrap_or_else(|| text.chars().take(300).collect());
             if status == StatusCode::UNAUTHORIZED {
+                // The gateway's answer says why; a proxy's may not.
+                if detail.contains("invalid token") {
+                    bail!("401 unauthorized: {detail}");
+                }
                 bail!(
                     "401 unauthorized: the token is missing, revoked, expired or from another deployment, or its principal is disabled ({detail})"
                 );

@@ -128,7 +128,10 @@ def test_the_reindex_rest_pages_and_refuses_a_body_it_cannot_read(mesh: Mesh, tm
         # An empty body is the whole namespace; a form body (`curl -d`) is refused, not ignored.
         assert http.post(url, headers=admin).json()["queued"] == 3
         form = http.post(url, headers=admin, data={"failedOnly": "true"})
-        assert form.status_code == 400 and "must be JSON" in form.json()["message"], form.text
+        assert form.status_code == 400 and "must be a JSON object" in form.json()["message"], form.text
+        # An array is not read into the fields one by one.
+        listed = http.post(url, headers=admin, json=["handbook/", True])
+        assert listed.status_code == 400 and "not an object" in listed.json()["message"], listed.text
         typo = http.post(url, headers=admin, json={"failed": True})
         assert typo.status_code == 400 and "failed" in typo.json()["message"], typo.text
         over = http.post(url, headers=admin, json={"limit": 5001})

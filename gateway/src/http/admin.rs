@@ -22,7 +22,8 @@ use kg_proto::v1::{
     get_file_request,
 };
 use serde::Deserialize;
-use serde_json::json;
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value, json};
 
 use super::dto::{
     AuditEventJson, DenyJson, FileJson, GrantJson, GroupJson, NamespaceJson, PatJson,
@@ -94,15 +95,29 @@ pub(crate) fn backend(service: &'static str) -> impl Fn(tonic::Status) -> ApiErr
     move |status| ApiError(ClientError::from_status(service, &status))
 }
 
-pub(crate) fn json_body<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
-    body.map(|Json(v)| v).map_err(|rejection| {
-        let code = if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ErrorCode::PayloadTooLarge
-        } else {
-            ErrorCode::InvalidArgument
+/// A JSON body as the admin routes take it: an object. It is read as a map first, so an
+/// array, a string or a number is refused, rather than read positionally into the fields (serde
+/// reads a struct from a sequence too: `[true]` was taken for `{"disabled": true}`).
+pub(crate) type JsonObject = Result<Json<Map<String, Value>>, JsonRejection>;
+
+/// The fields of a [`JsonObject`] body as `T`; what is wrong with it is said in terms of the
+/// body (`missing field`, `unknown field`, `invalid type`), never of our types.
+pub(crate) fn json_body<T: DeserializeOwned>(body: JsonObject) -> Result<T, ApiError> {
+    let fields = body.map(|Json(fields)| fields).map_err(|rejection| {
+        let (code, message) = match rejection {
+            _ if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                (ErrorCode::PayloadTooLarge, rejection.body_text())
+            }
+            JsonRejection::JsonDataError(_) => (
+                ErrorCode::InvalidArgument,
+                "the body must be a JSON object of fields, such as {\"name\": ...}".to_owned(),
+            ),
+            other => (ErrorCode::InvalidArgument, other.body_text()),
         };
-        ApiError(ClientError::new(code, rejection.body_text()))
-    })
+        ApiError(ClientError::new(code, message))
+    })?;
+    serde_json::from_value(Value::Object(fields))
+        .map_err(|err| ApiError(ClientError::invalid(format!("invalid body: {err}"))))
 }
 
 fn query<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
@@ -115,16 +130,14 @@ pub(crate) fn valid_namespace(ns: &str) -> Result<(), ApiError> {
     validate_namespace(ns).map_err(|err| ApiError(ClientError::invalid(err.to_string())))
 }
 
-/// The namespace a change's JSON body names, if it parsed and the name is valid (auth would
-/// refuse an audit event naming anything else).
-fn named_namespace<T>(
-    body: &Result<Json<T>, JsonRejection>,
-    namespace: impl Fn(&T) -> &String,
-) -> Option<String> {
+/// The namespace a change's JSON body names, if it is a valid name (auth would refuse an audit
+/// event naming anything else).
+fn named_namespace(body: &JsonObject) -> Option<String> {
     body.as_ref()
         .ok()
-        .map(|Json(b)| namespace(b).clone())
+        .and_then(|Json(fields)| fields.get("namespace")?.as_str())
         .filter(|ns| validate_namespace(ns).is_ok())
+        .map(str::to_owned)
 }
 
 /// `result` as the response, its audit record naming the namespace from the body (whether
@@ -178,9 +191,9 @@ struct CreateNamespaceBody {
 async fn create_namespace(
     State(state): State<GatewayState>,
     Extension(caller): Extension<Caller>,
-    body: Result<Json<CreateNamespaceBody>, JsonRejection>,
+    body: JsonObject,
 ) -> ApiResult {
-    let body = json_body(body)?;
+    let body = json_body::<CreateNamespaceBody>(body)?;
     super::namespaces::refuse_while_purging(&state, &caller, &body.name).await?;
     let ns = state
         .backends
@@ -226,9 +239,9 @@ struct CreatePrincipalBody {
 async fn create_principal(
     State(state): State<GatewayState>,
     Extension(caller): Extension<Caller>,
-    body: Result<Json<CreatePrincipalBody>, JsonRejection>,
+    body: JsonObject,
 ) -> ApiResult {
-    let body = json_body(body)?;
+    let body = json_body::<CreatePrincipalBody>(body)?;
     let kind = parse_kind(&body.kind)?;
     let principal = state
         .backends
@@ -256,12 +269,33 @@ struct PrincipalChangeBody {
 /// `PATCH /api/v1/principals/{id}` with `{"disabled": true}` shuts a principal out (its
 /// tokens, and those of agents acting for it) from the next call on; `false` lets it back in.
 async fn set_principal_disabled(
+    state: State<GatewayState>,
+    caller: Extension<Caller>,
+    id: Path<String>,
+    body: JsonObject,
+) -> Response {
+    // Whether it was a disable or an enable, for the audit record, made or refused.
+    let detail = body
+        .as_ref()
+        .ok()
+        .and_then(|Json(fields)| fields.get("disabled")?.as_bool())
+        .map(|disabled| super::admin_audit::AuditDetail(format!("disabled={disabled}")));
+    let mut response = change_principal(state, caller, id, body)
+        .await
+        .into_response();
+    if let Some(detail) = detail {
+        response.extensions_mut().insert(detail);
+    }
+    response
+}
+
+async fn change_principal(
     State(state): State<GatewayState>,
     Extension(caller): Extension<Caller>,
     Path(id): Path<String>,
-    body: Result<Json<PrincipalChangeBody>, JsonRejection>,
+    body: JsonObject,
 ) -> ApiResult {
-    let body = json_body(body)?;
+    let body = json_body::<PrincipalChangeBody>(body)?;
     let principal = state
         .backends
         .auth
@@ -337,18 +371,18 @@ struct PutGrantBody {
 async fn put_grant(
     state: State<GatewayState>,
     caller: Extension<Caller>,
-    body: Result<Json<PutGrantBody>, JsonRejection>,
+    body: JsonObject,
 ) -> Response {
-    let namespace = named_namespace(&body, |b| &b.namespace);
+    let namespace = named_namespace(&body);
     audited_in(namespace, grant(state, caller, body).await)
 }
 
 async fn grant(
     State(state): State<GatewayState>,
     Extension(caller): Extension<Caller>,
-    body: Result<Json<PutGrantBody>, JsonRejection>,
+    body: JsonObject,
 ) -> ApiResult {
-    let body = json_body(body)?;
+    let body = json_body::<PutGrantBody>(body)?;
     let (principal_id, group_id) = (id_param(body.principal_id), id_param(body.group_id));
     if principal_id.is_empty() == group_id.is_empty() {
         return Err(ApiError(ClientError::invalid(
@@ -427,9 +461,9 @@ struct CreatePatBody {
 async fn create_pat(
     State(state): State<GatewayState>,
     Extension(caller): Extension<Caller>,
-    body: Result<Json<CreatePatBody>, JsonRejection>,
+    body: JsonObject,
 ) -> ApiResult {
-    let body = json_body(body)?;
+    let body = json_body::<CreatePatBody>(body)?;
     let response = state
         .backends
         .auth
@@ -516,9 +550,9 @@ struct CreateGroupBody {
 async fn create_group(
     State(state): State<GatewayState>,
     Extension(caller): Extension<Caller>,
-    body: Result<Json<CreateGroupBody>, JsonRejection>,
+    body: JsonObject,
 ) -> ApiResult {
-    let body = json_body(body)?;
+    let body = json_body::<CreateGroupBody>(body)?;
     let group = state
         .backends
         .auth
@@ -540,9 +574,9 @@ async fn add_group_member(
     State(state): State<GatewayState>,
     Extension(caller): Extension<Caller>,
     Path(group_id): Path<String>,
-    body: Result<Json<GroupMemberBody>, JsonRejection>,
+    body: JsonObject,
 ) -> ApiResult {
-    let body = json_body(body)?;
+    let body = json_body::<GroupMemberBody>(body)?;
     let group = state
         .backends
         .auth
@@ -658,18 +692,18 @@ fn deny_request(body: PutDenyBody) -> Result<PutDenyRequest, ApiError> {
 async fn put_deny(
     state: State<GatewayState>,
     caller: Extension<Caller>,
-    body: Result<Json<PutDenyBody>, JsonRejection>,
+    body: JsonObject,
 ) -> Response {
-    let namespace = named_namespace(&body, |b| &b.namespace);
+    let namespace = named_namespace(&body);
     audited_in(namespace, deny(state, caller, body).await)
 }
 
 async fn deny(
     State(state): State<GatewayState>,
     Extension(caller): Extension<Caller>,
-    body: Result<Json<PutDenyBody>, JsonRejection>,
+    body: JsonObject,
 ) -> ApiResult {
-    let request = deny_request(json_body(body)?)?;
+    let request = deny_request(json_body::<PutDenyBody>(body)?)?;
     if !request.file_id.is_empty() {
         // A deny of an id no file has is stored and withdraws nothing (a path passed for an
         // id, a typo): refused, so no one believes a file was withdrawn when it was not.
@@ -933,9 +967,9 @@ async fn set_file_flags(
     State(state): State<GatewayState>,
     Extension(caller): Extension<Caller>,
     Path((ns, path)): Path<(String, String)>,
-    body: Result<Json<FileFlagsBody>, JsonRejection>,
+    body: JsonObject,
 ) -> ApiResult {
-    let body = json_body(body)?;
+    let body = json_body::<FileFlagsBody>(body)?;
     if body.enabled.is_none() && body.hidden.is_none() {
         return Err(ApiError(ClientError::invalid(
             "pass `enabled` and/or `hidden` (true or false)",
@@ -1023,11 +1057,18 @@ fn optional_json_body<T: serde::de::DeserializeOwned + Default>(
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }
-    serde_json::from_slice(&body).map_err(|err| {
+    let refused = |why: String| {
         ApiError(ClientError::invalid(format!(
-            "the body must be JSON such as {example}, or empty: {err}"
+            "the body must be a JSON object such as {example}, or empty: {why}"
         )))
-    })
+    };
+    match serde_json::from_slice::<Value>(&body) {
+        Ok(fields @ Value::Object(_)) => {
+            serde_json::from_value(fields).map_err(|err| refused(err.to_string()))
+        }
+        Ok(_) => Err(refused("it is not an object".to_owned())),
+        Err(err) => Err(refused(err.to_string())),
+    }
 }
 
 #[derive(Deserialize, Default)]

@@ -22,6 +22,12 @@ use crate::state::{Caller, GatewayState};
 #[derive(Debug, Clone, Default)]
 pub(crate) struct AuditNamespaces(pub(crate) Vec<String>);
 
+/// What a change did, where its path alone does not say (a principal's PATCH disables or
+/// enables it): recorded after the path as a query, `/api/v1/principals/usr_1?disabled=true`.
+/// Set by the handler in the response's extensions; never a secret.
+#[derive(Debug, Clone)]
+pub(crate) struct AuditDetail(pub(crate) String);
+
 /// Records the request in the audit log when it can change something; see the module docs.
 pub(crate) async fn audit_admin_change(
     State(state): State<GatewayState>,
@@ -58,6 +64,10 @@ pub(crate) async fn audit_admin_change(
             }
         }
     }
+    let target = match response.extensions().get::<AuditDetail>() {
+        Some(AuditDetail(detail)) => format!("{path}?{detail}"),
+        None => path,
+    };
     let outcome = if response.status().is_success() {
         "ok"
     } else {
@@ -74,7 +84,7 @@ pub(crate) async fn audit_admin_change(
         outcome: outcome.to_owned(),
         latency_us: i64::try_from(latency.as_micros()).unwrap_or(i64::MAX),
         transport: Transport::Http.as_str().to_owned(),
-        target: truncate_chars(&path, kg_proto::limits::AUDIT_TARGET_LEN),
+        target: truncate_chars(&target, kg_proto::limits::AUDIT_TARGET_LEN),
         ..Default::default()
     };
     state.audit.record(&caller, event);

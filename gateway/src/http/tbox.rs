@@ -15,7 +15,7 @@
 use axum::Json;
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Extension, Path, Query, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -29,7 +29,7 @@ use kg_proto::v1::{
 use serde::{Deserialize, Serialize};
 use tonic::transport::Channel;
 
-use super::admin::{ApiError, json_body, valid_namespace};
+use super::admin::{ApiError, JsonObject, json_body, valid_namespace};
 use crate::error::ClientError;
 use crate::state::{Caller, GatewayState};
 use crate::tbox_json::{EntityTypeJson, RelationTypeJson, TboxBody};
@@ -191,9 +191,9 @@ async fn put_draft(
     State(state): State<TboxState>,
     Extension(caller): Extension<Caller>,
     Path(ns): Path<String>,
-    body: Result<Json<TboxBody>, JsonRejection>,
+    body: JsonObject,
 ) -> ApiResult {
-    let body = json_body(body)?;
+    let body = json_body::<TboxBody>(body)?;
     let draft = state
         .client()?
         .put_tbox_draft(caller.request(PutTboxDraftRequest {

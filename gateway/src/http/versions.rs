@@ -6,7 +6,7 @@
 use axum::Json;
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::rejection::{BytesRejection, JsonRejection};
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Extension, Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -21,7 +21,7 @@ use kg_proto::v1::{
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::admin::ApiError;
+use super::admin::{ApiError, JsonObject, json_body};
 use crate::error::ClientError;
 use crate::state::{Caller, GatewayState};
 
@@ -64,11 +64,6 @@ fn backend(status: tonic::Status) -> ApiError {
 
 fn valid_namespace(ns: &str) -> Result<(), ApiError> {
     validate_namespace(ns).map_err(|err| invalid(err.to_string()))
-}
-
-fn json_body<T>(body: Result<Json<T>, JsonRejection>) -> Result<T, ApiError> {
-    body.map(|Json(v)| v)
-        .map_err(|rejection| invalid(rejection.body_text()))
 }
 
 fn created(body: Value) -> Response {
@@ -115,10 +110,10 @@ async fn create_branch(
     State(state): State<GatewayState>,
     Extension(caller): Extension<Caller>,
     Path(ns): Path<String>,
-    body: Result<Json<CreateBranchBody>, JsonRejection>,
+    body: JsonObject,
 ) -> ApiResult {
     valid_namespace(&ns)?;
-    let body = json_body(body)?;
+    let body = json_body::<CreateBranchBody>(body)?;
     let branch = state
         .backends
         .files
@@ -203,10 +198,10 @@ async fn create_release(
     State(state): State<GatewayState>,
     Extension(caller): Extension<Caller>,
     Path(ns): Path<String>,
-    body: Result<Json<CreateReleaseBody>, JsonRejection>,
+    body: JsonObject,
 ) -> ApiResult {
     valid_namespace(&ns)?;
-    let body = json_body(body)?;
+    let body = json_body::<CreateReleaseBody>(body)?;
     let release = state
         .backends
         .files
@@ -264,10 +259,10 @@ async fn deploy(
     State(state): State<GatewayState>,
     Extension(caller): Extension<Caller>,
     Path((ns, env)): Path<(String, String)>,
-    body: Result<Json<DeployBody>, JsonRejection>,
+    body: JsonObject,
 ) -> ApiResult {
     valid_namespace(&ns)?;
-    let release = release_of(json_body(body)?)?;
+    let release = release_of(json_body::<DeployBody>(body)?)?;
     let environment = state
         .backends
         .files

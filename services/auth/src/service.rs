@@ -129,6 +129,9 @@ fn check_usable(owner: &PatOwner, now_ms: i64) -> Result<()> {
     Ok(())
 }
 
+/// Longest id this service mints, with room to spare (`usr_` and 32 hex digits is 36).
+const MAX_ID_LEN: usize = 64;
+
 fn new_id(prefix: &str) -> String {
     format!("{prefix}_{}", uuid::Uuid::now_v7().simple())
 }
@@ -556,8 +559,17 @@ impl AuthService {
         disabled: bool,
     ) -> Result<Principal> {
         require_admin(caller)?;
-        if id.is_empty() {
-            return Err(AuthError::Invalid("id must name a principal".to_owned()));
+        // Ids are minted here (`usr_`, `agt_` or `svc_` and 32 hex digits): anything else names
+        // none, and is not repeated back at any length.
+        if id.is_empty()
+            || id.len() > MAX_ID_LEN
+            || !id.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        {
+            return Err(AuthError::Invalid(
+                "id must name a principal, as `kgmesh principal list` shows it (usr_..., agt_... \
+                 or svc_...)"
+                    .to_owned(),
+            ));
         }
         if disabled && id == caller.principal_id {
             return Err(AuthError::FailedPrecondition(

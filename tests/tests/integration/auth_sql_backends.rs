@@ -1002,6 +1002,14 @@ async fn principal_disabling(
         .await
         .unwrap_err();
     assert_eq!(err.code(), ErrorCode::NotFound);
+    for bad in ["", "usr-x", "usr_é", &"u".repeat(65)] {
+        let err = auth
+            .set_principal_disabled(admin_ctx, bad, true)
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), ErrorCode::InvalidArgument, "{bad:?}");
+        assert!(!err.to_string().contains("uuuuu"), "{err}");
+    }
 
     let disabled = auth
         .set_principal_disabled(admin_ctx, &lea.id, true)

@@ -1138,23 +1138,41 @@ async fn a_principal_is_disabled_and_enabled_with_a_patch() {
 
     let (status, body) = send("/api/v1/principals/usr_nobody", r#"{"disabled": true}"#).await;
     assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
-    // The one field is required, and nothing else is taken.
-    for bad in [
-        r#"{}"#,
-        r#"{"disabled": "yes"}"#,
-        r#"{"disabled": true, "isAdmin": true}"#,
+    // The one field is required, and nothing else is taken; a body that is no object is not
+    // read positionally into the fields (`[true]` was taken for `{"disabled": true}`).
+    for (bad, says) in [
+        (r#"{}"#, "missing field `disabled`"),
+        (r#"{"disabled": "yes"}"#, "invalid type"),
+        (
+            r#"{"disabled": true, "isAdmin": true}"#,
+            "unknown field `isAdmin`",
+        ),
+        ("[true]", "must be a JSON object"),
+        ("true", "must be a JSON object"),
+        (r#""disabled""#, "must be a JSON object"),
     ] {
         let (status, body) = send("/api/v1/principals/usr_lea", bad).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {body}");
         assert_eq!(body["code"], "invalid_argument", "{bad}: {body}");
+        let message = body["message"].as_str().unwrap();
+        assert!(message.contains(says), "{bad}: {message}");
+        assert!(!message.contains("PrincipalChangeBody"), "{bad}: {message}");
     }
-    let audits = fixture.recorded.wait_audits(6).await;
-    assert!(
-        audits
-            .iter()
-            .any(|a| a.tool == "admin:PATCH /api/v1/principals/{id}" && a.outcome == "ok"),
-        "{audits:?}"
-    );
+    let audits = fixture.recorded.wait_audits(9).await;
+    let targets: Vec<(&str, &str)> = audits
+        .iter()
+        .filter(|a| a.tool == "admin:PATCH /api/v1/principals/{id}")
+        .map(|a| (a.target.as_str(), a.outcome.as_str()))
+        .collect();
+    // Whether each one disabled or enabled, made or refused; bodies that say neither, plain.
+    for wanted in [
+        ("/api/v1/principals/usr_lea?disabled=true", "ok"),
+        ("/api/v1/principals/usr_lea?disabled=false", "ok"),
+        ("/api/v1/principals/usr_nobody?disabled=true", "not_found"),
+        ("/api/v1/principals/usr_lea", "invalid_argument"),
+    ] {
+        assert!(targets.contains(&wanted), "{wanted:?} in {targets:?}");
+    }
 }
 
 #[tokio::test]
