@@ -110,14 +110,40 @@ pub(crate) fn json_body<T: DeserializeOwned>(body: JsonObject) -> Result<T, ApiE
             }
             JsonRejection::JsonDataError(_) => (
                 ErrorCode::InvalidArgument,
-                "the body must be a JSON object of fields, such as {\"name\": ...}".to_owned(),
+                "the body must be a JSON object of fields ({...}), not an array or a single value"
+                    .to_owned(),
             ),
             other => (ErrorCode::InvalidArgument, other.body_text()),
         };
         ApiError(ClientError::new(code, message))
     })?;
-    serde_json::from_value(Value::Object(fields))
-        .map_err(|err| ApiError(ClientError::invalid(format!("invalid body: {err}"))))
+    serde_json::from_value(Value::Object(fields)).map_err(|err| {
+        ApiError(ClientError::invalid(format!(
+            "invalid body: {}",
+            in_body_terms(&err)
+        )))
+    })
+}
+
+/// serde's message about a body, with our type names left out: "expected struct
+/// PutGrantBody with 5 elements" says nothing to a caller, "expected an object" does.
+pub(crate) fn in_body_terms(err: &serde_json::Error) -> String {
+    let message = err.to_string();
+    let Some(at) = message.find("expected struct ") else {
+        return message;
+    };
+    let rest = &message[at + "expected struct ".len()..];
+    let name_end = rest
+        .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+        .unwrap_or(rest.len());
+    let mut rest = &rest[name_end..];
+    if let Some(elements) = rest.strip_prefix(" with ") {
+        let count_end = elements
+            .find(" elements")
+            .map_or(0, |i| i + " elements".len());
+        rest = &elements[count_end..];
+    }
+    format!("{}expected an object{rest}", &message[..at])
 }
 
 fn query<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, ApiError> {
@@ -1053,7 +1079,22 @@ fn optional_json_body<T: serde::de::DeserializeOwned + Default>(
     body: Result<Bytes, BytesRejection>,
     example: &str,
 ) -> Result<T, ApiError> {
-    let body = body.map_err(|rejection| ApiError(ClientError::invalid(rejection.body_text())))?;
+    let body = body.map_err(|rejection| {
+        let code = if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ErrorCode::PayloadTooLarge
+        } else {
+            ErrorCode::InvalidArgument
+        };
+        ApiError(ClientError::new(code, rejection.body_text()))
+    })?;
+    optional_object(&body, example)
+}
+
+/// A body that may be empty (every field then takes its default) or else is a JSON object.
+pub(crate) fn optional_object<T: serde::de::DeserializeOwned + Default>(
+    body: &[u8],
+    example: &str,
+) -> Result<T, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }
@@ -1062,9 +1103,9 @@ fn optional_json_body<T: serde::de::DeserializeOwned + Default>(
             "the body must be a JSON object such as {example}, or empty: {why}"
         )))
     };
-    match serde_json::from_slice::<Value>(&body) {
+    match serde_json::from_slice::<Value>(body) {
         Ok(fields @ Value::Object(_)) => {
-            serde_json::from_value(fields).map_err(|err| refused(err.to_string()))
+            serde_json::from_value(fields).map_err(|err| refused(in_body_terms(&err)))
         }
         Ok(_) => Err(refused("it is not an object".to_owned())),
         Err(err) => Err(refused(err.to_string())),
@@ -1137,6 +1178,26 @@ async fn delete_file(
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
+
+    #[test]
+    fn body_errors_leave_our_type_names_out() {
+        #[derive(Debug, serde::Deserialize)]
+        #[allow(dead_code)]
+        struct PutThingBody {
+            name: String,
+            size: u32,
+        }
+        let said = |body: serde_json::Value| {
+            in_body_terms(&serde_json::from_value::<PutThingBody>(body).unwrap_err())
+        };
+        assert_eq!(said(json!([])), "invalid length 0, expected an object");
+        assert_eq!(
+            said(json!("x")),
+            "invalid type: string \"x\", expected an object"
+        );
+        assert_eq!(said(json!({"name": "a"})), "missing field `size`");
+    }
+
     use super::*;
     use axum::http::HeaderValue;
 

@@ -283,14 +283,7 @@ struct DecisionBody {
 
 /// The optional `{"reason": "..."}` body of a decision.
 fn decision_body(body: &Bytes) -> Result<DecisionBody, ApiError> {
-    if body.iter().all(u8::is_ascii_whitespace) {
-        return Ok(DecisionBody::default());
-    }
-    serde_json::from_slice(body).map_err(|err| {
-        ApiError::from(ClientError::invalid(format!(
-            "expected a JSON body like {{\"reason\": \"...\"}}: {err}"
-        )))
-    })
+    super::admin::optional_object(body, r#"{"reason": "..."}"#)
 }
 
 async fn decide(

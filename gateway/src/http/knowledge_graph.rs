@@ -67,6 +67,12 @@ async fn read_by_body(
     let args = match body {
         Ok(Json(Value::Object(args))) => args,
         Ok(Json(_)) => return Err(invalid("the body must be a JSON object of arguments")),
+        Err(rejection) if rejection.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE => {
+            return Err(ApiError::from(ClientError::new(
+                kg_common::ErrorCode::PayloadTooLarge,
+                rejection.body_text(),
+            )));
+        }
         Err(rejection) => return Err(invalid(rejection.body_text())),
     };
     run(&state, &caller, ns, args).await

@@ -224,15 +224,7 @@ async fn review(
     body: Bytes,
 ) -> ApiResult {
     // No body, or an empty one, reviews whatever the draft is now.
-    let body: ReviewBody = if body.iter().all(u8::is_ascii_whitespace) {
-        ReviewBody::default()
-    } else {
-        serde_json::from_slice(&body).map_err(|err| {
-            ApiError::from(ClientError::invalid(format!(
-                "the review body is not {{\"digest\": \"<hex>\"}}: {err}"
-            )))
-        })?
-    };
+    let body: ReviewBody = super::admin::optional_object(&body, r#"{"digest": "<hex>"}"#)?;
     let draft = state
         .client()?
         .review_tbox_draft(caller.request(ReviewTboxDraftRequest {
