@@ -96,13 +96,8 @@ pub(crate) async fn run<H: LaneHandler>(
 ) -> Result<(), StoreError> {
     let lanes = lanes.max(1);
     let (mut consumer, incarnation) = kg_stores::consumer::open_with_incarnation(js, spec).await?;
-    // A durable created earlier keeps its own ack wait: pace progress by the shorter.
-    let server_ack_wait = consumer.cached_info().config.ack_wait;
-    let ack_wait = if server_ack_wait.is_zero() {
-        spec.ack_wait
-    } else {
-        server_ack_wait.min(spec.ack_wait)
-    };
+    // Progress is paced by the shorter of the server's ack wait and ours.
+    let ack_wait = kg_stores::consumer::effective_ack_wait(&consumer, spec);
 
     // Sequences applied are read and recorded for the stream's incarnation: one recorded in
     // an earlier stream says nothing of the order of this one's events.

@@ -138,8 +138,9 @@ pub async fn open_with_incarnation(
     Ok((consumer, incarnation))
 }
 
-/// The ack wait `consumer` runs with: the server's, when it holds a shorter one than `spec`.
-fn effective_ack_wait(
+/// The ack wait `consumer` runs with: the server's, when it holds a shorter one than `spec`
+/// (a durable an earlier release made, on a server that refused the update).
+pub fn effective_ack_wait(
     consumer: &jetstream::consumer::Consumer<pull::Config>,
     spec: &ConsumerSpec,
 ) -> Duration {
